@@ -1,0 +1,60 @@
+"""CRC32C helpers (hardware-accelerated through google-crc32c's C extension).
+
+The checksum of every file is computed on the same pass that writes it; these helpers keep
+the running value and convert it to the forms manifests (hex) and S3 (base64, big-endian)
+use.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import IO
+
+import google_crc32c
+
+CHUNK = 8 * 1024 * 1024
+
+
+def extend(crc: int, data: bytes | bytearray | memoryview) -> int:
+    """Return the CRC32C of (bytes hashed so far) + ``data``; start with ``crc=0``."""
+    return int(google_crc32c.extend(crc, data))
+
+
+def to_hex(crc: int) -> str:
+    """Manifest form: 8 lower-case hex digits."""
+    return f"{crc & 0xFFFFFFFF:08x}"
+
+
+def from_hex(text: str) -> int:
+    """Inverse of :func:`to_hex`; raises ValueError on anything but 8 hex digits."""
+    if len(text) != 8:
+        raise ValueError(f"CRC32C must be 8 hex digits, got {text!r}")
+    return int(text, 16)
+
+
+def to_b64(crc: int) -> str:
+    """S3 ``x-amz-checksum-crc32c`` form: base64 of the 4 big-endian bytes."""
+    return base64.b64encode((crc & 0xFFFFFFFF).to_bytes(4, "big")).decode("ascii")
+
+
+def from_b64(text: str) -> int:
+    """Inverse of :func:`to_b64`."""
+    return int.from_bytes(base64.b64decode(text), "big")
+
+
+def of_stream(stream: IO[bytes], chunk: int = CHUNK) -> tuple[int, int]:
+    """Return ``(crc32c, size)`` of everything left in ``stream``."""
+    crc, size = 0, 0
+    while True:
+        data = stream.read(chunk)
+        if not data:
+            return crc, size
+        crc = extend(crc, data)
+        size += len(data)
+
+
+def of_file(path: str | os.PathLike[str], chunk: int = CHUNK) -> tuple[int, int]:
+    """Return ``(crc32c, size)`` of a whole file."""
+    with open(path, "rb", buffering=0) as f:
+        return of_stream(f, chunk)

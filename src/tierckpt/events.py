@@ -1,0 +1,113 @@
+"""The append-only JSONL event log: the only source of measured C, W and R.
+
+Each line is one JSON object with at least ``event`` (a kind below), ``t`` (wall-clock
+seconds since the epoch), ``rank`` and ``pid``; ``step`` where one applies. Lines are written
+with a single ``write()`` on an ``O_APPEND`` descriptor so concurrent ranks never interleave
+inside a line. Readers skip a torn last line (a crash mid-write) instead of failing.
+
+Kinds and their fields (seconds are floats, bytes ints):
+
+==================  =============================================================
+save_staged         seconds (blocking time C), bytes (staged on this rank)
+save_durable        seconds (stage end → this rank's files fsync'd), bytes
+save_committed      seconds (save() entry → COMPLETE), bytes (all ranks), write_seconds (W)
+save_failed         error
+overlap             seconds (time save() waited for the previous save)
+restore_started     —
+checkpoint_chosen   step, source, skipped (list of {step, reason})
+checkpoint_skipped  step, reason, moved_to
+restore_done        seconds, bytes, source, bytes_by_source, world_size, saved_world_size
+state_loaded        seconds
+process_start       restart_count
+pg_ready            seconds
+first_step          seconds_since_process_start
+failure_detected    how (watchdog | kill | ...), detail
+hang_detected       seconds_without_step
+upload_started      bytes
+upload_verified     seconds, bytes
+upload_failed       error
+==================  =============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SAVE_STAGED = "save_staged"
+SAVE_DURABLE = "save_durable"
+SAVE_COMMITTED = "save_committed"
+SAVE_FAILED = "save_failed"
+OVERLAP = "overlap"
+RESTORE_STARTED = "restore_started"
+CHECKPOINT_CHOSEN = "checkpoint_chosen"
+CHECKPOINT_SKIPPED = "checkpoint_skipped"
+RESTORE_DONE = "restore_done"
+STATE_LOADED = "state_loaded"
+PROCESS_START = "process_start"
+PG_READY = "pg_ready"
+FIRST_STEP = "first_step"
+FAILURE_DETECTED = "failure_detected"
+HANG_DETECTED = "hang_detected"
+UPLOAD_STARTED = "upload_started"
+UPLOAD_VERIFIED = "upload_verified"
+UPLOAD_FAILED = "upload_failed"
+
+
+class EventLog:
+    """Appends events for one process to ``path`` (created with mode 0o640 if missing).
+
+    ``emit`` never raises on I/O errors after construction: losing a measurement must not
+    kill training. It returns the record it wrote (or tried to write).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], rank: int = 0, mode: int = 0o640) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+
+    def emit(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"event": event, "t": time.time(), "rank": self.rank,
+                                  "pid": os.getpid()}
+        if step is not None:
+            record["step"] = step
+        record.update(fields)
+        line = (json.dumps(record, default=str) + "\n").encode("utf-8")
+        try:
+            if self._fd >= 0:
+                os.write(self._fd, line)
+        except OSError:
+            pass
+        return record
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All well-formed events in ``path`` in file order (a torn or garbled line is skipped)."""
+    return list(iter_events(path))
+
+
+def iter_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and "event" in rec:
+                yield rec

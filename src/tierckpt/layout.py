@@ -1,0 +1,124 @@
+"""Names on disk and in the bucket, and their parsing. Pure: no I/O.
+
+A tier-1 root looks like this::
+
+    <root>/
+      step-00000100/            a committed checkpoint (valid only with a matching COMPLETE)
+        .metadata               DCP metadata (a pickle: never opened before verification)
+        __0_0.distcp ...        DCP shard files, one or more per rank
+        manifest.json           sizes and CRC32C of every file above
+        COMPLETE                written last; holds the manifest digest
+      step-00000200.tmp-<id>/   a save in progress (or a crashed one: removed at start-up)
+      step-00000050.del-<id>/   a checkpoint being deleted (removed at start-up)
+      quarantine/               candidates that failed verification, moved aside, never deleted
+      pins/                     step-00000100.<holder> files: pinned checkpoints are kept
+      events.jsonl              the append-only event log
+      .lock                     held (flock) by the job that writes this root
+
+In object storage a checkpoint is the same names under ``<prefix>/step-XXXXXXXX/``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+from tierckpt.errors import IntegrityError
+
+METADATA = ".metadata"
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+EVENTS = "events.jsonl"
+QUARANTINE = "quarantine"
+PINS = "pins"
+LOCK = ".lock"
+UPLOAD_STATE = "upload-state"
+
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+_TMP_RE = re.compile(r"^step-(\d{8,})\.tmp-([0-9a-zA-Z_-]+)$")
+_DEL_RE = re.compile(r"^step-(\d{8,})\.del-([0-9a-zA-Z_-]+)$")
+_SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+
+
+def step_dirname(step: int) -> str:
+    """Final directory (or key prefix) name of the checkpoint of ``step``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step-{step:08d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """The step of a final checkpoint name, or None for anything else."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def tmp_dirname(step: int, save_id: str) -> str:
+    """Directory a save of ``step`` writes into before it is committed."""
+    return f"{step_dirname(step)}.tmp-{save_id}"
+
+
+def parse_tmp_dirname(name: str) -> tuple[int, str] | None:
+    """``(step, save_id)`` of a tmp directory name, or None."""
+    m = _TMP_RE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def deleting_dirname(step: int, token: str) -> str:
+    """A checkpoint is renamed to this before it is removed, so a crash mid-delete never
+    leaves a half-deleted directory under a final name."""
+    return f"{step_dirname(step)}.del-{token}"
+
+
+def is_deleting_dirname(name: str) -> bool:
+    return _DEL_RE.match(name) is not None
+
+
+def shard_filename(rank: int, index: int) -> str:
+    """DCP's shard file name for ``rank``'s ``index``-th file."""
+    return f"__{rank}_{index}.distcp"
+
+
+def shard_rank(name: str) -> int | None:
+    """The rank that wrote a DCP shard file, or None when ``name`` is not a shard."""
+    m = _SHARD_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def pin_filename(step: int, holder: str) -> str:
+    """Name of a pin file under ``pins/``: ``holder`` is who keeps ``step`` alive."""
+    if not re.fullmatch(r"[0-9a-zA-Z_.-]+", holder):
+        raise ValueError(f"pin holder must be [0-9a-zA-Z_.-]+, got {holder!r}")
+    return f"{step_dirname(step)}.{holder}"
+
+
+def parse_pin_filename(name: str) -> int | None:
+    head = name.split(".", 1)[0]
+    return parse_step_dirname(head)
+
+
+def safe_member_name(name: str) -> str:
+    """Validate a file name read from a manifest or a bucket listing.
+
+    Checkpoint members are flat: a single path component, no ``..``, no separators, not
+    absolute, no NUL. Anything else could escape the checkpoint root and is refused with
+    :class:`IntegrityError` (it can only come from a corrupt or hostile manifest/listing).
+    """
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or PurePosixPath(name).is_absolute()
+    ):
+        raise IntegrityError(f"refusing unsafe checkpoint member name {name!r}")
+    return name
+
+
+def object_key(prefix: str, step: int, member: str) -> str:
+    """Object-store key of ``member`` of the checkpoint of ``step`` under ``prefix``."""
+    safe_member_name(member)
+    base = step_dirname(step)
+    prefix = prefix.strip("/")
+    return f"{prefix}/{base}/{member}" if prefix else f"{base}/{member}"

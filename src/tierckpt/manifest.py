@@ -1,0 +1,174 @@
+"""The manifest value, its canonical JSON form, and the COMPLETE marker body. Pure: no I/O.
+
+The manifest lists every file of a checkpoint with its size and CRC32C (computed while the
+file was written), plus the step, world size, save id, the tier-1 domains (groups of ranks
+that share one tier-1 root, e.g. one node) and versions. ``COMPLETE`` holds the SHA-256 of
+the manifest's exact bytes, so a marker vouches for one manifest and nothing else.
+
+Optional signing: with a key (``TIERCKPT_SIGNING_KEY``), the marker also carries an
+HMAC-SHA256 of the manifest bytes; :func:`verify_marker` refuses unsigned or badly signed
+markers when a key is configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tierckpt import _crc
+from tierckpt.errors import IntegrityError, SignatureError
+from tierckpt.layout import safe_member_name
+
+FORMAT_VERSION = 1
+SIGNING_KEY_ENV = "TIERCKPT_SIGNING_KEY"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    """One file of a checkpoint. ``rank`` is the writer (None for files the coordinator
+    writes, such as ``.metadata``, which every tier-1 domain holds a copy of)."""
+
+    name: str
+    size: int
+    crc32c: int
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "crc32c": _crc.to_hex(self.crc32c),
+                "rank": self.rank}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FileEntry:
+        size, rank = d["size"], d.get("rank")
+        if not isinstance(size, int) or size < 0:
+            raise IntegrityError(f"manifest file size must be a non-negative int, got {size!r}")
+        if rank is not None and (not isinstance(rank, int) or rank < 0):
+            raise IntegrityError(f"manifest file rank must be a non-negative int, got {rank!r}")
+        return cls(name=safe_member_name(str(d["name"])), size=size,
+                   crc32c=_crc.from_hex(str(d["crc32c"])), rank=rank)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """What a committed checkpoint contains. Immutable; ``to_bytes`` is canonical."""
+
+    step: int
+    world_size: int
+    save_id: str
+    files: tuple[FileEntry, ...]
+    domains: tuple[tuple[int, ...], ...] = ()
+    created_unix: float = 0.0
+    torch_version: str = ""
+    tierckpt_version: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def file(self, name: str) -> FileEntry:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def files_for_ranks(self, ranks: Iterable[int]) -> tuple[FileEntry, ...]:
+        """Files a tier-1 domain holding ``ranks`` must have: theirs plus shared ones."""
+        wanted = set(ranks)
+        return tuple(f for f in self.files if f.rank is None or f.rank in wanted)
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format_version": self.format_version,
+            "step": self.step,
+            "world_size": self.world_size,
+            "save_id": self.save_id,
+            "created_unix": self.created_unix,
+            "torch_version": self.torch_version,
+            "tierckpt_version": self.tierckpt_version,
+            "domains": [list(d) for d in self.domains],
+            "files": [f.to_json() for f in sorted(self.files, key=lambda f: f.name)],
+        }
+        return json.dumps(body, sort_keys=True, indent=1).encode("utf-8") + b"\n"
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        """Parse and validate; any malformation is an :class:`IntegrityError`."""
+        try:
+            d = json.loads(data.decode("utf-8"))
+            if not isinstance(d, dict):
+                raise TypeError("manifest is not a JSON object")
+            if d.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"unsupported manifest format {d.get('format_version')!r}")
+            files = tuple(FileEntry.from_json(f) for f in d["files"])
+            names = [f.name for f in files]
+            if len(set(names)) != len(names):
+                raise ValueError("duplicate file names")
+            m = cls(
+                step=int(d["step"]), world_size=int(d["world_size"]), save_id=str(d["save_id"]),
+                files=files, domains=tuple(tuple(int(r) for r in g) for g in d["domains"]),
+                created_unix=float(d["created_unix"]), torch_version=str(d["torch_version"]),
+                tierckpt_version=str(d["tierckpt_version"]),
+            )
+        except IntegrityError:
+            raise
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            raise IntegrityError(f"malformed manifest: {e}") from e
+        if m.step < 0 or m.world_size < 1:
+            raise IntegrityError(f"manifest has step={m.step} world_size={m.world_size}")
+        return m
+
+
+def digest(manifest_bytes: bytes) -> str:
+    """SHA-256 hex digest of the exact manifest bytes (what COMPLETE vouches for)."""
+    return hashlib.sha256(manifest_bytes).hexdigest()
+
+
+def signing_key() -> bytes | None:
+    """The configured signing key (from ``TIERCKPT_SIGNING_KEY``), or None."""
+    key = os.environ.get(SIGNING_KEY_ENV)
+    return key.encode("utf-8") if key else None
+
+
+def marker_bytes(manifest_bytes: bytes, step: int, save_id: str,
+                 key: bytes | None = None) -> bytes:
+    """Body of the ``COMPLETE`` marker for this manifest (signed when ``key`` is given)."""
+    body: dict[str, Any] = {"step": step, "save_id": save_id,
+                            "manifest_sha256": digest(manifest_bytes)}
+    if key is not None:
+        body["manifest_hmac_sha256"] = hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
+    return json.dumps(body, sort_keys=True).encode("utf-8") + b"\n"
+
+
+def verify_marker(marker: bytes, manifest_bytes: bytes, key: bytes | None = None) -> Manifest:
+    """Check that ``marker`` vouches for ``manifest_bytes`` and return the parsed manifest.
+
+    Raises :class:`IntegrityError` when the digest, step or save id disagree, and
+    :class:`SignatureError` when ``key`` is set and the HMAC is missing or wrong. Only after
+    this returns may anything named in the manifest (including DCP's pickled ``.metadata``)
+    be opened.
+    """
+    try:
+        body = json.loads(marker.decode("utf-8"))
+        want = str(body["manifest_sha256"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"malformed COMPLETE marker: {e}") from e
+    if not hmac.compare_digest(want, digest(manifest_bytes)):
+        raise IntegrityError("COMPLETE marker digest does not match manifest.json")
+    if key is not None:
+        sig = body.get("manifest_hmac_sha256")
+        if not isinstance(sig, str):
+            raise SignatureError(
+                f"checkpoint is unsigned but {SIGNING_KEY_ENV} is set; refusing to load it")
+        good = hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(sig, good):
+            raise SignatureError("manifest signature does not verify with the configured key")
+    m = Manifest.from_bytes(manifest_bytes)
+    if body.get("step") != m.step or body.get("save_id") != m.save_id:
+        raise IntegrityError("COMPLETE marker step/save_id disagree with manifest.json")
+    return m
