@@ -1,0 +1,147 @@
+"""The physical limits, measured in the same run as the peers.
+
+- copy: two threads ``copy_`` the state into buffers allocated (and touched) beforehand;
+  the floor for any blocking time C that makes a host copy.
+- write (buffered): the state's bytes written sequentially to one file, then fsync.
+- write (O_DIRECT): the same byte count from a page-aligned buffer with ``O_DIRECT``, then
+  fsync; the floor for a durable tier-1 write. Skipped (with a note) where the filesystem
+  refuses O_DIRECT (tmpfs).
+- cold read: the buffered file read sequentially into a reused buffer after the page cache
+  dropped it (see ``pagecache``); ``cold`` says whether it really was.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.measure import Measurement, best_of
+from bench.pagecache import evict
+
+_CHUNK = 16 << 20
+_ALIGN = 4096
+
+
+def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -> Measurement:
+    """Best seconds for ``threads`` Python threads to ``copy_`` the state into existing buffers."""
+    tensors = sorted(state.values(), key=lambda t: -t.numel())
+    groups: list[list[torch.Tensor]] = [[] for _ in range(threads)]
+    loads = [0] * threads
+    for t in tensors:
+        i = loads.index(min(loads))
+        groups[i].append(t)
+        loads[i] += t.numel()
+    dests = [[torch.zeros_like(t) for t in group] for group in groups]
+
+    def work(i: int) -> None:
+        for dst, src in zip(dests[i], groups[i], strict=True):
+            dst.copy_(src)
+
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one core per copy thread, no intra-op oversubscription
+    runs = []
+    try:
+        for _ in range(repeats + 1):  # first round warms caches and the allocator
+            workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+            start = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            runs.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(saved_threads)
+    return best_of(runs[1:], sum(t.numel() * t.element_size() for t in tensors),
+                   threads=threads)
+
+
+def _write_buffered(path: Path, state: dict[str, torch.Tensor]) -> float:
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for t in state.values():
+            f.write(t.numpy().data)  # the tensor's own memory, no copy
+        os.fsync(f.fileno())
+    return time.perf_counter() - start
+
+
+def _write_direct(path: Path, nbytes: int, buf: mmap.mmap) -> float:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+    try:
+        start = time.perf_counter()
+        left = nbytes
+        view = memoryview(buf)
+        while left > 0:
+            n = min(left, _CHUNK)
+            os.write(fd, view[:n])
+            left -= n
+        os.fsync(fd)
+        return time.perf_counter() - start
+    finally:
+        os.close(fd)
+
+
+def write_limits(directory: Path, state: dict[str, torch.Tensor],
+                 repeats: int) -> dict[str, Measurement]:
+    """Buffered+fsync and O_DIRECT+fsync sequential writes of the state's byte count.
+
+    Leaves ``directory/limit-buffered.bin`` behind for ``cold_read_limit``.
+    """
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    buffered = directory / "limit-buffered.bin"
+    runs = []
+    for _ in range(repeats):
+        buffered.unlink(missing_ok=True)
+        runs.append(_write_buffered(buffered, state))
+    out = {"write_buffered_fsync": best_of(runs, nbytes)}
+    aligned = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    direct = directory / "limit-direct.bin"
+    buf = mmap.mmap(-1, _CHUNK)  # anonymous mappings are page aligned
+    buf.write(os.urandom(1 << 20) * (_CHUNK >> 20))
+    try:
+        runs = []
+        for _ in range(repeats):
+            direct.unlink(missing_ok=True)
+            runs.append(_write_direct(direct, aligned, buf))
+        out["write_odirect_fsync"] = best_of(runs, aligned, chunk_bytes=_CHUNK)
+    except OSError as exc:  # EINVAL: this filesystem has no O_DIRECT
+        out["write_odirect_fsync"] = Measurement(0.0, aligned, note=f"O_DIRECT refused: {exc}")
+    finally:
+        buf.close()
+        direct.unlink(missing_ok=True)
+    return out
+
+
+def cold_read_limit(path: Path, repeats: int) -> tuple[Measurement, dict[str, Any]]:
+    """Sequential read of ``path`` into a reused 16 MiB buffer after evicting it each time."""
+    buf = bytearray(_CHUNK)
+    runs, evictions = [], []
+    for _ in range(repeats):
+        ev = evict([path])
+        evictions.append(ev.to_json())
+        with open(path, "rb", buffering=0) as f:
+            start = time.perf_counter()
+            while f.readinto(buf):
+                pass
+            runs.append(time.perf_counter() - start)
+    cold = all(e["honoured"] for e in evictions)
+    return (best_of(runs, path.stat().st_size, cold=cold),
+            {"method": evictions[-1]["method"], "honoured": cold, "evictions": evictions})
+
+
+def measure_limits(directory: Path, state: dict[str, torch.Tensor],
+                   repeats: int) -> tuple[dict[str, Measurement], dict[str, Any]]:
+    """All limits; returns the measurements and the cache-drop record."""
+    limits = {"copy_2threads": copy_limit(state, repeats)}
+    limits.update(write_limits(directory, state, repeats))
+    buffered = directory / "limit-buffered.bin"
+    try:
+        limits["cold_read"], cache = cold_read_limit(buffered, repeats)
+    finally:
+        buffered.unlink(missing_ok=True)
+    return limits, cache
