@@ -197,8 +197,8 @@ def _run_one(model: JobModel, tau: float, rng: np.random.Generator
         done = run >= need
         j = int(np.argmax(done)) if done.any() else n
         since = run[:j] - tau
-        counts += (j, np.count_nonzero((since >= 0) & (np.mod(since, P) < C + W)),
-                   np.count_nonzero(run[:j] < 0))
+        counts += np.array([j, np.count_nonzero((since >= 0) & (np.mod(since, P) < C + W)),
+                            np.count_nonzero(run[:j] < 0)], dtype=np.float64)
         if j < n:
             return elapsed + float(g[:j].sum() + restart[j] + need[j]), counts
         elapsed += float(g.sum())
