@@ -15,7 +15,22 @@ from tierckpt.errors import (
 
 __version__ = "0.1.0"
 
+from tierckpt.config import ManagerConfig, Verify  # noqa: E402
+from tierckpt.data import ResumableSampler  # noqa: E402
+from tierckpt.manager import CheckpointManager  # noqa: E402
+from tierckpt.resume import RestoreInfo  # noqa: E402
+from tierckpt.saver import SaveHandle, SaveResult  # noqa: E402
+from tierckpt.state import TrainState  # noqa: E402
+
 __all__ = [
+    "CheckpointManager",
+    "ManagerConfig",
+    "RestoreInfo",
+    "ResumableSampler",
+    "SaveHandle",
+    "SaveResult",
+    "TrainState",
+    "Verify",
     "CheckpointError",
     "ConfigError",
     "IntegrityError",

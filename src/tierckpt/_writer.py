@@ -1,0 +1,206 @@
+"""A DCP ``StorageWriter`` that writes each rank's shard files into a checkpoint's tmp
+directory, computing CRC32C on the same pass, fsyncing every file, and remembering what it
+wrote (name, size, CRC32C) for the manifest.
+
+Files are byte-for-byte what DCP's ``FileSystemWriter`` produces (``torch.save``'d items in
+``__{rank}_{i}.distcp``, a pickled ``.metadata``), so ``FileSystemReader`` and plain
+``dcp.load`` read a committed checkpoint. DCP's call order (per its ``StorageWriter``
+docstring): ``reset`` → ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) →
+``prepare_global_plan`` (coordinator) → ``write_data`` (every rank) → ``finish``
+(coordinator, with every rank's results).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from tierckpt import _crc, layout
+from tierckpt._fs import DEFAULT_FILE_MODE
+from tierckpt.manifest import FileEntry
+
+_WRITE_BLOCK = 16 * 1024 * 1024
+_CURRENT_DCP_VERSION = "1.0.0"
+
+
+class _CrcFile(io.RawIOBase):
+    """Write-only file that updates a CRC32C and a byte count with every write."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self.crc = 0
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        self.crc = _crc.extend(self.crc, mv)
+        n, total = 0, len(mv)
+        while n < total:
+            n += os.write(self._fd, mv[n: n + _WRITE_BLOCK])
+        self.size += total
+        return total
+
+    def tell(self) -> int:
+        return self.size
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _tensor_item_bytes(item: WriteItem) -> int:
+    assert item.tensor_data is not None
+    n = 1
+    for s in item.tensor_data.size:
+        n *= s
+    return n * torch._utils._element_size(item.tensor_data.properties.dtype)
+
+
+class ShardWriter(StorageWriter):
+    """Writes into ``path`` (which must be this save's fresh tmp directory).
+
+    ``thread_count`` files per rank are written in parallel (items balanced by size).
+    After ``write_data``, :attr:`files` lists this rank's files; after ``finish`` on the
+    coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
+                 file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.thread_count = max(1, thread_count)
+        self.file_mode = file_mode
+        self.fsync = fsync
+        self.rank = 0
+        self.files: list[FileEntry] = []
+        self.metadata_entry: FileEntry | None = None
+        self.metadata_bytes: bytes | None = None
+        self._lock = threading.Lock()
+
+    # -- StorageWriter protocol -----------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id is not None:
+            self.path = Path(checkpoint_id)
+        self.files, self.metadata_entry, self.metadata_bytes = [], None, None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.rank = int(kwargs.get("rank", 0) or 0)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_"))
+                for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        prefix: _StoragePrefix = plan.storage_data
+        buckets = _balance(plan.items, self.thread_count)
+        jobs = [(f"{prefix.prefix}{i}.distcp", items) for i, items in enumerate(buckets) if items]
+        results: list[WriteResult] = []
+        if len(jobs) <= 1:
+            for name, items in jobs:
+                results += self._write_file(name, items, planner)
+        else:
+            with ThreadPoolExecutor(len(jobs), thread_name_prefix="tierckpt-write") as pool:
+                for r in pool.map(lambda j: self._write_file(j[0], j[1], planner), jobs):
+                    results += r
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.version = _CURRENT_DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for rl in results for wr in rl}
+        metadata.storage_meta = self.storage_meta()
+        data = pickle.dumps(metadata)
+        fd = os.open(self.path / layout.METADATA,
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+        try:
+            f = _CrcFile(fd)
+            f.write(data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.metadata_bytes = data
+        self.metadata_entry = FileEntry(name=layout.METADATA, size=f.size, crc32c=f.crc, rank=None)
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=str(self.path))
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True
+
+    # -- internals ------------------------------------------------------------------------
+    def _write_file(self, name: str, items: list[WriteItem],
+                    planner: SavePlanner) -> list[WriteResult]:
+        path = self.path / layout.safe_member_name(name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
+        out: list[WriteResult] = []
+        try:
+            f = _CrcFile(fd)
+            # bytes items first (as DCP does), then tensors largest first
+            for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
+                offset = f.size
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    assert isinstance(data, io.BytesIO)
+                    f.write(data.getbuffer())
+                else:
+                    assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
+                    torch.save(data, f)  # type: ignore[arg-type]
+                length = f.size - offset
+                out.append(WriteResult(index=item.index, size_in_bytes=length,
+                                       storage_data=_StorageInfo(name, offset, length)))
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank))
+        return out
+
+
+def _balance(items: list[WriteItem], bins: int) -> list[list[WriteItem]]:
+    """Split items into ``bins`` groups of similar byte size (bytes items spread evenly)."""
+    if bins == 1:
+        return [list(items)]
+    out: list[list[WriteItem]] = [[] for _ in range(bins)]
+    sizes = [0] * bins
+    byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    tensors = sorted((i for i in items if i.type != WriteItemType.BYTE_IO),
+                     key=_tensor_item_bytes, reverse=True)
+    for k, it in enumerate(byte_items):
+        out[k % bins].append(it)
+    for it in tensors:
+        j = sizes.index(min(sizes))
+        out[j].append(it)
+        sizes[j] += _tensor_item_bytes(it)
+    return out

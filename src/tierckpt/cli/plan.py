@@ -1,0 +1,209 @@
+"""``tierckpt plan``: the checkpoint interval (Young, Daly), its expected waste by cause, the
+cost in node-days, a resize, and strategies side by side — from given or measured C, R, W."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from tierckpt import plan as planlib
+from tierckpt._units import format_duration, parse_duration
+from tierckpt.cli import _planinputs
+from tierckpt.cli._app import app
+from tierckpt.cli._render import Curve, config_errors, console, emit_json, pct, plot_waste
+from tierckpt.errors import ConfigError
+
+Dur = Annotated[str | None, typer.Option()]
+
+
+@app.command()
+def plan(
+    blocking: Annotated[str | None, typer.Option(
+        help="C: seconds training blocks per save (90s, 5s).")] = None,
+    restart: Annotated[str | None, typer.Option(
+        help="R: restart cost per failure (detect→training again): 15m.")] = None,
+    write_time: Annotated[str | None, typer.Option(
+        help="W: background write time after staging (warns if longer than the interval).")
+    ] = None,
+    job_mtbf: Annotated[str | None, typer.Option(help="Job MTBF: 12h.")] = None,
+    node_mtbf: Annotated[str | None, typer.Option(help="Node MTBF (with --nodes): 32d.")] = None,
+    nodes: Annotated[int | None, typer.Option(help="Nodes in the job.")] = None,
+    rule: Annotated[str, typer.Option(help="Recommended interval: young | daly.")] = "young",
+    resize: Annotated[int | None, typer.Option(help="Recompute for this many nodes.")] = None,
+    compare: Annotated[list[str] | None, typer.Option(
+        help="A strategy NAME:C=..,R=..[,W=..], repeatable; missing keys come from the flags. "
+             "E.g. --compare sync:C=60s,R=15m --compare async:C=5s,R=5m")] = None,
+    from_events: Annotated[Path | None, typer.Option(
+        help="events.jsonl: measured C, W, R (flags still win).")] = None,
+    from_drill: Annotated[Path | None, typer.Option(
+        help="drill-report.json: measured C, W, R (flags still win).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (docs/planning.md).")
+    ] = False,
+    plot: Annotated[Path | None, typer.Option(help="Draw waste vs interval to this PNG.")
+    ] = None,
+) -> None:
+    """Checkpoint interval and expected waste: C/τ + τ/(2M) + R/M, τ = sqrt(2CM)."""
+    with config_errors():
+        doc = plan_report(blocking=blocking, restart=restart, write_time=write_time,
+                          job_mtbf=job_mtbf, node_mtbf=node_mtbf, nodes=nodes, rule=rule,
+                          resize=resize, compare=compare or [], from_events=from_events,
+                          from_drill=from_drill)
+        if plot is not None:
+            _plot(plot, doc)
+    if as_json:
+        emit_json(doc)
+    else:
+        _render(doc, plot)
+
+
+def plan_report(*, blocking: str | None, restart: str | None, write_time: str | None,
+                job_mtbf: str | None, node_mtbf: str | None, nodes: int | None, rule: str,
+                resize: int | None, compare: list[str], from_events: Path | None,
+                from_drill: Path | None) -> dict[str, Any]:
+    """The ``--json`` document (schema in docs/planning.md); ConfigError names the flag."""
+    inp = _planinputs.resolve(blocking=blocking, restart=restart, write_time=write_time,
+                              job_mtbf=job_mtbf, node_mtbf=node_mtbf, nodes=nodes,
+                              from_events=from_events, from_drill=from_drill)
+    if rule not in {r.value for r in planlib.Rule}:
+        raise ConfigError(f"--rule: unknown value {rule!r}; choose young or daly")
+    strategies = [_parse_strategy(s, i, inp) for i, s in enumerate(compare, 1)]
+    if inp.C is not None or not strategies:
+        base = planlib.Strategy(name="measured" if "measured" in str(inp.sources) else "given",
+                                C=_planinputs.require(inp.C, "--blocking"),
+                                R=_planinputs.require(inp.R, "--restart"), W=inp.W or 0.0)
+        strategies.insert(0, base)
+    plans = planlib.compare(strategies, inp.M, rule=rule)
+    main = plans[0]
+    doc: dict[str, Any] = {
+        "inputs": {"C_s": main.C, "R_s": main.R, "W_s": inp.W, "job_mtbf_s": inp.M,
+                   "node_mtbf_s": inp.node_mtbf, "nodes": inp.nodes, "rule": rule},
+        "sources": inp.sources,
+        **_plan_json(main, inp.nodes),
+        "warnings": _warnings(plans),
+        "resize": None,
+        "strategies": [{"name": p.name, "C_s": p.C, "R_s": p.R, "W_s": p.W,
+                        **_plan_json(p, inp.nodes)} for p in plans],
+    }
+    if resize is not None:
+        doc["resize"] = _resize(main, inp, resize, rule)
+    return doc
+
+
+def _plan_json(p: planlib.IntervalPlan, nodes: int | None) -> dict[str, Any]:
+    return {
+        "job_mtbf_s": p.M,
+        "interval_s": p.interval_s,
+        "young_interval_s": p.young_s,
+        "daly_interval_s": p.daly_s,
+        "waste_fraction": p.waste.total,
+        "waste_parts": {"ckpt": p.waste.ckpt, "rework": p.waste.rework,
+                        "restart": p.waste.restart},
+        "exact_waste_fraction": p.exact_waste_fraction,
+        "waste_node_days_per_month": (planlib.node_days_per_month(p.waste.total, nodes)
+                                      if nodes is not None else None),
+        "overlap": p.overlap,
+    }
+
+
+def _resize(main: planlib.IntervalPlan, inp: _planinputs.Inputs, nodes: int,
+            rule: str) -> dict[str, Any]:
+    if nodes < 1:
+        raise ConfigError(f"--resize must be a positive node count, got {nodes}")
+    if inp.node_mtbf is None:
+        raise ConfigError("--resize needs the node MTBF: give --node-mtbf with --nodes, or "
+                          "--job-mtbf with --nodes")
+    M = planlib.job_mtbf(inp.node_mtbf, nodes)
+    if main.C >= M:
+        raise ConfigError(f"--resize {nodes}: job MTBF {format_duration(M)} is not longer "
+                          f"than the blocking time {format_duration(main.C)}")
+    p = planlib.plan_interval(main.C, M, main.R, W=main.W, rule=rule, name=main.name)
+    return {"nodes": nodes, **_plan_json(p, nodes)}
+
+
+def _parse_strategy(spec: str, index: int, inp: _planinputs.Inputs) -> planlib.Strategy:
+    flag = f"--compare {spec!r}"
+    name, sep, body = spec.partition(":")
+    if not sep:
+        name, body = f"strategy {index}", spec
+    values: dict[str, float] = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, eq, text = item.partition("=")
+        k = key.strip().upper()
+        if not eq or k not in {"C", "R", "W"}:
+            raise ConfigError(f"{flag}: expected NAME:C=60s,R=15m[,W=30s], got {item!r}")
+        values[k] = parse_duration(text, f"{flag} {k}", allow_zero=k != "C")
+    C = values.get("C", inp.C)
+    R = values.get("R", inp.R)
+    if C is None or R is None:
+        raise ConfigError(f"{flag}: give C= and R= (or --blocking/--restart for all)")
+    if C >= inp.M:
+        raise ConfigError(f"{flag}: C ({format_duration(C)}) must be smaller than the job MTBF "
+                          f"({format_duration(inp.M)})")
+    return planlib.Strategy(name=name.strip() or f"strategy {index}", C=C, R=R,
+                            W=values.get("W", inp.W or 0.0))
+
+
+def _warnings(plans: list[planlib.IntervalPlan]) -> list[str]:
+    out = []
+    for p in plans:
+        if p.overlap:
+            out.append(f"{p.name}: interval {format_duration(p.interval_s)} is shorter than the "
+                       f"write time {format_duration(p.W)}: saves would overlap (each save "
+                       "waits for the previous write); use faster storage or a longer interval")
+        if p.waste.total > 0.2:
+            out.append(f"{p.name}: waste {pct(p.waste.total)} is large: C, R or τ is not small "
+                       "against M, so the first-order model is inaccurate (see "
+                       "exact_waste_fraction or run `tierckpt simulate`)")
+    return out
+
+
+def _render(doc: dict[str, Any], plot: Path | None) -> None:
+    out = console()
+    inp, src = doc["inputs"], doc["sources"]
+    out.print(f"job MTBF M = {format_duration(doc['job_mtbf_s'])} "
+              f"({src.get('job_mtbf_s', 'given')})")
+    for key, label in (("C_s", "C (blocking per save)"), ("R_s", "R (restart)"),
+                       ("W_s", "W (background write)")):
+        if key in src:
+            out.print(f"{label} = {format_duration(inp[key])}  [dim]({src[key]})[/]")
+    t = Table(title=f"Checkpoint interval by strategy (rule: {inp['rule']})")
+    for col in ("strategy", "C", "R", "τ Young", "τ Daly", "C/τ", "τ/2M (+W/M)", "R/M",
+                "waste", "exact", "node-days/month"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for s in doc["strategies"]:
+        parts = s["waste_parts"]
+        nd = s["waste_node_days_per_month"]
+        t.add_row(s["name"], format_duration(s["C_s"]), format_duration(s["R_s"]),
+                  format_duration(s["young_interval_s"]), format_duration(s["daly_interval_s"]),
+                  pct(parts["ckpt"]), pct(parts["rework"]), pct(parts["restart"]),
+                  f"[bold]{pct(s['waste_fraction'])}[/]", pct(s["exact_waste_fraction"]),
+                  "—" if nd is None else f"{nd:.1f}")
+    out.print(t)
+    out.print(f"checkpoint every [bold]{format_duration(doc['interval_s'])}[/] of training: "
+              f"expected waste [bold]{pct(doc['waste_fraction'])}[/]")
+    r = doc["resize"]
+    if r is not None:
+        out.print(f"resized to {r['nodes']} nodes: M = {format_duration(r['job_mtbf_s'])}, "
+                  f"τ = {format_duration(r['interval_s'])}, waste {pct(r['waste_fraction'])}, "
+                  f"{r['waste_node_days_per_month']:.1f} node-days/month")
+    for w in doc["warnings"]:
+        out.print(f"[yellow]warning:[/] {w}")
+    if plot is not None:
+        out.print(f"plot written to {plot}")
+
+
+def _plot(path: Path, doc: dict[str, Any]) -> None:
+    M = doc["job_mtbf_s"]
+    curves = []
+    for s in doc["strategies"]:
+        taus = [float(x) for x in np.geomspace(s["young_interval_s"] / 10,
+                                               min(s["young_interval_s"] * 10, 2 * M), 200)]
+        wastes = [planlib.waste(s["C_s"], t, M, s["R_s"], W=s["W_s"]).total for t in taus]
+        curves.append(Curve(label=f"{s['name']} (C={format_duration(s['C_s'])}, "
+                                  f"R={format_duration(s['R_s'])})", taus=taus, waste=wastes,
+                            optimum=(s["interval_s"], s["waste_fraction"])))
+    plot_waste(path, curves, title=f"Waste vs interval at M = {format_duration(M)}")

@@ -1,0 +1,65 @@
+"""The only code that turns written files into a committed checkpoint (tier 1).
+
+Protocol, per tier-1 domain (a set of ranks sharing one tier-1 root), run by the domain's
+owner after every rank's files are written and fsync'd and the coordinator has built the
+manifest:
+
+1. ``.metadata`` is written into the tmp directory if this domain does not have it yet
+   (domains other than the coordinator's receive the coordinator's exact bytes);
+2. ``manifest.json`` is written and fsync'd, then the tmp directory is fsync'd;
+3. the tmp directory is renamed to ``step-XXXXXXXX`` (never over an existing one) and the
+   parent is fsync'd;
+4. ``COMPLETE`` (the manifest digest) is created exclusively and fsync'd, parent fsync'd.
+
+A crash before step 4 leaves no ``COMPLETE``: the directory does not count, and start-up
+cleanup removes tmp directories. Nothing here ever touches another committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tierckpt import _fs, layout
+from tierckpt.errors import CheckpointError
+
+
+def commit_domain(tmp_dir: Path, final_dir: Path, *, manifest_bytes: bytes, marker_bytes: bytes,
+                  metadata_bytes: bytes | None, file_mode: int = _fs.DEFAULT_FILE_MODE) -> None:
+    """Run steps 1–4 above for one domain. Raises ``CheckpointError`` if ``final_dir``
+    already exists (a step is committed once) or OSError from the file system."""
+    if final_dir.exists():
+        raise CheckpointError(f"{final_dir} already exists; refusing to overwrite a checkpoint")
+    meta = tmp_dir / layout.METADATA
+    if metadata_bytes is not None and not meta.exists():
+        _fs.write_durably(meta, metadata_bytes, mode=file_mode)
+    _fs.write_durably(tmp_dir / layout.MANIFEST, manifest_bytes, mode=file_mode)
+    _fs.fsync_dir(tmp_dir)
+    os.rename(tmp_dir, final_dir)
+    _fs.fsync_dir(final_dir.parent)
+    _fs.write_durably(final_dir / layout.COMPLETE, marker_bytes, mode=file_mode, exclusive=True)
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove leftover tmp and half-deleted directories under ``root`` (crashed saves and
+    deletions). Complete checkpoints are never touched. Call only while holding the root's
+    lock, so no live save of this job or another is affected. Returns what was removed."""
+    removed = []
+    for entry in os.scandir(root):
+        if entry.is_dir(follow_symlinks=False) and (
+                layout.parse_tmp_dirname(entry.name) or layout.is_deleting_dirname(entry.name)):
+            _fs.remove_tree(entry.path)
+            removed.append(Path(entry.path))
+    if removed:
+        _fs.fsync_dir(root)
+    return removed
+
+
+def delete_checkpoint(root: Path, step: int, token: str) -> None:
+    """Delete a committed checkpoint: rename it out of its final name first, so a crash
+    mid-delete never leaves a half-deleted directory that looks committed."""
+    src = root / layout.step_dirname(step)
+    dst = root / layout.deleting_dirname(step, token)
+    os.rename(src, dst)
+    _fs.fsync_dir(root)
+    _fs.remove_tree(dst)

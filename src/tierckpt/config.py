@@ -1,0 +1,73 @@
+"""Frozen, keyword-only configuration of :class:`tierckpt.CheckpointManager`."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from pathlib import Path
+
+from tierckpt.errors import ConfigError
+
+
+class Verify(str, enum.Enum):
+    """How much of a tier-1 candidate is checked before it is restored.
+
+    ``SIZES``: marker digest, manifest, and every file's size (cheap, the default);
+    ``FULL``: also every file's CRC32C (reads every byte once more).
+    """
+
+    SIZES = "sizes"
+    FULL = "full"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ManagerConfig:
+    """What a :class:`CheckpointManager` does; every field is validated on construction.
+
+    ``tier1``: this process's tier-1 root (node-local or shared; domains are discovered).
+    ``keep_last``: complete checkpoints kept on tier 1 (pinned ones are kept in addition).
+    ``verify``: see :class:`Verify`. ``write_threads``: files written in parallel per rank.
+    ``collective_timeout_s``: how long a background save or a restore waits for other ranks
+    before failing (a dead peer is reported in this time, not the 30-minute default).
+    ``wait_timeout_s``: how long ``save()``/``wait()`` wait for a previous save to finish.
+    ``file_mode``/``dir_mode``: permissions of created files and directories.
+    ``fsync``: fsync files and directories (turning it off voids the durability promise;
+    for tests of throughput only).
+    """
+
+    tier1: Path
+    keep_last: int = 3
+    verify: Verify = Verify.SIZES
+    write_threads: int = 1
+    collective_timeout_s: float = 300.0
+    wait_timeout_s: float = 3600.0
+    file_mode: int = 0o640
+    dir_mode: int = 0o750
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tier1, str | os.PathLike):
+            raise ConfigError(f"tier1 must be a path, got {type(self.tier1).__name__}")
+        object.__setattr__(self, "tier1", Path(self.tier1).expanduser().absolute())
+        try:
+            object.__setattr__(self, "verify", Verify(self.verify))
+        except ValueError:
+            raise ConfigError(f"verify must be one of {[v.value for v in Verify]}, "
+                              f"got {self.verify!r}") from None
+        _positive_int("keep_last", self.keep_last)
+        _positive_int("write_threads", self.write_threads)
+        for name in ("collective_timeout_s", "wait_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or v <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
+        for name in ("file_mode", "dir_mode"):
+            mode = getattr(self, name)
+            if not isinstance(mode, int) or mode & 0o002:
+                raise ConfigError(f"{name} must be an int mode that is not world-writable, "
+                                  f"got {mode!r}")
+
+
+def _positive_int(name: str, v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {v!r}")

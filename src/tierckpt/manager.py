@@ -1,0 +1,238 @@
+"""``CheckpointManager``: the facade that composes staging, the async saver, commit,
+retention, resume and events. It holds no policy of its own.
+
+Lifecycle (every rank calls every method; each is collective)::
+
+    with CheckpointManager(tier1=..., keep_last=3) as ckpt:   # lock, discover, clean up
+        info = ckpt.restore(state)                            # None on a fresh start
+        ...
+        handle = ckpt.save(step, state)                       # blocks only for staging
+    # close(): waits for the in-flight save, raises its error, releases the lock
+
+Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from tierckpt import _fs, commit, events, layout, retention
+from tierckpt._topology import Comm, RootLock, discover_domains
+from tierckpt.config import ManagerConfig, Verify
+from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
+from tierckpt.resume import Chooser, RestoreInfo, complete_steps, load_into
+from tierckpt.saver import AsyncSaver, SaveHandle, SaveResult, _Job
+from tierckpt.staging import HostStager
+from tierckpt.state import TrainState
+
+
+class CheckpointManager:
+    """Async, sharded, committed checkpoints on tier 1 and exact resume.
+
+    Keyword arguments are those of :class:`tierckpt.config.ManagerConfig` (``tier1`` is
+    required). Construct it on every rank after the process group is initialised (or with
+    none for a single process). Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, *, config: ManagerConfig | None = None, **kwargs: Any) -> None:
+        if config is None:
+            if "tier1" not in kwargs:
+                raise ConfigError("CheckpointManager needs tier1=<directory for checkpoints>")
+            config = ManagerConfig(**kwargs)
+        elif kwargs:
+            raise ConfigError("pass either config= or keyword arguments, not both")
+        self.config = cfg = config
+        self._closed = False
+        self._lock: RootLock | None = None
+        self._inflight: SaveHandle | None = None
+        self.comm = Comm.create(cfg.collective_timeout_s)
+        try:
+            self._prepare_root()
+            self.domains = discover_domains(cfg.tier1, self.comm)
+            self.domain = next(d for d in self.domains if self.comm.rank in d)
+            self.is_owner = self.domain[0] == self.comm.rank
+            self._take_lock_and_clean()
+            self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
+                                       mode=cfg.file_mode)
+            self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
+            existing = complete_steps(cfg.tier1) if self.is_owner else []
+            newest = max(self.comm.all_gather(existing[0] if existing else -1))
+            self.last_committed: int | None = None if newest < 0 else newest
+            self._stager = HostStager()
+            self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
+                                     on_committed=self._apply_retention)
+        except BaseException:
+            self._release()
+            raise
+
+    # -- public API -----------------------------------------------------------------------
+    def restore(self, state: TrainState) -> RestoreInfo | None:
+        """Load the newest complete, verified checkpoint into ``state`` (collective).
+
+        Returns None on a fresh start (no checkpoint anywhere). Candidates that fail
+        verification are quarantined with a logged reason and the next older one is used.
+        """
+        self._check_open()
+        _require_state(state)
+        t0 = time.monotonic()
+        self.log.emit(events.RESTORE_STARTED)
+        chooser = Chooser(self.config.tier1, self.comm, self.domain, is_owner=self.is_owner,
+                          full=self.config.verify is Verify.FULL, log=self.log)
+        step = chooser.choose()
+        skipped = tuple(s for rank_sk in self.comm.all_gather(chooser.skipped) for s in rank_sk)
+        if step is None:
+            self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
+                          skipped=[list(s) for s in skipped])
+            return None
+        self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source="tier1",
+                      skipped=[list(s) for s in skipped])
+        path = self.config.tier1 / layout.step_dirname(step)
+        saved_world = self.comm.broadcast(
+            chooser._ok[step].world_size if self.comm.rank == 0 else None)
+        t_load = time.monotonic()
+        nbytes = load_into(state, path, saved_world, self.comm)
+        now = time.monotonic()
+        self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
+        info = RestoreInfo(step=step, source="tier1", path=path, seconds=now - t0,
+                           bytes_read=nbytes, bytes_by_source={"tier1": nbytes},
+                           world_size=self.comm.world_size, saved_world_size=saved_world,
+                           skipped=skipped)
+        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds, bytes=nbytes,
+                      source="tier1", bytes_by_source=info.bytes_by_source,
+                      world_size=info.world_size, saved_world_size=saved_world)
+        self.last_committed = max(self.last_committed or -1, step)
+        return info
+
+    def save(self, step: int, state: TrainState) -> SaveHandle:
+        """Stage ``state`` into host buffers (blocking: this is C), then write and commit it
+        in the background. Waits first for a previous save still in flight (an ``overlap``
+        event records the wait) and raises its :class:`SaveError` if it failed."""
+        self._check_open()
+        _require_state(state)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
+        self._finish_inflight(record_overlap=True)
+        if self.last_committed is not None and step <= self.last_committed:
+            raise ConfigError(
+                f"save(step={step}) but step {self.last_committed} is already committed in "
+                f"{self.config.tier1}; steps must increase (resume with restore() first, or "
+                "use a new tier1 directory)")
+        t0 = time.monotonic()
+        state.step = step
+        staged, nbytes = self._stager.stage(state.state_dict())
+        staged_at = time.monotonic()
+        self.log.emit(events.SAVE_STAGED, step=step, seconds=staged_at - t0, bytes=nbytes)
+        staged_f: Future[float] = Future()
+        staged_f.set_result(staged_at - t0)
+        handle = SaveHandle(step=step, staged=staged_f, durable=Future())
+        self._inflight = handle
+        self._saver.submit(_Job(step=step, staged=staged, nbytes=nbytes,
+                                save_id=f"{self.run_id}-{step}", started=t0,
+                                staged_at=staged_at), handle)
+        return handle
+
+    def wait(self, timeout: float | None = None) -> SaveResult | None:
+        """Block until the in-flight save (if any) is committed; raise its error."""
+        self._check_open()
+        return self._finish_inflight(record_overlap=False, timeout=timeout)
+
+    def close(self) -> None:
+        """Wait for the in-flight save, release the lock and the checkpoint group.
+        Idempotent. Raises the in-flight save's error (after releasing everything)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._finish_inflight(record_overlap=False)
+        finally:
+            self._saver.close()
+            self._release()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # don't mask the original exception with a save error
+            self.close()
+        except CheckpointError:
+            pass
+
+    # -- internals ------------------------------------------------------------------------
+    def _finish_inflight(self, *, record_overlap: bool,
+                         timeout: float | None = None) -> SaveResult | None:
+        h = self._inflight
+        if h is None:
+            return None
+        t0 = time.monotonic()
+        was_running = not h.done()
+        try:
+            result = h.wait(timeout if timeout is not None else self.config.wait_timeout_s)
+        except TimeoutError:
+            raise SaveError(f"save of step {h.step} still writing after "
+                            f"{timeout or self.config.wait_timeout_s:.0f} s") from None
+        except SaveError:
+            self._inflight = None
+            raise
+        finally:
+            if record_overlap and was_running:
+                self.log.emit(events.OVERLAP, step=h.step, seconds=time.monotonic() - t0)
+        self._inflight = None
+        self.last_committed = max(self.last_committed or -1, result.step)
+        return result
+
+    def _apply_retention(self, result: SaveResult) -> None:
+        root = self.config.tier1
+        pins_dir = root / layout.PINS
+        pinned = ([s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
+                   if s is not None] if pins_dir.is_dir() else [])
+        for step in retention.tier1_deletions(complete_steps(root), keep_last=self.config.keep_last,
+                                              pinned=pinned):
+            commit.delete_checkpoint(root, step, uuid.uuid4().hex[:8])
+
+    def _prepare_root(self) -> None:
+        root = self.config.tier1
+        try:
+            root.mkdir(mode=self.config.dir_mode, parents=True, exist_ok=True)
+            probe = root / f".writable-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            _fs.write_durably(probe, b"", mode=self.config.file_mode)
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"tier1={root} is not a writable directory ({e}); point tier1 at "
+                              "a local directory this user can write") from e
+
+    def _take_lock_and_clean(self) -> None:
+        err = None
+        if self.is_owner:
+            try:
+                self._lock = RootLock(self.config.tier1, self.config.file_mode)
+                commit.clean_stale(self.config.tier1)
+            except LockError as e:
+                err = str(e)
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if errors:
+            raise LockError(errors[0])
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+        self.comm.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("CheckpointManager is closed")
+
+
+def _require_state(state: object) -> None:
+    if not isinstance(state, TrainState):
+        raise ConfigError(f"expected a tierckpt.TrainState, got {type(state).__name__}")

@@ -1,0 +1,169 @@
+"""Gather and apply the whole training state through DCP's ``Stateful`` protocol.
+
+Layout of :meth:`TrainState.state_dict` (what DCP sees)::
+
+    {"model": {...}, "optim": {...},          # via torch.distributed.checkpoint.state_dict:
+                                               # plain modules, DDP and FSDP2/DTensor alike
+     "rank_state": {"<rank>": uint8 tensor}}   # per-rank blob, keyed by rank
+
+The per-rank blob is a ``torch.save`` of ``{"rng", "scheduler", "dataloader", "extra",
+"step", "rank", "world_size"}`` restricted to plain types, so it loads with
+``weights_only=True``. Keying it by rank keeps DCP's de-duplication from merging ranks, and
+keeps each rank's copy in its own shard file (so node-local tier 1 restores need no other
+node's files).
+
+Resume semantics:
+
+- same world size: rank ``r`` loads its own blob; every RNG stream, the data-loader
+  position, scheduler and ``extra`` continue exactly (bit-identical losses on CPU).
+- different world size: model and optimizer are resharded by DCP; rank ``r`` loads the blob
+  of old rank ``r % old_world``; scheduler and ``extra`` continue (they are the same on every
+  rank in a data-parallel job); the data loader continues from the *global* sample position
+  when its sampler has global semantics (``tierckpt.data.ResumableSampler``); the RNG
+  streams are re-derived deterministically from (saved state, step, rank, world size).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from tierckpt import _rng
+from tierckpt.errors import CheckpointError, ConfigError
+
+RANK_STATE = "rank_state"
+
+
+def _require_stateful(name: str, obj: object, hint: str) -> None:
+    if not (callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))):
+        raise ConfigError(f"TrainState({name}=...) needs an object with state_dict() and "
+                          f"load_state_dict(); got {type(obj).__name__}. {hint}")
+
+
+class TrainState:
+    """Everything needed to continue training exactly: a DCP ``Stateful``.
+
+    Arguments are keyword-only. ``model`` is an ``nn.Module`` (plain, DDP or FSDP2);
+    ``optimizer`` a ``torch.optim.Optimizer``; ``scheduler`` an LR scheduler; ``dataloader``
+    anything with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``);
+    ``extra`` a dict of plain values (ints, floats, strings, lists, dicts, tensors) that is
+    saved and restored in place. RNG streams are captured automatically (``rng=False`` to
+    opt out).
+    """
+
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 scheduler: Any = None, dataloader: Any = None,
+                 extra: dict[str, Any] | None = None, rng: bool = True) -> None:
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"TrainState(model=...) must be a torch.nn.Module, got "
+                              f"{type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"TrainState(optimizer=...) must be a torch.optim.Optimizer, got "
+                              f"{type(optimizer).__name__}")
+        if scheduler is not None:
+            _require_stateful("scheduler", scheduler, "Pass a torch.optim.lr_scheduler object.")
+        if dataloader is not None:
+            _require_stateful("dataloader", dataloader,
+                              "A plain torch DataLoader cannot resume its position; use "
+                              "torchdata.stateful_dataloader.StatefulDataLoader.")
+        if extra is not None and not (isinstance(extra, dict)
+                                      and all(isinstance(k, str) for k in extra)):
+            raise ConfigError("TrainState(extra=...) must be a dict with str keys")
+        self.model, self.optimizer = model, optimizer
+        self.scheduler, self.dataloader = scheduler, dataloader
+        self.extra = extra
+        self.rng = rng
+        self.step: int | None = None  # set by the manager before state_dict()/after restore
+        # Set by the manager before a load: which saved rank's blob this rank reads, the
+        # blob's size, and the saved world size.
+        self._load_source: tuple[int, int, int] | None = None
+
+    # -- DCP Stateful ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The state to save (or, during a load, the targets DCP fills in place)."""
+        model_sd, optim_sd = self._model_optim_state()
+        out: dict[str, Any] = {"model": model_sd}
+        if self.optimizer is not None:
+            out["optim"] = optim_sd
+        if self._load_source is not None:
+            src, nbytes, _ = self._load_source
+            out[RANK_STATE] = {str(src): torch.empty(nbytes, dtype=torch.uint8)}
+        else:
+            out[RANK_STATE] = {str(_rank()): self._rank_blob()}
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Apply a loaded state (the dict :meth:`state_dict` returned, filled by DCP)."""
+        if self.optimizer is not None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
+                           optim_state_dict=state_dict["optim"],
+                           options=StateDictOptions(strict=True))
+        else:
+            set_state_dict(self.model, (), model_state_dict=state_dict["model"],
+                           optim_state_dict={}, options=StateDictOptions(strict=True))
+        blobs = state_dict[RANK_STATE]
+        (src, blob), = blobs.items()
+        self._apply_rank_blob(blob, src_rank=int(src))
+
+    # -- internals ------------------------------------------------------------------------
+    def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        opts = () if self.optimizer is None else self.optimizer
+        return get_state_dict(self.model, opts)
+
+    def _rank_blob(self) -> torch.Tensor:
+        payload: dict[str, Any] = {
+            "step": self.step, "rank": _rank(), "world_size": _world(),
+            "rng": _rng.capture() if self.rng else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "dataloader": (self.dataloader.state_dict() if self.dataloader is not None
+                           else None),
+            "extra": dict(self.extra) if self.extra is not None else None,
+        }
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+    def _apply_rank_blob(self, blob: torch.Tensor, *, src_rank: int) -> None:
+        try:
+            payload = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            raise CheckpointError(
+                "per-rank state (extra/dataloader/scheduler) holds objects that do not load "
+                "with weights_only=True; keep them to dicts, lists, tuples, numbers, strings "
+                f"and tensors (or register them with torch.serialization.add_safe_globals): {e}"
+            ) from e
+        same_world = payload["world_size"] == _world()
+        if self.scheduler is not None and payload["scheduler"] is not None:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        if self.dataloader is not None and payload["dataloader"] is not None:
+            self.dataloader.load_state_dict(payload["dataloader"])
+        if self.extra is not None and payload["extra"] is not None:
+            self.extra.clear()
+            self.extra.update(payload["extra"])
+        if self.rng and payload["rng"] is not None:
+            if same_world and src_rank == _rank():
+                _rng.restore(payload["rng"])
+            else:
+                _rng.rederive(payload["rng"], step=int(payload["step"] or 0), rank=_rank(),
+                              world_size=_world())
+        self.step = payload["step"]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
