@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("size", "plan", "simulate")
 
 
 def load_commands() -> typer.Typer:

@@ -17,8 +17,6 @@ from tierckpt.cli._app import app
 from tierckpt.cli._render import Curve, config_errors, console, emit_json, pct, plot_waste
 from tierckpt.errors import ConfigError
 
-Dur = Annotated[str | None, typer.Option()]
-
 
 @app.command()
 def plan(
