@@ -20,7 +20,8 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise ConfigError(f"--size {text!r}: write a number with an optional unit, e.g. 1GiB or 256MiB")
+        raise ConfigError(f"--size {text!r}: write a number with an optional unit, "
+                          "e.g. 1GiB or 256MiB")
     size = int(float(match.group(1)) * _UNITS[unit])
     if size < MiB:
         raise ConfigError(f"--size {text!r} is below 1 MiB; the bench needs at least 1MiB of state")

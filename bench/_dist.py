@@ -1,0 +1,50 @@
+"""Run one function on W spawned gloo ranks and collect what each rank returns.
+
+Each rank gets ``MASTER_ADDR=127.0.0.1``, a free port, ``torch.set_num_threads(cores // W)``,
+a gloo process group, and returns a JSON-able dict; the parent receives the list ordered by
+rank. A rank's exception fails the whole call (``torch.multiprocessing`` re-raises it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+J = TypeVar("J")
+RankFn = Callable[[int, int, J], dict[str, Any]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, world: int, port: int, fn: RankFn[J], job: J, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, job)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def run_ranks(world: int, fn: RankFn[J], job: J) -> list[dict[str, Any]]:
+    """Run ``fn(rank, world, job)`` on ``world`` spawned processes; results ordered by rank."""
+    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as out:
+        mp.start_processes(_entry, args=(world, _free_port(), fn, job, out), nprocs=world,
+                           join=True, start_method="spawn")
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]
