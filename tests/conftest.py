@@ -1,1 +1,3 @@
 """Shared pytest fixtures."""
+
+pytest_plugins = ["s3server"]

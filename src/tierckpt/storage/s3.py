@@ -26,6 +26,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -138,6 +139,24 @@ def _pread_full(fd: int, length: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+_SESSIONS: dict[tuple[tuple[str, str], ...], boto3.session.Session] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
+    """An S3 client from ``session`` or from a session cached per AWS_* environment (a new
+    session re-reads botocore's service models, ~0.2 s; clients from one are cheap).
+    Session.client is not thread-safe, hence the lock."""
+    with _SESSIONS_LOCK:
+        if session is None:
+            env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+            session = _SESSIONS.get(env)
+            if session is None:
+                session = _SESSIONS[env] = boto3.session.Session()
+        return session.client("s3", region_name=session.region_name or "us-east-1",
+                              config=config.botocore_config())
+
+
 class S3Storage:
     """A :class:`~tierckpt.storage.base.Storage` over ``s3://bucket/prefix``."""
 
@@ -151,10 +170,7 @@ class S3Storage:
             validate_key(self.prefix)
         self.config = config or S3Config()
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        session = session or boto3.session.Session()
-        self._client: Any = session.client(
-            "s3", region_name=session.region_name or "us-east-1",
-            config=self.config.botocore_config())
+        self._client: Any = _make_client(self.config, session)
 
     def __repr__(self) -> str:
         return f"S3Storage({self.url!r})"

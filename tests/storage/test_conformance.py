@@ -1,0 +1,253 @@
+"""One contract, every backend: local directory, in-memory, and S3 (real SeaweedFS).
+
+Objects stay small; the S3 backend runs with 5 MiB parts so a 6 MiB file exercises the
+multipart path (parallel parts, FULL_OBJECT CRC32C, verified by the server).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tierckpt import _crc
+from tierckpt.errors import ConfigError, IntegrityError, StorageError
+from tierckpt.storage import (
+    BadDigestError,
+    LocalStorage,
+    MemoryStorage,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    Storage,
+    open_storage,
+)
+from tierckpt.storage.base import TMP_MARK
+
+MiB = 1024 * 1024
+S3_TEST_OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_concurrency": 4,
+                   "digest_attempts": 2, "read_timeout_s": 10.0, "connect_timeout_s": 2.0}
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
+    if request.param == "local":
+        st: Storage = open_storage((tmp_path / "store").as_uri())
+    elif request.param == "memory":
+        st = open_storage("memory://conformance")
+    else:
+        st = open_storage(request.getfixturevalue("s3_env").url, **S3_TEST_OPTIONS)
+    with st:  # type: ignore[attr-defined]
+        yield st
+
+
+def write(path: Path, data: bytes) -> tuple[Path, int]:
+    path.write_bytes(data)
+    return path, _crc.extend(0, data)
+
+
+def test_is_a_storage(storage: Storage) -> None:
+    assert isinstance(storage, Storage)
+    assert "://" in storage.url
+
+
+@pytest.mark.parametrize("size", [0, 1000, 6 * MiB + 123])
+def test_put_file_head_get_file_roundtrip(storage: Storage, tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    src, crc = write(tmp_path / "src", data)
+    info = storage.put_file("step-00000001/__0_0.distcp", src, crc32c=crc, size=size)
+    assert (info.size, info.crc32c) == (size, crc)
+    head = storage.head("step-00000001/__0_0.distcp")
+    assert head is not None and head.size == size
+    assert head.crc32c in (crc, None) if isinstance(storage, LocalStorage) else head.crc32c == crc
+    dest = tmp_path / "out" / "copy"
+    got = storage.get_file("step-00000001/__0_0.distcp", dest, crc32c=crc)
+    assert dest.read_bytes() == data
+    assert (got.size, got.crc32c) == (size, crc)
+    assert not [p for p in dest.parent.iterdir() if TMP_MARK in p.name]
+
+
+def test_put_file_wrong_crc_is_bad_digest_and_leaves_nothing(storage: Storage,
+                                                             tmp_path: Path) -> None:
+    src, crc = write(tmp_path / "src", os.urandom(4096))
+    with pytest.raises(BadDigestError) as ei:
+        storage.put_file("k/bad", src, crc32c=crc ^ 1, size=4096)
+    assert isinstance(ei.value, IntegrityError) and isinstance(ei.value, StorageError)
+    assert storage.head("k/bad") is None
+    assert storage.list("k/") == []
+
+
+def test_multipart_wrong_crc_leaves_no_object_and_no_upload(storage: Storage,
+                                                            tmp_path: Path) -> None:
+    src, crc = write(tmp_path / "src", os.urandom(6 * MiB))
+    with pytest.raises(BadDigestError):
+        storage.put_file("k/big", src, crc32c=crc ^ 0x100, size=6 * MiB)
+    assert storage.head("k/big") is None
+    assert storage.abort_uploads("k/") == 0  # nothing was left behind to abort
+
+
+def test_put_file_wrong_size_is_bad_digest(storage: Storage, tmp_path: Path) -> None:
+    src, crc = write(tmp_path / "src", b"abc")
+    with pytest.raises(BadDigestError):
+        storage.put_file("k/x", src, crc32c=crc, size=4)
+    assert storage.head("k/x") is None
+
+
+def test_put_file_replaces_atomically(storage: Storage, tmp_path: Path) -> None:
+    a, ca = write(tmp_path / "a", b"first version")
+    b, cb = write(tmp_path / "b", b"second")
+    storage.put_file("k/obj", a, crc32c=ca, size=13)
+    storage.put_file("k/obj", b, crc32c=cb, size=6)
+    assert storage.get_bytes("k/obj") == b"second"
+    assert [i.key for i in storage.list("k/")] == ["k/obj"]
+
+
+def test_put_bytes_get_bytes(storage: Storage) -> None:
+    info = storage.put_bytes("a/manifest.json", b'{"x": 1}\n')
+    assert info.crc32c == _crc.extend(0, b'{"x": 1}\n') and info.size == 9
+    assert storage.get_bytes("a/manifest.json") == b'{"x": 1}\n'
+    head = storage.head("a/manifest.json")
+    assert head is not None and head.size == 9
+    storage.put_bytes("a/manifest.json", b"new")
+    assert storage.get_bytes("a/manifest.json") == b"new"
+
+
+def test_create_only_put(storage: Storage) -> None:
+    storage.put_bytes("s/COMPLETE", b"marker-1", if_none_match=True)
+    # The same bytes again succeed: a retry after a lost response is idempotent.
+    storage.put_bytes("s/COMPLETE", b"marker-1", if_none_match=True)
+    with pytest.raises(ObjectExistsError) as ei:
+        storage.put_bytes("s/COMPLETE", b"marker-2", if_none_match=True)
+    assert isinstance(ei.value, FileExistsError)
+    assert storage.get_bytes("s/COMPLETE") == b"marker-1"
+
+
+def test_create_only_race_has_one_winner(storage: Storage) -> None:
+    results: dict[int, str] = {}
+
+    def attempt(i: int) -> None:
+        try:
+            storage.put_bytes("race/COMPLETE", f"writer-{i}".encode(), if_none_match=True)
+            results[i] = "won"
+        except ObjectExistsError:
+            results[i] = "lost"
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in results.items() if r == "won"]
+    assert len(results) == 4 and len(winners) == 1
+    assert storage.get_bytes("race/COMPLETE") == f"writer-{winners[0]}".encode()
+
+
+def test_missing_objects(storage: Storage, tmp_path: Path) -> None:
+    assert storage.head("no/such") is None
+    with pytest.raises(ObjectNotFoundError) as ei:
+        storage.get_bytes("no/such")
+    assert isinstance(ei.value, FileNotFoundError)
+    with pytest.raises(ObjectNotFoundError):
+        storage.get_file("no/such", tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_get_file_verifies_expected_crc(storage: Storage, tmp_path: Path) -> None:
+    src, crc = write(tmp_path / "src", os.urandom(2048))
+    storage.put_file("k/f", src, crc32c=crc, size=2048)
+    (tmp_path / "dest").write_bytes(b"old content")
+    with pytest.raises(BadDigestError):
+        storage.get_file("k/f", tmp_path / "dest", crc32c=crc ^ 1)
+    assert (tmp_path / "dest").read_bytes() == b"old content"  # never replaced by bad bytes
+    assert [p.name for p in tmp_path.iterdir() if TMP_MARK in p.name] == []
+
+
+def test_list_prefix_sorted_and_delete(storage: Storage, tmp_path: Path) -> None:
+    for key in ["b/2", "a/1", "ab/3", "a/sub/4", "step-00000010/.metadata"]:
+        storage.put_bytes(key, key.encode())
+    assert [i.key for i in storage.list("a/")] == ["a/1", "a/sub/4"]
+    assert [i.key for i in storage.list("a")] == ["a/1", "a/sub/4", "ab/3"]
+    assert [(i.key, i.size) for i in storage.list("step-0000")] == [
+        ("step-00000010/.metadata", len("step-00000010/.metadata"))]
+    assert [i.key for i in storage.list()] == [
+        "a/1", "a/sub/4", "ab/3", "b/2", "step-00000010/.metadata"]
+    storage.delete("a/sub/4")
+    storage.delete("a/sub/4")  # idempotent
+    storage.delete("never/existed")
+    assert storage.head("a/sub/4") is None
+    assert [i.key for i in storage.list("a/")] == ["a/1"]
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "a/./b", "trailing/", "a\\b",
+                                 f"x/{TMP_MARK}y"])
+def test_invalid_keys_are_config_errors(storage: Storage, key: str) -> None:
+    with pytest.raises(ConfigError):
+        storage.put_bytes(key, b"x")
+    with pytest.raises(ConfigError):
+        storage.head(key)
+
+
+def test_concurrent_puts(storage: Storage, tmp_path: Path) -> None:
+    blobs = {f"c/{i}": os.urandom(1000 + i) for i in range(8)}
+    errors: list[BaseException] = []
+
+    def put(key: str) -> None:
+        try:
+            storage.put_bytes(key, blobs[key])
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=put, args=(k,)) for k in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert {i.key: storage.get_bytes(i.key) for i in storage.list("c/")} == blobs
+
+
+def test_url_and_errors_carry_no_secrets(storage: Storage, tmp_path: Path) -> None:
+    secret = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    assert secret is None or secret not in storage.url + repr(storage)
+    with pytest.raises(ObjectNotFoundError) as ei:
+        storage.get_bytes("missing/key")
+    msg = str(ei.value)
+    assert "missing/key" in msg
+    if secret is not None:
+        assert secret not in msg and os.environ["AWS_ENDPOINT_URL"] not in msg
+
+
+def test_abort_uploads_removes_stale_upload(storage: Storage, request: pytest.FixtureRequest,
+                                            tmp_path: Path) -> None:
+    if isinstance(storage, MemoryStorage):
+        assert storage.abort_uploads("x/") == 0  # puts are atomic: nothing can be stale
+        return
+    if isinstance(storage, LocalStorage):
+        (storage.root / "x").mkdir()
+        (storage.root / "x" / f"{TMP_MARK}dead.obj").write_bytes(b"partial")
+        (storage.root / "y").mkdir()
+        (storage.root / "y" / f"{TMP_MARK}dead.obj").write_bytes(b"partial")
+    else:
+        env = request.getfixturevalue("s3_env")
+        c = env.client()
+        for k in ("x/obj", "y/obj"):
+            c.create_multipart_upload(Bucket=env.bucket, Key=f"{env.prefix}/{k}")
+        assert env.pending_uploads() == ["x/obj", "y/obj"]
+    assert storage.list() == []  # in-flight uploads are invisible
+    assert storage.abort_uploads("x/") == 1
+    assert storage.abort_uploads("x/") == 0
+    assert storage.abort_uploads("y/") == 1
+
+
+def test_open_storage_rejects_bad_urls(tmp_path: Path) -> None:
+    for url in ["ftp://x/y", "file://host/path", "s3://key:secret@bucket/p", "s3://bucket?x=1",
+                "s3:///nobucket"]:
+        with pytest.raises(ConfigError):
+            open_storage(url)
+    with pytest.raises(ConfigError):
+        open_storage("s3://bucket/p", part_size=1024)  # below S3's 5 MiB minimum part
+    with pytest.raises(ConfigError):
+        open_storage("s3://bucket/p", no_such_option=1)
+    assert isinstance(open_storage((tmp_path / "d").as_uri()), LocalStorage)
