@@ -168,24 +168,33 @@ def _render(doc: dict[str, Any], plot: Path | None) -> None:
                        ("W_s", "W (background write)")):
         if key in src:
             out.print(f"{label} = {format_duration(inp[key])}  [dim]({src[key]})[/]")
-    t = Table(title=f"Checkpoint interval by strategy (rule: {inp['rule']})")
-    for col in ("strategy", "C", "R", "τ Young", "τ Daly", "C/τ", "τ/2M (+W/M)", "R/M",
-                "waste", "exact", "node-days/month"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
+    t = Table(title=f"Checkpoint interval and waste (rule: {inp['rule']})")
+    t.add_column("")
     for s in doc["strategies"]:
-        parts = s["waste_parts"]
-        nd = s["waste_node_days_per_month"]
-        t.add_row(s["name"], format_duration(s["C_s"]), format_duration(s["R_s"]),
-                  format_duration(s["young_interval_s"]), format_duration(s["daly_interval_s"]),
-                  pct(parts["ckpt"]), pct(parts["rework"]), pct(parts["restart"]),
-                  f"[bold]{pct(s['waste_fraction'])}[/]", pct(s["exact_waste_fraction"]),
-                  "—" if nd is None else f"{nd:.1f}")
+        t.add_column(s["name"], justify="right")
+    rows: list[tuple[str, Any]] = [
+        ("C blocking / save", lambda s: format_duration(s["C_s"])),
+        ("R restart", lambda s: format_duration(s["R_s"])),
+        ("W write", lambda s: format_duration(s["W_s"]) if s["W_s"] else "—"),
+        ("τ Young sqrt(2CM)", lambda s: format_duration(s["young_interval_s"])),
+        ("τ Daly", lambda s: format_duration(s["daly_interval_s"])),
+        ("C/τ  blocked", lambda s: pct(s["waste_parts"]["ckpt"])),
+        ("τ/2M (+W/M)  rework", lambda s: pct(s["waste_parts"]["rework"])),
+        ("R/M  restart", lambda s: pct(s["waste_parts"]["restart"])),
+        ("[bold]waste[/]", lambda s: f"[bold]{pct(s['waste_fraction'])}[/]"),
+        ("exact (exp. failures)", lambda s: pct(s["exact_waste_fraction"])),
+        ("node-days / month", lambda s: "—" if s["waste_node_days_per_month"] is None
+         else f"{s['waste_node_days_per_month']:.1f}"),
+    ]
+    for label, cell in rows:
+        t.add_row(label, *(cell(s) for s in doc["strategies"]))
     out.print(t)
     out.print(f"checkpoint every [bold]{format_duration(doc['interval_s'])}[/] of training: "
               f"expected waste [bold]{pct(doc['waste_fraction'])}[/]")
     r = doc["resize"]
     if r is not None:
-        out.print(f"resized to {r['nodes']} nodes: M = {format_duration(r['job_mtbf_s'])}, "
+        out.print(f"{doc['strategies'][0]['name']} resized to {r['nodes']} nodes: "
+                  f"M = {format_duration(r['job_mtbf_s'])}, "
                   f"τ = {format_duration(r['interval_s'])}, waste {pct(r['waste_fraction'])}, "
                   f"{r['waste_node_days_per_month']:.1f} node-days/month")
     for w in doc["warnings"]:
