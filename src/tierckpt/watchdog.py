@@ -20,6 +20,7 @@ within ``hang_timeout`` seconds (counted from ``start()`` for the first step), t
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
@@ -173,10 +174,9 @@ class StepWatchdog:
                            stacks=stacks_path)
             self._log.emit(FAILURE_DETECTED, step=last_step, how="watchdog", detail=detail)
         if self._on_hang is not None:
-            try:
+            # Reporting must never stop the exit below.
+            with contextlib.suppress(Exception):
                 self._on_hang(HangInfo(last_step, idle, stacks_path))
-            except Exception:  # reporting must never stop the exit below
-                pass
         sys.stderr.flush()
         os._exit(self._exit_code)
 
