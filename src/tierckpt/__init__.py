@@ -15,29 +15,34 @@ from tierckpt.errors import (
 
 __version__ = "0.1.0"
 
-from tierckpt.config import ManagerConfig, Verify  # noqa: E402
-from tierckpt.data import ResumableSampler  # noqa: E402
-from tierckpt.manager import CheckpointManager  # noqa: E402
-from tierckpt.resume import RestoreInfo  # noqa: E402
-from tierckpt.saver import SaveHandle, SaveResult  # noqa: E402
-from tierckpt.state import TrainState  # noqa: E402
+from tierckpt.config import ManagerConfig, Verify
+from tierckpt.data import ResumableSampler
+from tierckpt.distributed import DistInfo, init_distributed
+from tierckpt.manager import CheckpointManager
+from tierckpt.resume import RestoreInfo
+from tierckpt.saver import SaveHandle, SaveResult
+from tierckpt.state import TrainState
+from tierckpt.watchdog import StepWatchdog
 
 __all__ = [
-    "CheckpointManager",
-    "ManagerConfig",
-    "RestoreInfo",
-    "ResumableSampler",
-    "SaveHandle",
-    "SaveResult",
-    "TrainState",
-    "Verify",
     "CheckpointError",
+    "CheckpointManager",
     "ConfigError",
+    "DistInfo",
     "IntegrityError",
     "LockError",
+    "ManagerConfig",
     "NoCheckpointError",
+    "RestoreInfo",
+    "ResumableSampler",
     "SaveError",
+    "SaveHandle",
+    "SaveResult",
     "SignatureError",
+    "StepWatchdog",
     "StorageError",
+    "TrainState",
+    "Verify",
     "__version__",
+    "init_distributed",
 ]
