@@ -12,8 +12,8 @@ Symbols (as in DESIGN.md, "The problem in numbers"):
 - ``tau`` — training seconds between checkpoints (the time between two ``save()`` calls is
   ``tau + C``).
 
-First-order model (Young 1974): ``waste ≈ C/tau + (tau/2 + W)/M + R/M`` with optimum
-``tau = sqrt(2·C·M)``; ``W`` is zero in the classic form and adds to the rework because a
+First-order model (Young 1974): ``waste ≈ C/tau + (tau/2 + W)/M + R/M`` (for tau ≥ W) with
+optimum ``tau = sqrt(2·C·M)``; ``W`` is zero in the classic form and adds to the rework because a
 failure before the latest save is durable rolls back one interval further. Daly (2006) gives
 a higher-order optimum. :func:`exact_waste` is the exact long-run waste for exponential
 failures with failures during saves and restarts (the model ``tierckpt.simulate`` simulates);
@@ -216,8 +216,9 @@ def daly_interval(C: float, M: float) -> float:
 class WasteBreakdown:
     """Expected fraction of wall time lost, by cause (first-order model).
 
-    ``ckpt`` = C/tau (blocked saving), ``rework`` = (tau/2 + W)/M (recomputing lost work),
-    ``restart`` = R/M (restarting), ``total`` = their sum.
+    ``ckpt`` = C/tau (blocked saving; (C + W − tau)/tau when tau < W, because each save
+    then also waits for the previous write), ``rework`` = (tau/2 + W)/M (recomputing lost
+    work), ``restart`` = R/M (restarting), ``total`` = their sum.
     """
 
     ckpt: float
@@ -230,7 +231,8 @@ class WasteBreakdown:
 
 
 def waste(C: float, tau: float, M: float, R: float = 0.0, *, W: float = 0.0) -> WasteBreakdown:
-    """First-order waste ``C/tau + (tau/2 + W)/M + R/M`` (Young; W = 0 gives the classic form).
+    """First-order waste ``C/tau + (tau/2 + W)/M + R/M`` (Young; W = 0 gives the classic form;
+    for tau < W the blocked term becomes (C + W − tau)/tau, see :class:`WasteBreakdown`).
 
     Accurate while C, R, W and tau are small against M; see :func:`exact_waste` otherwise.
     """
@@ -238,7 +240,8 @@ def waste(C: float, tau: float, M: float, R: float = 0.0, *, W: float = 0.0) -> 
     _positive(tau, "tau")
     _nonneg(R, "R")
     _nonneg(W, "W")
-    return WasteBreakdown(ckpt=C / tau, rework=(tau / 2.0 + W) / M, restart=R / M)
+    blocked = C + max(0.0, W - tau)  # with tau < W each save also waits for the last write
+    return WasteBreakdown(ckpt=blocked / tau, rework=(tau / 2.0 + W) / M, restart=R / M)
 
 
 def exact_waste(C: float, tau: float, M: float, R: float = 0.0, *, W: float = 0.0) -> float:
