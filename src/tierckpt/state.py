@@ -21,6 +21,11 @@ Resume semantics:
   rank in a data-parallel job); the data loader continues from the *global* sample position
   when its sampler has global semantics (``tierckpt.data.ResumableSampler``); the RNG
   streams are re-derived deterministically from (saved state, step, rank, world size).
+
+One rule for bit-identical continuation: nothing may draw from the global RNG between
+``restore()`` and the first step that the reference run did not also draw. The usual culprit
+is ``iter(dataloader)``, which draws a base seed from the global torch RNG unless the loader
+has its own ``generator=torch.Generator()`` — give it one (the example trainer does).
 """
 
 from __future__ import annotations
