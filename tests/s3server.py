@@ -245,3 +245,17 @@ def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Env:
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     return S3Env(server=s3_server, prefix=f"t-{uuid.uuid4().hex[:12]}", env=env)
+
+
+@pytest.fixture
+def fault_proxy(s3_env: S3Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A :class:`faultproxy.FaultProxy` in front of the session server, with
+    ``AWS_ENDPOINT_URL`` (and ``s3_env.env``) pointing at it for this test, so storage
+    opened afterwards goes through the proxy; ``s3_env.client()`` still talks directly."""
+    from faultproxy import FaultProxy
+
+    host, port = s3_env.server.endpoint.removeprefix("http://").rsplit(":", 1)
+    with FaultProxy(host, int(port)) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        s3_env.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        yield proxy

@@ -39,7 +39,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
         st = open_storage("memory://conformance")
     else:
         st = open_storage(request.getfixturevalue("s3_env").url, **S3_TEST_OPTIONS)
-    with st:  # type: ignore[attr-defined]
+    with st:
         yield st
 
 

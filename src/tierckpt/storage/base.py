@@ -128,6 +128,13 @@ class Storage(Protocol):
         """Release clients and pools. Idempotent."""
         ...
 
+    def __enter__(self) -> Storage:
+        """A backend is a context manager: ``__exit__`` calls :meth:`close`."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        ...
+
 
 def validate_key(key: str) -> str:
     """Return ``key`` if it is a valid object key, else raise :class:`ConfigError`.
