@@ -1,0 +1,188 @@
+"""The peer measurements, through tierckpt's public API (``CheckpointManager``).
+
+Same state, same ranks, same loop as ``dcp_peers``; the state is wrapped as a module of
+frozen parameters (``state.StateModule``) in ``tierckpt.TrainState`` without an optimizer,
+so the saved bytes are the peers' bytes plus the small per-rank blob (RNG streams, step).
+(No optimizer because each rank holds differently named tensors, like pipeline stages, and
+DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 then gets rank
+1's list and ``load_state_dict`` fails. Reported to the core.) Measured per world size:
+
+- ``blocking``: seconds ``save()`` blocks (C), after one untimed save that allocates the
+  reusable host buffers.
+- ``durable``: ``save()`` call → ``handle.durable`` resolved (committed on every rank).
+- ``restore_cold``: ``restore()`` by a fresh manager after the page cache dropped the files.
+- ``throughput``: steps/s of the loop idle and while a save is in flight.
+- ``ram``: peak extra PSS over ``saves`` saves, first thing in a fresh process.
+
+``available()`` says whether tierckpt's manager can be imported; the bench skips this
+section with that reason when it cannot.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bench import _dist
+from bench.dcp_peers import PeerJob, summarize_ram
+from bench.measure import best_of, slowest_rank
+from bench.memory import PeakSampler, tree_pss
+from bench.pagecache import evict, files_under
+from bench.state import (
+    StateModule,
+    build_state,
+    empty_like_state,
+    make_specs,
+    shard_specs,
+    state_bytes,
+)
+from bench.training import Loop
+
+
+def available() -> str | None:
+    """None when ``tierckpt.CheckpointManager`` and ``TrainState`` import, else the reason."""
+    try:
+        import tierckpt
+    except ImportError as exc:
+        return f"tierckpt is not importable: {exc}"
+    missing = [n for n in ("CheckpointManager", "TrainState") if not hasattr(tierckpt, n)]
+    return f"tierckpt has no {', '.join(missing)} yet" if missing else None
+
+
+def _train_state(state: dict[str, torch.Tensor]) -> Any:
+    import tierckpt
+
+    return tierckpt.TrainState(model=StateModule(state))
+
+
+def _manager(root: Path) -> Any:
+    import tierckpt
+
+    return tierckpt.CheckpointManager(tier1=root, keep_last=2)
+
+
+def _ram(ts: Any, root: Path, saves: int) -> dict[str, Any]:
+    baseline = tree_pss()
+    after = []
+    with PeakSampler() as sampler, _manager(root) as ckpt:
+        for step in range(saves):
+            ckpt.save(step, ts).wait()
+            after.append(tree_pss() - baseline)
+    return {"baseline": baseline, "peak_extra": sampler.peak - baseline, "after_each": after}
+
+
+def _save(ts: Any, root: Path, repeats: int) -> dict[str, list[float]]:
+    blocking, durable = [], []
+    with _manager(root) as ckpt:
+        for step in range(repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            handle = ckpt.save(step, ts)
+            handle.staged.result()
+            staged = time.perf_counter() - start
+            handle.wait()
+            done = time.perf_counter() - start
+            if step > 0:  # step 0 allocates the reusable buffers
+                blocking.append(staged)
+                durable.append(done)
+    return {"blocking": blocking, "durable": durable}
+
+
+def _restore(state: dict[str, torch.Tensor], root: Path, repeats: int) -> dict[str, Any]:
+    target_state = empty_like_state(state)
+    target = _train_state(target_state)
+    runs, evictions, bytes_read = [], [], 0
+    for _ in range(repeats):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            evictions.append(evict([p for p in files_under(root) if p.suffix == ".distcp"])
+                             .to_json())
+        dist.barrier()
+        with _manager(root) as ckpt:
+            start = time.perf_counter()
+            info = ckpt.restore(target)
+            runs.append(time.perf_counter() - start)
+        if info is None:
+            raise AssertionError(f"tierckpt restore found no checkpoint in {root}")
+        bytes_read = int(info.bytes_read)
+    name = next(iter(state))
+    if not torch.equal(target_state[name], state[name]):
+        raise AssertionError(f"tierckpt restore put wrong values into {name}")
+    return {"runs": runs, "evictions": evictions, "bytes_read": bytes_read}
+
+
+def _throughput(ts: Any, root: Path, job: PeerJob) -> dict[str, Any]:
+    loop = Loop(seed=dist.get_rank())
+    during = []
+    with _manager(root) as ckpt:
+        ckpt.save(0, ts).wait()  # allocate buffers outside the timed saves
+        dist.barrier()
+        idle = loop.idle_rate(job.loop_seconds)
+        for step in range(1, job.repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            handle = ckpt.save(step, ts)
+            steps, elapsed = loop.run(handle.done, start=start)
+            handle.wait()
+            during.append(steps / elapsed)
+    return {"idle": idle, "during": during}
+
+
+def tierckpt_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
+    """Every tierckpt measurement on this rank; raw per-rank numbers."""
+    warnings.filterwarnings("ignore")
+    state = build_state(shard_specs(make_specs(job.size_bytes), rank, world))
+    ts = _train_state(state)
+    root = Path(job.target_dir) / f"tierckpt-w{world}"
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)  # steps must increase within a tier1 root
+    dist.barrier()
+    out: dict[str, Any] = {"bytes": state_bytes(state)}
+    out["ram"] = _ram(ts, root / "ram", job.saves)  # first: clean heap
+    out.update(_save(ts, root / "save", job.repeats))
+    out["restore"] = _restore(state, root / "save", job.repeats)
+    out["throughput"] = _throughput(ts, root / "tput", job)
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-rank raw numbers → measurements over the whole state (JSON-ready)."""
+    total = sum(r["bytes"] for r in ranks)
+
+    def best(runs: list[list[float]], note: str) -> dict[str, Any]:
+        return best_of(slowest_rank(runs), total, note).to_json()
+
+    restore = best([r["restore"]["runs"] for r in ranks], "restore() by a fresh manager, "
+                   "page cache dropped")
+    restore["cold"] = all(e["honoured"] for e in ranks[0]["restore"]["evictions"])
+    restore["evictions"] = ranks[0]["restore"]["evictions"]
+    restore["bytes_read"] = sum(r["restore"]["bytes_read"] for r in ranks)
+    idle = [r["throughput"]["idle"] for r in ranks]
+    during = [max(r["throughput"]["during"]) for r in ranks]
+    return {
+        "bytes": total,
+        "blocking": best([r["blocking"] for r in ranks], "save() blocking time (C)"),
+        "durable": best([r["durable"] for r in ranks], "save() → committed on every rank"),
+        "restore_cold": restore,
+        "throughput": {"idle_steps_s": sum(idle) / len(idle),
+                       "during_steps_s": sum(during) / len(during),
+                       "ratio": min(d / i for d, i in zip(during, idle, strict=True))},
+        "ram": summarize_ram([{"bytes": r["bytes"], **r["ram"]} for r in ranks]),
+    }
+
+
+def measure_tierckpt(job: PeerJob, world: int) -> dict[str, Any]:
+    """Every tierckpt measurement at ``world`` ranks, or ``{"skipped": reason}``."""
+    reason = available()
+    if reason is not None:
+        return {"skipped": reason}
+    return summarize(_dist.run_ranks(world, tierckpt_rank, job))
