@@ -47,6 +47,9 @@ def test_hung_process_dumps_stacks_emits_events_and_exits_nonzero(tmp_path: Path
     assert len(hang) == 1 and len(failure) == 1
     assert hang[0]["step"] == 2 and hang[0]["seconds_without_step"] >= 1.0
     assert failure[0]["how"] == "watchdog" and failure[0]["step"] == 2
+    first = [r for r in recs if r["event"] == "first_step"]
+    assert len(first) == 1 and first[0]["step"] == 0
+    assert first[0]["seconds_since_process_start"] > 0
     stacks = Path(hang[0]["stacks"])
     assert stacks.parent == tmp_path and "_stuck_in_data_loader" in stacks.read_text()
 

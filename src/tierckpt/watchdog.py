@@ -15,6 +15,9 @@ within ``hang_timeout`` seconds (counted from ``start()`` for the first step), t
    handlers run, because a hung process may never get through them - so the torchrun agent
    sees a failed worker and restarts the group.
 
+The first ``step_completed`` of the process also emits ``first_step``
+(seconds_since_process_start), the last point of the restart timeline (R ends there).
+
 ``close()`` stops the thread and joins it; it is idempotent and also runs on ``__exit__``.
 """
 
@@ -30,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierckpt.distributed import process_started_at
 from tierckpt.errors import ConfigError
-from tierckpt.events import FAILURE_DETECTED, HANG_DETECTED, EventLog
+from tierckpt.events import FAILURE_DETECTED, FIRST_STEP, HANG_DETECTED, EventLog
 
 __all__ = ["EXIT_CODE", "HangInfo", "StepWatchdog"]
 
@@ -92,6 +96,7 @@ class StepWatchdog:
         self._cond = threading.Condition()
         self._last_progress = time.monotonic()
         self._last_step: int | None = None
+        self._first_step_pending = True
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -135,6 +140,11 @@ class StepWatchdog:
         with self._cond:
             self._last_step = step
             self._last_progress = time.monotonic()
+            first, self._first_step_pending = self._first_step_pending, False
+        if first and self._log is not None:
+            started = process_started_at()
+            self._log.emit(FIRST_STEP, step=step, seconds_since_process_start=(
+                None if started is None else time.time() - started))
 
     def heartbeat(self) -> None:
         """Reset the hang clock without claiming a step, e.g. before a known long operation
