@@ -1,0 +1,58 @@
+"""examples/train.py, the reference user: killed with SIGKILL under torchrun, it resumes and
+its losses continue bit-identically; its events record the whole restart timeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tierckpt.events import read_events
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
+SMALL = ["--steps", "10", "--save-every", "4", "--layers", "1", "--dim", "32",
+         "--samples", "256", "--timeout", "60"]
+
+
+def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1")
+    losses = tmp / f"{name}.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", str(restarts), "--monitor-interval", "0.1", str(EXAMPLE),
+         "--tier1", str(tmp / name), "--losses", str(losses), *SMALL, *extra],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return [json.loads(line) for line in losses.read_text().splitlines()]
+
+
+def test_killed_run_resumes_bit_identical_with_restart_timeline(tmp_path: Path) -> None:
+    ref = {r["step"]: r for r in _train(tmp_path, "ref")}
+    assert sorted(ref) == list(range(10))
+    assert ref[9]["loss"] < ref[0]["loss"]  # it learns
+
+    rows = _train(tmp_path, "kill", "--kill-at", "6", "--kill-rank", "1", restarts=1)
+    first = [r for r in rows if r["attempt"] == 0]
+    after = [r for r in rows if r["attempt"] == 1]
+    assert [r["step"] for r in first] == list(range(7))
+    # The newest checkpoint before the kill is step 3 (saves after steps 3 and 7).
+    assert [r["step"] for r in after] == list(range(4, 10))
+    for r in rows:
+        assert r["loss_hex"] == ref[r["step"]]["loss_hex"], r["step"]
+        assert r["lr"] == ref[r["step"]]["lr"]
+
+    events = read_events(tmp_path / "kill" / "events.jsonl")
+    timeline = [e["event"] for e in events if e["rank"] == 0 and e["event"] in (
+        "process_start", "pg_ready", "checkpoint_chosen", "state_loaded", "first_step")]
+    fresh = ["process_start", "pg_ready", "checkpoint_chosen", "first_step"]
+    resumed = ["process_start", "pg_ready", "checkpoint_chosen", "state_loaded", "first_step"]
+    assert timeline == [*fresh, *resumed]
+    restarted = [e for e in events if e["event"] == "process_start"]
+    assert sorted(e["restart_count"] for e in restarted) == [0, 0, 1, 1]
+    firsts = [e for e in events if e["event"] == "first_step" and e["rank"] == 0]
+    assert [e["step"] for e in firsts] == [0, 4]
