@@ -79,7 +79,7 @@ def lr_lambda(total: int, warmup: int = 3):
 def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
                                                                     cpu_offload=True))
-    return {"model": msd, "optim": osd["state"]}
+    return {"model": msd, "optim": osd.get("state", {})}  # empty on ranks > 0
 
 
 def main() -> None:

@@ -1,0 +1,34 @@
+"""Launch real multi-process jobs for tests: torchrun on loopback, CPU, gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+WORKLOADS = Path(__file__).parent / "workloads"
+
+
+def torchrun(script: str | Path, *args: str, nproc: int = 2, max_restarts: int = 0,
+             timeout: float = 240, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under ``torchrun --standalone`` and return the finished process.
+    Raises AssertionError with the job's output when ``check`` and it failed."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+           "--monitor-interval=0.2", str(script), *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "PYTHONWARNINGS": "ignore", **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n"
+                             f"--- stdout ---\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr ---\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
