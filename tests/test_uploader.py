@@ -1,0 +1,302 @@
+"""The tier-2 uploader: order, verification, restarts, multi-node markers, retention, and a
+real kill -9 of the uploader process mid-upload against SeaweedFS."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultproxy import UPLOAD_PART, FaultProxy
+from s3server import S3Env
+
+from tierckpt import _crc, _fs, events, layout, retention
+from tierckpt import manifest as mf
+from tierckpt.errors import ConfigError, LockError
+from tierckpt.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
+from tierckpt.uploader import (
+    Uploader,
+    UploaderConfig,
+    UploaderProcess,
+    read_state,
+    remote_complete_steps,
+    uploaded_steps,
+)
+
+MiB = 1024 * 1024
+
+
+def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
+                    domains: tuple[tuple[int, ...], ...] = (), world_size: int = 1,
+                    only_ranks: set[int] | None = None) -> mf.Manifest:
+    """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
+    ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node)."""
+    rng = random.Random(step)
+    d = root / layout.step_dirname(step)
+    d.mkdir(parents=True)
+    entries = []
+    for name, (size, rank) in sizes.items():
+        data = rng.randbytes(size)
+        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
+                                    rank=rank))
+        if only_ranks is None or rank is None or rank in only_ranks:
+            _fs.write_durably(d / name, data)
+    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
+                    files=tuple(entries), domains=domains)
+    mb = m.to_bytes()
+    _fs.write_durably(d / layout.MANIFEST, mb)
+    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
+                      exclusive=True)
+    return m
+
+
+SMALL = {".metadata": (300, None), "__0_0.distcp": (5000, 0), "__0_1.distcp": (7000, 0)}
+
+
+class Recording(MemoryStorage):
+    """A memory store that records the order of puts (a fake, not a mock)."""
+
+    def __init__(self) -> None:
+        super().__init__("recording")
+        self.puts: list[tuple[str, bool]] = []
+
+    def put_file(self, key: str, path: Any, *, crc32c: int, size: int) -> ObjectInfo:
+        info = super().put_file(key, path, crc32c=crc32c, size=size)
+        self.puts.append((key, False))
+        return info
+
+    def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> ObjectInfo:
+        info = super().put_bytes(key, data, if_none_match=if_none_match)
+        self.puts.append((key, if_none_match))
+        return info
+
+
+def cfg(tier1: Path, **kw: Any) -> UploaderConfig:
+    return UploaderConfig(tier1=tier1, tier2=kw.pop("tier2", "memory://x"), **kw)
+
+
+# -- pure policy -----------------------------------------------------------------------------
+def test_tier2_retention_keeps_last_and_every_mth() -> None:
+    steps = [10, 20, 30, 40, 50, 60, 70]
+    assert retention.tier2_deletions(steps, keep_last=2) == [10, 20, 30, 40, 50]
+    assert retention.tier2_deletions(steps, keep_last=2, keep_every=30) == [10, 20, 40, 50]
+    assert retention.tier2_deletions(steps, keep_last=1, pinned=[20]) == [10, 30, 40, 50, 60]
+    assert retention.tier2_deletions([], keep_last=1) == []
+    with pytest.raises(ValueError):
+        retention.tier2_deletions(steps, keep_last=0)
+
+
+def test_next_upload_is_newest_due_and_abandons_older() -> None:
+    assert retention.next_upload([1, 2, 3, 4], upload_every=2, done=[]) == 4
+    assert retention.next_upload([2, 4, 6], upload_every=2, done=[4]) == 6
+    assert retention.next_upload([2, 4], upload_every=2, done=[4]) is None  # 2 abandoned
+    assert retention.next_upload([3, 5], upload_every=2, done=[]) is None
+    assert retention.tier1_upload_holds([2, 4, 6, 8], upload_every=2, done=[4]) == {6, 8}
+    assert retention.tier1_upload_holds([5, 10], upload_every=5, done=[]) == {5, 10}
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    for kw in ({"upload_every": 0}, {"keep_last": 0}, {"keep_every": -1}, {"poll_s": 0}):
+        with pytest.raises(ConfigError, match=next(iter(kw))):
+            cfg(tmp_path, **kw)
+
+
+# -- in-memory tier 2 ------------------------------------------------------------------------
+def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
+    m = make_checkpoint(tmp_path, 10, SMALL)
+    store = Recording()
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        r = up.run_once()
+    assert r is not None and (r.step, r.status, r.bytes) == (10, "verified", m.total_bytes)
+    keys = [k for k, _ in store.puts]
+    assert sorted(keys[:3]) == sorted(f"step-00000010/{n}" for n in SMALL)
+    assert store.puts[3:] == [("step-00000010/manifest.json", False),
+                              ("step-00000010/COMPLETE", True)]
+    for name in SMALL:
+        assert store.get_bytes(f"step-00000010/{name}") == (tmp_path / "step-00000010" /
+                                                           name).read_bytes()
+    state = read_state(tmp_path, 10)
+    assert state is not None and state["status"] == "verified" and state["save_id"] == "save10"
+    assert uploaded_steps(tmp_path) == {10}
+    assert os.listdir(tmp_path / layout.PINS) == []
+    kinds = [e["event"] for e in events.read_events(tmp_path / layout.EVENTS)]
+    assert kinds == [events.UPLOAD_STARTED, events.UPLOAD_VERIFIED]
+
+
+def test_failure_mid_upload_leaves_no_marker_then_restart_resumes(tmp_path: Path) -> None:
+    m = make_checkpoint(tmp_path, 4, SMALL)
+    store = MemoryStorage()
+    store.inject("put_file", key_contains="__0_1", error=OSError("disk on fire"))
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        r = up.run_once()
+    assert r is not None and r.status == "failed" and "disk on fire" in (r.error or "")
+    assert store.head("step-00000004/COMPLETE") is None
+    assert store.head("step-00000004/manifest.json") is None
+    assert read_state(tmp_path, 4)["status"] == "failed"  # type: ignore[index]
+    assert os.listdir(tmp_path / layout.PINS) == []
+    assert events.UPLOAD_FAILED in [e["event"] for e in
+                                    events.read_events(tmp_path / layout.EVENTS)]
+    with Uploader(cfg(tmp_path), storage=store) as up:  # the restart
+        r = up.run_once()
+    assert r is not None and r.status == "verified"
+    # Files that were already verified on tier 2 were not sent again.
+    assert r.bytes == m.file("__0_1.distcp").size
+    assert store.get_bytes("step-00000004/COMPLETE") == (
+        tmp_path / "step-00000004" / "COMPLETE").read_bytes()
+
+
+def test_stored_but_reported_failed_then_verified(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 1, SMALL)
+    store = MemoryStorage()
+    store.inject("put_bytes", after=True, key_contains="COMPLETE")
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        assert up.run_once().status == "failed"  # type: ignore[union-attr]
+        r = up.run_once()
+    assert r is not None and r.status == "verified" and r.bytes == 0
+
+
+def test_corrupt_tier1_file_is_never_marked(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 2, SMALL)
+    p = tmp_path / "step-00000002" / "__0_0.distcp"
+    data = bytearray(p.read_bytes())
+    data[10] ^= 1
+    p.write_bytes(bytes(data))
+    store = MemoryStorage()
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        r = up.run_once()
+    assert r is not None and r.status == "failed" and "BadDigest" in (r.error or "")
+    assert [i.key for i in store.list() if i.key.endswith(("COMPLETE", "manifest.json"))] == []
+
+
+def test_conflicting_remote_checkpoint_is_left_alone(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 3, SMALL)
+    store = MemoryStorage()
+    store.put_bytes("step-00000003/COMPLETE", b"someone else's marker")
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        r = up.run_once()
+        assert r is not None and r.status == "conflict"
+        assert up.run_once() is None  # not retried
+    assert [i.key for i in store.list()] == ["step-00000003/COMPLETE"]
+
+
+def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
+    t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    for step in range(1, 9):
+        make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
+    config = cfg(t1, tier2=t2.as_uri(), upload_every=2, keep_last=2, keep_every=4)
+    with Uploader(config) as up:
+        assert isinstance(up.storage, LocalStorage)
+        assert [r.step for r in up.drain()] == [8]  # newest due first; 2, 4, 6 abandoned
+        for step in (10, 12, 14):
+            make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
+            assert [r.step for r in up.drain()] == [step]
+        # keep last 2 (12, 14) and every 4th forever (8, 12).
+        assert remote_complete_steps(up.storage) == [8, 12, 14]
+        assert [i.key for i in up.storage.list("step-00000010/")] == []
+
+
+def test_second_uploader_on_a_root_is_refused(tmp_path: Path) -> None:
+    with Uploader(cfg(tmp_path), storage=MemoryStorage()), pytest.raises(LockError):
+        Uploader(cfg(tmp_path), storage=MemoryStorage())
+
+
+def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
+    files = {".metadata": (200, None), "__0_0.distcp": (3000, 0), "__1_0.distcp": (4000, 1)}
+    domains = ((0,), (1,))
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    make_checkpoint(a, 5, files, domains=domains, world_size=2, only_ranks={0})
+    make_checkpoint(b, 5, files, domains=domains, world_size=2, only_ranks={1})
+    store = MemoryStorage()
+    with Uploader(cfg(a), storage=store) as up_a:
+        assert up_a.run_once().status == "files_verified"  # type: ignore[union-attr]
+        assert store.head("step-00000005/COMPLETE") is None
+        assert store.head("step-00000005/__1_0.distcp") is None
+        with Uploader(cfg(b), storage=store) as up_b:
+            r = up_b.run_once()
+        assert r is not None and r.status == "verified"
+        assert r.bytes == 4000 + 200 or r.bytes == 4000  # .metadata may already be there
+    assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
+        *files, "manifest.json", "COMPLETE"}
+    assert uploaded_steps(a) == {5} and uploaded_steps(b) == {5}
+
+
+# -- real S3 and a real kill -9 --------------------------------------------------------------
+def _wait_for(cond: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
+                                                 fault_proxy: FaultProxy) -> None:
+    sizes = {".metadata": (1000, None), "__0_0.distcp": (6 * MiB + 5, 0)}
+    make_checkpoint(tmp_path, 7, sizes)
+    opts = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "read_timeout_s": 30.0}
+    rule = fault_proxy.add_rule("hang", hang_s=120, **UPLOAD_PART)
+    config = UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts, poll_s=0.2)
+    proc = UploaderProcess(config).start()
+    try:
+        _wait_for(lambda: rule.fired == 1 or proc.poll() is not None, "a stalled UploadPart")
+        assert proc.poll() is None
+        pid = proc.pid
+        assert pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert (tmp_path / layout.PINS / layout.pin_filename(7, "upload")).exists()
+        assert read_state(tmp_path, 7)["status"] == "uploading"  # type: ignore[index]
+        os.kill(pid, signal.SIGKILL)
+        proc.stop()
+    finally:
+        proc.stop()
+    assert s3_env.pending_uploads() == ["step-00000007/__0_0.distcp"]
+    assert "step-00000007/COMPLETE" not in s3_env.keys()  # noqa: SIM118
+
+    fault_proxy.clear()
+    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts)) as up:
+        assert os.listdir(tmp_path / layout.PINS) == []  # the dead process's pin is gone
+        r = up.run_once()
+    assert r is not None and r.status == "verified"
+    assert s3_env.pending_uploads() == []  # the stale multipart upload was aborted
+    assert s3_env.keys() == ["step-00000007/.metadata", "step-00000007/COMPLETE",
+                             "step-00000007/__0_0.distcp", "step-00000007/manifest.json"]
+    st = open_storage(s3_env.url)
+    m = mf.verify_marker(st.get_bytes("step-00000007/COMPLETE"),
+                         st.get_bytes("step-00000007/manifest.json"))
+    for f in m.files:
+        got = st.get_file(f"step-00000007/{f.name}", tmp_path / "dl" / f.name, crc32c=f.crc32c)
+        assert got.size == f.size
+        assert (tmp_path / "dl" / f.name).read_bytes() == (
+            tmp_path / "step-00000007" / f.name).read_bytes()
+
+
+def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3Env,
+                                                      fault_proxy: FaultProxy) -> None:
+    make_checkpoint(tmp_path, 9, SMALL)
+    fault_proxy.add_rule("status", status=503, code="SlowDown", times=None, method="PUT",
+                         path="__0_1.distcp")
+    opts = {"max_attempts": 2, "read_timeout_s": 5.0}
+    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts)) as up:
+        r = up.run_once()
+    assert r is not None and r.status == "failed" and "SlowDown" in (r.error or "")
+    assert not [k for k in s3_env.keys() if  # noqa: SIM118
+                 k.endswith(("COMPLETE", "manifest.json"))]
+    assert read_state(tmp_path, 9)["status"] == "failed"  # type: ignore[index]
+
+
+def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
+    t2 = tmp_path / "t2"
+    config = UploaderConfig(tier1=tmp_path / "t1", tier2=t2.as_uri(), poll_s=0.1)
+    (tmp_path / "t1").mkdir()
+    with UploaderProcess(config) as proc:
+        make_checkpoint(tmp_path / "t1", 3, SMALL)
+        _wait_for(lambda: uploaded_steps(tmp_path / "t1") == {3} or proc.poll() is not None,
+                  "the watcher to upload step 3")
+        assert proc.poll() is None
+    assert proc.poll() == 0  # SIGTERM → clean exit
+    assert remote_complete_steps(LocalStorage(t2)) == [3]
+
