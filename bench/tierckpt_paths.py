@@ -7,10 +7,11 @@ so the saved bytes are the peers' bytes plus the small per-rank blob (RNG stream
 DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 then gets rank
 1's list and ``load_state_dict`` fails. Reported to the core.) Measured per world size:
 
-- ``blocking``: seconds ``save()`` blocks (C), after one untimed save that allocates the
-  reusable host buffers.
+- ``blocking``: seconds ``save()`` blocks (C), after the RAM saves allocated the reusable
+  host buffers (one manager serves RAM, C, durable and throughput, with increasing steps).
 - ``durable``: ``save()`` call → ``handle.durable`` resolved (committed on every rank).
-- ``restore_cold``: ``restore()`` by a fresh manager after the page cache dropped the files.
+- ``restore_cold``: ``restore()`` of the newest checkpoint by a fresh manager after the page
+  cache dropped the shard files.
 - ``throughput``: steps/s of the loop idle and while a save is in flight.
 - ``ram``: peak extra PSS over ``saves`` saves, first thing in a fresh process.
 
@@ -67,31 +68,44 @@ def _manager(root: Path) -> Any:
     return tierckpt.CheckpointManager(tier1=root, keep_last=2)
 
 
-def _ram(ts: Any, root: Path, saves: int) -> dict[str, Any]:
+def _ram(ckpt: Any, ts: Any, saves: int) -> dict[str, Any]:
     baseline = tree_pss()
     after = []
-    with PeakSampler() as sampler, _manager(root) as ckpt:
+    with PeakSampler() as sampler:
         for step in range(saves):
             ckpt.save(step, ts).wait()
             after.append(tree_pss() - baseline)
     return {"baseline": baseline, "peak_extra": sampler.peak - baseline, "after_each": after}
 
 
-def _save(ts: Any, root: Path, repeats: int) -> dict[str, list[float]]:
+def _save(ckpt: Any, ts: Any, first_step: int, repeats: int) -> dict[str, list[float]]:
+    """Timed saves; the manager's buffers are already allocated by earlier saves."""
     blocking, durable = [], []
-    with _manager(root) as ckpt:
-        for step in range(repeats + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            handle = ckpt.save(step, ts)
-            handle.staged.result()
-            staged = time.perf_counter() - start
-            handle.wait()
-            done = time.perf_counter() - start
-            if step > 0:  # step 0 allocates the reusable buffers
-                blocking.append(staged)
-                durable.append(done)
+    for step in range(first_step, first_step + repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        handle = ckpt.save(step, ts)
+        handle.staged.result()
+        staged = time.perf_counter() - start
+        handle.wait()
+        blocking.append(staged)
+        durable.append(time.perf_counter() - start)
     return {"blocking": blocking, "durable": durable}
+
+
+def _throughput(ckpt: Any, ts: Any, first_step: int, job: PeerJob) -> dict[str, Any]:
+    loop = Loop(seed=dist.get_rank())
+    dist.barrier()
+    idle = loop.idle_rate(job.loop_seconds)
+    during = []
+    for step in range(first_step, first_step + job.repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        handle = ckpt.save(step, ts)
+        steps, elapsed = loop.run(handle.done, start=start)
+        handle.wait()
+        during.append(steps / elapsed)
+    return {"idle": idle, "during": during}
 
 
 def _restore(state: dict[str, torch.Tensor], root: Path, repeats: int) -> dict[str, Any]:
@@ -117,23 +131,6 @@ def _restore(state: dict[str, torch.Tensor], root: Path, repeats: int) -> dict[s
     return {"runs": runs, "evictions": evictions, "bytes_read": bytes_read}
 
 
-def _throughput(ts: Any, root: Path, job: PeerJob) -> dict[str, Any]:
-    loop = Loop(seed=dist.get_rank())
-    during = []
-    with _manager(root) as ckpt:
-        ckpt.save(0, ts).wait()  # allocate buffers outside the timed saves
-        dist.barrier()
-        idle = loop.idle_rate(job.loop_seconds)
-        for step in range(1, job.repeats + 1):
-            dist.barrier()
-            start = time.perf_counter()
-            handle = ckpt.save(step, ts)
-            steps, elapsed = loop.run(handle.done, start=start)
-            handle.wait()
-            during.append(steps / elapsed)
-    return {"idle": idle, "during": during}
-
-
 def tierckpt_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
     """Every tierckpt measurement on this rank; raw per-rank numbers."""
     warnings.filterwarnings("ignore")
@@ -144,10 +141,11 @@ def tierckpt_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)  # steps must increase within a tier1 root
     dist.barrier()
     out: dict[str, Any] = {"bytes": state_bytes(state)}
-    out["ram"] = _ram(ts, root / "ram", job.saves)  # first: clean heap
-    out.update(_save(ts, root / "save", job.repeats))
-    out["restore"] = _restore(state, root / "save", job.repeats)
-    out["throughput"] = _throughput(ts, root / "tput", job)
+    with _manager(root) as ckpt:
+        out["ram"] = _ram(ckpt, ts, job.saves)  # first, on a clean heap; allocates buffers
+        out.update(_save(ckpt, ts, job.saves, job.repeats))
+        out["throughput"] = _throughput(ckpt, ts, job.saves + job.repeats, job)
+    out["restore"] = _restore(state, root, job.repeats)
     dist.barrier()
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""``python -m bench.run``: measure limits, plain DCP and tierckpt on one state; write results.
+
+Exit status 0 when every section ran (skipped sections are fine), 1 when a section failed
+(its error is in the results), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench.config import BenchConfig, make_config
+from bench.dcp_peers import PeerJob, measure_dcp
+from bench.limits import measure_limits
+from bench.machine import fsync_probe, machine_facts
+from bench.report import SCHEMA, write_results
+from bench.state import build_state, make_specs
+from bench.targets import evaluate
+from bench.tierckpt_paths import measure_tierckpt
+from bench.transfer import measure_transfer
+from tierckpt.errors import ConfigError
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    p.add_argument("--size", help="total state size, e.g. 1GiB (default 1GiB; 64MiB with "
+                                  "--quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 64 MiB, world 1, one repeat, 3 saves, process mode skipped")
+    p.add_argument("--world", help="comma-separated world sizes (default 1,2; 1 with --quick)")
+    p.add_argument("--out", type=Path, default=_REPO / "bench" / "results",
+                   help="directory for <stamp>.json and <stamp>.md")
+    p.add_argument("--target", type=Path, default=_REPO / "bench" / "out",
+                   help="directory on the filesystem under test (checkpoints go here and are "
+                        "removed afterwards)")
+    return p.parse_args(argv)
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> dict[str, Any]:
+    _log(f"{name} ...")
+    start = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as exc:  # record and go on: the other sections are still worth having
+        errors.append(f"{name}: {exc!r}")
+        traceback.print_exc()
+        return {"skipped": f"failed: {exc!r}", "error": traceback.format_exc(limit=3)}
+    _log(f"{name} done in {time.perf_counter() - start:.1f} s")
+    return out
+
+
+def run(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
+    """Every measurement of one run; the results dict (see ``report``) and section errors."""
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
+    workdir = cfg.target_dir / f"bench-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    try:
+        facts = machine_facts(workdir)
+        facts["fsync"] = fsync_probe(workdir)
+        _log(f"limits on {cfg.size_bytes / 2**20:.0f} MiB in {workdir} ({facts['target_fs']})")
+        state = build_state(make_specs(cfg.size_bytes))
+        measured, cache = measure_limits(workdir, state, cfg.repeats)
+        del state
+        gc.collect()
+        limits = {k: m.to_json() for k, m in measured.items()}
+        facts["cache_drop"] = cache
+        job = PeerJob(size_bytes=cfg.size_bytes, target_dir=str(workdir), repeats=cfg.repeats,
+                      saves=cfg.saves, loop_seconds=cfg.loop_seconds,
+                      process_mode=not cfg.quick)
+        worlds: dict[str, dict[str, Any]] = {}
+        for w in cfg.worlds:
+            worlds[str(w)] = {
+                "dcp": _section(f"dcp world {w}", partial(measure_dcp, job, w), errors),
+                "tierckpt": _section(f"tierckpt world {w}", partial(measure_tierckpt, job, w),
+                                     errors),
+            }
+        transfer = _section("transfer", partial(measure_transfer, cfg), errors)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    facts["loadavg_end"] = list(os.getloadavg())
+    targets = evaluate(limits, {int(w): s for w, s in worlds.items()}, {"transfer": transfer})
+    results = {
+        "schema": SCHEMA, "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_seconds": time.perf_counter() - t0,
+        "config": {"size_bytes": cfg.size_bytes, "quick": cfg.quick, "worlds": list(cfg.worlds),
+                   "repeats": cfg.repeats, "saves": cfg.saves,
+                   "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
+        "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
+        "targets": [t.to_json() for t in targets], "errors": errors,
+    }
+    return results, errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, write results; print where they are and each verdict."""
+    args = _parse(argv)
+    try:
+        world = args.world or ("1" if args.quick else None)
+        cfg = make_config(size=args.size, quick=args.quick, world=world, out=args.out,
+                          target=args.target)
+    except ConfigError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    results, errors = run(cfg)
+    stamp = results["started"].replace(":", "")
+    json_path, md_path = write_results(results, cfg.out_dir, stamp)
+    for t in results["targets"]:
+        ratio = "—" if t["ratio"] is None else f"{t['ratio']:.2f}×"
+        verdict = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
+        print(f"w{t['world']} {t['goal']:<18} {t['subject']:<40} {ratio:>8} {verdict}")
+    print(f"results: {json_path}\ntable:   {md_path}")
+    for e in errors:
+        print(f"bench: section failed: {e}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
