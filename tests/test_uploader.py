@@ -19,9 +19,11 @@ from tierckpt import manifest as mf
 from tierckpt.errors import ConfigError, LockError
 from tierckpt.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
 from tierckpt.uploader import (
+    IOPRIO_IDLE,
     Uploader,
     UploaderConfig,
     UploaderProcess,
+    io_priority,
     read_state,
     remote_complete_steps,
     uploaded_steps,
@@ -247,6 +249,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
         pid = proc.pid
         assert pid is not None
         assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert io_priority(pid) in (IOPRIO_IDLE, None)  # None: no ioprio syscall here
         assert (tmp_path / layout.PINS / layout.pin_filename(7, "upload")).exists()
         assert read_state(tmp_path, 7)["status"] == "uploading"  # type: ignore[index]
         os.kill(pid, signal.SIGKILL)

@@ -61,6 +61,7 @@ HOLDER = "upload"
 DONE = frozenset({"verified", "files_verified", "conflict"})
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "arm64": 30}
 _IOPRIO_CLASS_IDLE = 3
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "arm64": 31}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,6 +196,18 @@ def lower_priority() -> dict[str, bool]:
     return applied
 
 
+def io_priority(pid: int = 0) -> int | None:
+    """``ioprio_get`` of ``pid`` (0 = self): ``class << 13 | level``; None if unavailable."""
+    nr = _IOPRIO_GET.get(platform.machine())
+    if nr is None or not sys.platform.startswith("linux"):
+        return None
+    value = int(ctypes.CDLL(None, use_errno=True).syscall(nr, 1, pid))
+    return None if value < 0 else value
+
+
+IOPRIO_IDLE = _IOPRIO_CLASS_IDLE << 13
+
+
 class _Stopped(Exception):
     pass
 
@@ -221,9 +234,13 @@ class Uploader:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise LockError(f"another uploader is running for {config.tier1}") from None
-        self.storage = storage if storage is not None else open_storage(
-            config.tier2, **config.s3_options)
-        self.log = events.EventLog(config.tier1 / layout.EVENTS)
+        try:
+            self.storage = storage if storage is not None else open_storage(
+                config.tier2, **config.s3_options)
+            self.log = events.EventLog(config.tier1 / layout.EVENTS)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._remove_stale_pins()
 
     def _remove_stale_pins(self) -> None:
