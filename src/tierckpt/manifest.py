@@ -67,6 +67,10 @@ class Manifest:
     tierckpt_version: str = ""
     format_version: int = FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        # canonical order, so equal manifests compare equal and serialise identically
+        object.__setattr__(self, "files", tuple(sorted(self.files, key=lambda f: f.name)))
+
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
@@ -92,7 +96,7 @@ class Manifest:
             "torch_version": self.torch_version,
             "tierckpt_version": self.tierckpt_version,
             "domains": [list(d) for d in self.domains],
-            "files": [f.to_json() for f in sorted(self.files, key=lambda f: f.name)],
+            "files": [f.to_json() for f in self.files],
         }
         return json.dumps(body, sort_keys=True, indent=1).encode("utf-8") + b"\n"
 

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tierckpt import manifest as mf
+from tierckpt.errors import IntegrityError, SignatureError
+
+
+def _m(**kw: object) -> mf.Manifest:
+    base: dict = dict(step=5, world_size=2, save_id="abc-5", domains=((0, 1),),
+                      files=(mf.FileEntry(name="__0_0.distcp", size=10, crc32c=0xDEADBEEF, rank=0),
+                             mf.FileEntry(name="__1_0.distcp", size=7, crc32c=1, rank=1),
+                             mf.FileEntry(name=".metadata", size=3, crc32c=2)))
+    base.update(kw)
+    return mf.Manifest(**base)
+
+
+def test_roundtrip_is_canonical() -> None:
+    m = _m()
+    b = m.to_bytes()
+    assert mf.Manifest.from_bytes(b) == m
+    assert mf.Manifest.from_bytes(b).to_bytes() == b
+    assert m.total_bytes == 20
+
+
+def test_files_for_ranks_includes_shared_files() -> None:
+    names = {f.name for f in _m().files_for_ranks([1])}
+    assert names == {"__1_0.distcp", ".metadata"}
+
+
+@pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/b", "..", "", "a\\b", "x\x00"])
+def test_unsafe_member_names_are_refused(name: str) -> None:
+    d = json.loads(_m().to_bytes())
+    d["files"][0]["name"] = name
+    with pytest.raises(IntegrityError, match="unsafe"):
+        mf.Manifest.from_bytes(json.dumps(d).encode())
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.pop("files"),
+    lambda d: d.__setitem__("format_version", 99),
+    lambda d: d["files"][0].__setitem__("size", -1),
+    lambda d: d["files"][0].__setitem__("crc32c", "zz"),
+    lambda d: d["files"].append(dict(d["files"][0])),
+    lambda d: d.__setitem__("world_size", 0),
+])
+def test_malformed_manifest_is_integrity_error(mutate: object) -> None:
+    d = json.loads(_m().to_bytes())
+    mutate(d)  # type: ignore[operator]
+    with pytest.raises(IntegrityError):
+        mf.Manifest.from_bytes(json.dumps(d).encode())
+
+
+def test_marker_vouches_for_exact_manifest_bytes() -> None:
+    b = _m().to_bytes()
+    marker = mf.marker_bytes(b, 5, "abc-5")
+    assert mf.verify_marker(marker, b) == _m()
+    with pytest.raises(IntegrityError, match="digest"):
+        mf.verify_marker(marker, b.replace(b'"size": 10', b'"size": 11'))
+    with pytest.raises(IntegrityError, match="malformed"):
+        mf.verify_marker(b"not json", b)
+    other = mf.marker_bytes(b, 6, "abc-5")
+    with pytest.raises(IntegrityError, match="disagree"):
+        mf.verify_marker(other, b)
+
+
+def test_signing_refuses_unsigned_and_wrong_key() -> None:
+    b = _m().to_bytes()
+    signed = mf.marker_bytes(b, 5, "abc-5", key=b"k1")
+    assert mf.verify_marker(signed, b, key=b"k1").step == 5
+    with pytest.raises(SignatureError, match="does not verify"):
+        mf.verify_marker(signed, b, key=b"k2")
+    with pytest.raises(SignatureError, match="unsigned"):
+        mf.verify_marker(mf.marker_bytes(b, 5, "abc-5"), b, key=b"k1")

@@ -1,0 +1,120 @@
+"""Resume selection against damaged tier-1 contents: each bad candidate is skipped with a
+reason, moved to quarantine (never deleted), and the next older one is restored."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tierckpt
+from tierckpt import events, layout
+
+
+def _state() -> tierckpt.TrainState:
+    torch.manual_seed(0)
+    m = nn.Linear(64, 64)
+    return tierckpt.TrainState(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+
+
+def _two_checkpoints(root: Path) -> None:
+    st = _state()
+    with tierckpt.CheckpointManager(tier1=root) as ck:
+        ck.save(1, st)
+        with torch.no_grad():
+            st.model.weight.add_(1.0)
+        ck.save(2, st).wait()
+
+
+def _biggest_shard(d: Path) -> Path:
+    return max(d.glob("*.distcp"), key=lambda p: p.stat().st_size)
+
+
+def _truncate(d: Path) -> None:
+    p = _biggest_shard(d)
+    os.truncate(p, p.stat().st_size // 2)
+
+
+def _flip(d: Path, name: str | None = None) -> None:
+    p = d / name if name else _biggest_shard(d)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+
+
+def _drop_marker(d: Path) -> None:
+    (d / layout.COMPLETE).unlink()
+
+
+def _bad_digest(d: Path) -> None:
+    body = json.loads((d / layout.COMPLETE).read_text())
+    body["manifest_sha256"] = "0" * 64
+    (d / layout.COMPLETE).write_text(json.dumps(body))
+
+
+def _edit_manifest(d: Path) -> None:
+    _flip(d, layout.MANIFEST)
+
+
+def _delete_shard(d: Path) -> None:
+    _biggest_shard(d).unlink()
+
+
+@pytest.mark.parametrize("damage, verify, reason", [
+    (_truncate, "sizes", "bytes, manifest says"),
+    (_flip, "full", "CRC32C"),
+    (lambda d: _flip(d, layout.METADATA), "full", "CRC32C"),
+    (_drop_marker, "sizes", "no COMPLETE"),
+    (_bad_digest, "sizes", "digest"),
+    (_edit_manifest, "sizes", "digest"),
+    (_delete_shard, "sizes", "missing"),
+])
+def test_damaged_newest_is_skipped_and_previous_used(
+        tmp_path: Path, damage: Callable[[Path], None], verify: str, reason: str) -> None:
+    _two_checkpoints(tmp_path)
+    damage(tmp_path / "step-00000002")
+    st = _state()
+    with tierckpt.CheckpointManager(tier1=tmp_path, verify=verify) as ck:
+        info = ck.restore(st)
+    assert info is not None and info.step == 1
+    assert len(info.skipped) == 1 and info.skipped[0][0] == 2 and reason in info.skipped[0][1]
+    assert not (tmp_path / "step-00000002").exists()
+    (q,) = (tmp_path / layout.QUARANTINE).iterdir()
+    assert q.name.startswith("step-00000002") and reason in (q / "QUARANTINE_REASON").read_text()
+    skipped = [e for e in events.read_events(tmp_path / layout.EVENTS)
+               if e["event"] == "checkpoint_skipped"]
+    assert skipped[0]["step"] == 2 and reason in skipped[0]["reason"]
+
+
+def test_directory_renamed_by_hand_is_skipped(tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    os.rename(tmp_path / "step-00000001", tmp_path / "step-00000009")
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        info = ck.restore(_state())
+    assert info is not None and info.step == 2
+    assert any("renamed" in r for _, r in info.skipped)
+
+
+def test_all_damaged_means_fresh_start_but_nothing_deleted(tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    _drop_marker(tmp_path / "step-00000001")
+    _drop_marker(tmp_path / "step-00000002")
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        assert ck.restore(_state()) is None
+    assert len(list((tmp_path / layout.QUARANTINE).iterdir())) == 2
+
+
+def test_symlinked_candidate_is_refused(tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    os.rename(tmp_path / "step-00000002", elsewhere)
+    os.symlink(elsewhere, tmp_path / "step-00000002")
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        info = ck.restore(_state())
+    assert info is not None and info.step == 1
+    assert (elsewhere / layout.COMPLETE).exists()  # the link target is never touched
