@@ -27,16 +27,16 @@ def test_same_world_resume_is_exact() -> None:
 @pytest.mark.parametrize("new_world", [1, 3, 4])
 def test_reshard_continues_without_repeats_or_skips(new_world: int) -> None:
     old = _loaders(2)
-    its = [iter(l) for l in old]
+    its = [iter(ld) for ld in old]
     seen = [i for _ in range(3) for it in its for i in next(it).tolist()]
     state = old[0].state_dict()
     assert state == old[1].state_dict() or \
         state["_sampler_iter_state"]["sampler_state"] == old[1].state_dict()[
             "_sampler_iter_state"]["sampler_state"]
     new = _loaders(new_world)
-    for l in new:
-        l.load_state_dict(state)
-    rest = [i for l in new for b in l for i in b.tolist()]
+    for ld in new:
+        ld.load_state_dict(state)
+    rest = [i for ld in new for b in ld for i in b.tolist()]
     assert not set(seen) & set(rest)                      # nothing repeated
     assert len(rest) == len(set(rest))
     tail = N - len(seen) - len(rest)

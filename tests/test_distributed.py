@@ -210,3 +210,74 @@ def test_timeout_recipe() -> None:
     with pytest.raises(ConfigError):
         timeout_env_recipe(timedelta(seconds=-1))
     assert DistInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _ready(out: Path) -> list[dict[str, Any]]:
+    path = out / "records.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None:
+    """Two agents (``--nnodes 1:2``, c10d rendezvous) on one machine: agent A runs alone,
+    then agent B joins. A's workers are restarted by the membership change with
+    TORCHELASTIC_RESTART_COUNT unchanged (so a restart-count prefix would reuse the old
+    namespace); init_distributed still starts a clean 2-rank group."""
+    port = _free_port()
+
+    def agent(tag: str) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
+               "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hot-spare",
+               "--rdzv-conf", "last_call_timeout=1,join_timeout=60", "--max-restarts", "3",
+               "--monitor-interval", "0.1", str(SCRIPTS / "elastic_worker.py"),
+               "--out", str(tmp_path), "--tag", tag]
+        return subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    a = agent("A")
+    b: subprocess.Popen[str] | None = None
+    try:
+        _wait_for(lambda: any(r["world_size"] == 1 for r in _ready(tmp_path)), 90, "A alone")
+        b = agent("B")
+        _wait_for(lambda: sum(r["world_size"] == 2 for r in _ready(tmp_path)) == 2, 120,
+                  "A and B together")
+        (tmp_path / "stop").touch()
+        out_a, _ = a.communicate(timeout=60)
+        out_b, _ = b.communicate(timeout=60)
+        assert a.returncode == 0, out_a[-4000:]
+        assert b.returncode == 0, out_b[-4000:]
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    recs = _ready(tmp_path)
+    alone = [r for r in recs if r["world_size"] == 1]
+    together = [r for r in recs if r["world_size"] == 2]
+    assert [r["tag"] for r in alone] == ["A"]
+    assert sorted(r["tag"] for r in together) == ["A", "B"]
+    assert sorted(r["rank"] for r in together) == [0, 1]
+    assert len({r["incarnation"] for r in together}) == 1
+    assert together[0]["incarnation"] != alone[0]["incarnation"]
+    # The membership change did not count as a restart on A.
+    assert [r["attempt"] for r in recs if r["tag"] == "A"] == [0, 0]

@@ -132,16 +132,16 @@ def test_step_must_increase(tmp_path: Path) -> None:
             ck.save(5, st)
         with pytest.raises(ConfigError, match="steps must increase"):
             ck.save(3, st)
-    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:  # also across restarts
-        with pytest.raises(ConfigError, match="already committed"):
-            ck.save(4, st)
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck, \
+            pytest.raises(ConfigError, match="already committed"):  # also across restarts
+        ck.save(4, st)
     assert [p.name for p in tmp_path.glob("step-*")] == ["step-00000005"]
 
 
 def test_second_job_on_same_root_is_refused(tmp_path: Path) -> None:
-    with tierckpt.CheckpointManager(tier1=tmp_path):
-        with pytest.raises(LockError, match="another job"):
-            tierckpt.CheckpointManager(tier1=tmp_path)
+    with tierckpt.CheckpointManager(tier1=tmp_path), \
+            pytest.raises(LockError, match="another job"):
+        tierckpt.CheckpointManager(tier1=tmp_path)
 
 
 def test_startup_removes_stale_tmp_but_never_complete(tmp_path: Path) -> None:

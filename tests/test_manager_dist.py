@@ -111,7 +111,7 @@ def test_reshard_2_to_new_world(new_world: int, reference: dict, tmp_path: Path)
 def test_plain_dcp_load_reads_committed_checkpoint(reference: dict) -> None:
     import sys
     sys.path.insert(0, str(WORKLOADS))
-    from fsdp_train import TinyGPT  # noqa: PLC0415
+    from fsdp_train import TinyGPT
 
     tier1, _, saved_dump = reference[2]
     model_sd = TinyGPT().state_dict()

@@ -1,5 +1,5 @@
-"""CRC32C helpers (hardware-accelerated SSE4.2/ARMv8 through the ``crc32c`` C extension, which takes any
-buffer without a copy and releases the GIL).
+"""CRC32C helpers: hardware-accelerated (SSE4.2/ARMv8) through the ``crc32c`` C extension,
+which takes any buffer without a copy and releases the GIL.
 
 The checksum of every file is computed on the same pass that writes it; these helpers keep
 the running value and convert it to the forms manifests (hex) and S3 (base64, big-endian)

@@ -14,11 +14,11 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from tierckpt import _fs, commit, events, layout, retention
@@ -160,10 +160,8 @@ class CheckpointManager:
         if exc_type is None:
             self.close()
             return
-        try:  # don't mask the original exception with a save error
+        with contextlib.suppress(CheckpointError):  # don't mask the original exception
             self.close()
-        except CheckpointError:
-            pass
 
     # -- internals ------------------------------------------------------------------------
     def _finish_inflight(self, *, record_overlap: bool,

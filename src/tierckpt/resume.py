@@ -14,7 +14,6 @@ import dataclasses
 import io
 import os
 import stat
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
-
 from torch.futures import Future
 
 from tierckpt import _crc, _fs, events, layout
@@ -171,7 +169,7 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
+            from torch.distributed.checkpoint._nested_dict import set_element
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj

@@ -121,7 +121,7 @@ class AsyncSaver:
         payload = None
         if comm.rank == 0:
             assert writer.metadata_entry is not None and writer.metadata_bytes is not None
-            files = tuple(f for fl in per_rank for f in fl) + (writer.metadata_entry,)
+            files = (*(f for fl in per_rank for f in fl), writer.metadata_entry)
             manifest = mf.Manifest(step=job.step, world_size=comm.world_size,
                                    save_id=job.save_id, files=files, domains=self.domains,
                                    created_unix=time.time(), torch_version=torch.__version__,

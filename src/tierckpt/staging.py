@@ -61,7 +61,8 @@ class HostStager:
             return tuple(self._walk(v, (*path, i), seen, counter) for i, v in enumerate(obj))
         return copy.deepcopy(obj)
 
-    def _copy(self, t: torch.Tensor, path: Path, seen: set[Path], counter: list[int]) -> torch.Tensor:
+    def _copy(self, t: torch.Tensor, path: Path, seen: set[Path],
+              counter: list[int]) -> torch.Tensor:
         seen.add(path)
         t = t.detach()
         buf = self._buffers.get(path)
