@@ -112,6 +112,19 @@ def test_save_failure_surfaces_and_training_can_continue(tmp_path: Path) -> None
     assert (tmp_path / "step-00000002" / layout.COMPLETE).exists()
 
 
+def test_on_save_error_continue_keeps_training(tmp_path: Path) -> None:
+    st, _ = _state()
+    with tierckpt.CheckpointManager(tier1=tmp_path, on_save_error="continue") as ck:
+        ck.save(0, st).wait()
+        (tmp_path / layout.tmp_dirname(1, f"{ck.run_id}-1")).write_text("in the way")
+        ck.save(1, st)
+        ck.save(2, st).wait()  # no raise: logged and went on
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000000", "step-00000002"]
+    failed = [e for e in events.read_events(tmp_path / layout.EVENTS)
+              if e["event"] == "save_failed"]
+    assert [e["step"] for e in failed] == [1]
+
+
 def test_close_raises_inflight_error(tmp_path: Path) -> None:
     st, _ = _state()
     ck = tierckpt.CheckpointManager(tier1=tmp_path)

@@ -32,6 +32,7 @@ __all__ = [
     "IntegrityError",
     "LockError",
     "ManagerConfig",
+    "OnSaveError",
     "NoCheckpointError",
     "RestoreInfo",
     "ResumableSampler",

@@ -10,6 +10,19 @@ from pathlib import Path
 from tierckpt.errors import ConfigError
 
 
+class OnSaveError(str, enum.Enum):
+    """What the next ``save()`` does when the previous background save failed.
+
+    ``RAISE`` (default): raise :class:`SaveError` on every rank. ``CONTINUE``: log the error
+    (``save_failed`` event and the ``tierckpt`` logger) and go on with the new save; the
+    previous complete checkpoint stays the one a restart resumes from. ``wait()`` and
+    ``close()`` always raise.
+    """
+
+    RAISE = "raise"
+    CONTINUE = "continue"
+
+
 class Verify(str, enum.Enum):
     """How much of a tier-1 candidate is checked before it is restored.
 
@@ -33,7 +46,7 @@ class ManagerConfig:
     ``wait_timeout_s``: how long ``save()``/``wait()`` wait for a previous save to finish.
     ``file_mode``/``dir_mode``: permissions of created files and directories.
     ``fsync``: fsync files and directories (turning it off voids the durability promise;
-    for tests of throughput only).
+    for tests of throughput only). ``on_save_error``: see :class:`OnSaveError`.
     """
 
     tier1: Path
@@ -45,6 +58,7 @@ class ManagerConfig:
     file_mode: int = 0o640
     dir_mode: int = 0o750
     fsync: bool = True
+    on_save_error: OnSaveError = OnSaveError.RAISE
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -55,6 +69,11 @@ class ManagerConfig:
         except ValueError:
             raise ConfigError(f"verify must be one of {[v.value for v in Verify]}, "
                               f"got {self.verify!r}") from None
+        try:
+            object.__setattr__(self, "on_save_error", OnSaveError(self.on_save_error))
+        except ValueError:
+            raise ConfigError(f"on_save_error must be one of {[v.value for v in OnSaveError]}, "
+                              f"got {self.on_save_error!r}") from None
         _positive_int("keep_last", self.keep_last)
         _positive_int("write_threads", self.write_threads)
         for name in ("collective_timeout_s", "wait_timeout_s"):

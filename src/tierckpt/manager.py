@@ -15,6 +15,7 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import uuid
@@ -23,12 +24,14 @@ from typing import Any
 
 from tierckpt import _fs, commit, events, layout, retention
 from tierckpt._topology import Comm, RootLock, discover_domains
-from tierckpt.config import ManagerConfig, Verify
+from tierckpt.config import ManagerConfig, OnSaveError, Verify
 from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
 from tierckpt.resume import Chooser, RestoreInfo, complete_steps, load_into
 from tierckpt.saver import AsyncSaver, SaveHandle, SaveResult, _Job
 from tierckpt.staging import HostStager
 from tierckpt.state import TrainState
+
+_log = logging.getLogger("tierckpt")
 
 
 class CheckpointManager:
@@ -116,7 +119,13 @@ class CheckpointManager:
         _require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
-        self._finish_inflight(record_overlap=True)
+        try:
+            self._finish_inflight(record_overlap=True)
+        except SaveError as e:
+            if self.config.on_save_error is OnSaveError.RAISE:
+                raise
+            _log.error("previous checkpoint save failed; continuing (on_save_error=continue): "
+                       "%s", e)
         if self.last_committed is not None and step <= self.last_committed:
             raise ConfigError(
                 f"save(step={step}) but step {self.last_committed} is already committed in "
