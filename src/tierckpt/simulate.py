@@ -173,34 +173,47 @@ def _run_one(model: JobModel, tau: float, rng: np.random.Generator
 
     For each run between failures: ``run`` = gap − restart cost; checkpoint j (0-based)
     stages during [tau + jP, tau + jP + C) and is durable at tau + jP + C + W; the job
-    finishes in that run if the run is long enough for the remaining work.
+    finishes in the first run that is long enough for the work still to do. Written as a
+    few whole-array passes (this loop is the simulator's cost).
     """
     C, R, W, T = model.C, model.R, model.W, model.job_s
     P = C + max(tau, W)
-    first_durable = tau + C + W
     # Chunk size depends only on the model, so every interval sees the same failure times.
     n = min(int(1.2 * T / model.M) + 64, 1 << 20)
     saved, elapsed, first = 0.0, 0.0, True
     counts = np.zeros(3)
     while True:
         g = _gaps(model, rng, n)
-        restart = np.full(n, R)
+        run = g - R
         if first:
-            restart[0] = 0.0
-        run = g - restart
-        durable = np.where(run >= first_durable, 1.0 + np.floor((run - first_durable) / P), 0.0)
-        gained = np.cumsum(durable * tau)
-        before = saved + np.concatenate(([0.0], gained[:-1]))
-        remaining = np.maximum(T - before, 0.0)
-        k = np.maximum(np.ceil(remaining / tau) - 1.0, 0.0)
-        need = np.where(k == 0, remaining, tau + C + (k - 1.0) * P + (remaining - k * tau))
-        done = run >= need
-        j = int(np.argmax(done)) if done.any() else n
-        since = run[:j] - tau
-        counts += np.array([j, np.count_nonzero((since >= 0) & (np.mod(since, P) < C + W)),
+            run[0] = g[0]  # the job's first run pays no restart
+        # checkpoints made durable in each run: max(floor((run - tau - C - W)/P) + 1, 0)
+        q = (run - (tau + C + W)) / P
+        durable = np.floor(q)
+        durable += 1.0
+        np.maximum(durable, 0.0, out=durable)
+        cum = np.cumsum(durable)
+        # a run can only finish the job if it is at least as long as the work left
+        left = (T - saved) - tau * (cum - durable)
+        j = n
+        for i in np.flatnonzero(run >= left):
+            if run[i] >= _time_to_finish(float(left[i]), tau, C, P):
+                j = int(i)
+                break
+        head = q[:j] + (C + W) / P  # (run - tau)/P: a save was in progress if floors differ
+        counts += np.array([j, np.count_nonzero((head >= 0) & (np.floor(head) > durable[:j] - 1)),
                             np.count_nonzero(run[:j] < 0)], dtype=np.float64)
         if j < n:
-            return elapsed + float(g[:j].sum() + restart[j] + need[j]), counts
+            restart = 0.0 if first and j == 0 else R
+            return elapsed + float(g[:j].sum()) + restart + _time_to_finish(
+                float(left[j]), tau, C, P), counts
         elapsed += float(g.sum())
-        saved += float(gained[-1])
+        saved += tau * float(cum[-1])
         first = False
+
+
+def _time_to_finish(work: float, tau: float, C: float, P: float) -> float:
+    """Seconds a run needs for ``work`` more training: k = ceil(work/tau) − 1 saves on the
+    way (the first after tau + C, then one every P), then the remainder; no final save."""
+    k = max(math.ceil(work / tau) - 1, 0)
+    return work if k == 0 else tau + C + (k - 1) * P + (work - k * tau)
