@@ -76,3 +76,15 @@ def test_bad_input_exits_2_naming_the_flag(args: tuple[str, ...], fragment: str)
     result = invoke("simulate", *args)
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
+
+
+def test_default_replicas_shrink_for_very_long_jobs() -> None:
+    """A 10-year job at M = 1 h (~90 000 failures each): ~2M simulated failures in all."""
+    doc = invoke_json("simulate", "--blocking", "5s", "--restart", "1m", "--job-mtbf", "1h",
+                      "--job-length", "3650d", "--no-sweep")
+    assert doc["inputs"]["replicas"] == 22
+    assert doc["failures_mean"] > 80_000
+    assert doc["analytic"]["exact_in_ci"] is True
+    short = invoke_json("simulate", "--blocking", "5s", "--restart", "1m", "--job-mtbf", "12h",
+                        "--job-length", "30d", "--no-sweep")
+    assert short["inputs"]["replicas"] == 200

@@ -28,6 +28,8 @@ from tierckpt.errors import ConfigError
 
 DEFAULT_WEIBULL_SHAPE = 0.7
 """Weibull shape used when --failures weibull is given without --shape (failures cluster)."""
+FAILURE_BUDGET = 2e6
+"""Simulated failures (replicas × job length / M) the default replica count aims at."""
 
 
 @app.command()
@@ -46,14 +48,18 @@ def simulate(
     shape: Annotated[float | None, typer.Option(
         help=f"Weibull shape (<1: clustered failures) [default: {DEFAULT_WEIBULL_SHAPE}].")
     ] = None,
-    replicas: Annotated[int, typer.Option(help="Simulated jobs.")] = 200,
+    replicas: Annotated[int | None, typer.Option(
+        help="Simulated jobs [default: 200, fewer for very long jobs: ~2M failures in all].")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Random seed (results are reproducible).")] = 0,
     confidence: Annotated[float, typer.Option(help="Confidence level of the CI.")] = 0.95,
     do_sweep: Annotated[bool, typer.Option("--sweep/--no-sweep",
                                            help="Also sweep intervals for the best one.")
     ] = True,
     points: Annotated[int, typer.Option(help="Intervals in the sweep.")] = 25,
-    sweep_replicas: Annotated[int, typer.Option(help="Simulated jobs per sweep point.")] = 50,
+    sweep_replicas: Annotated[int | None, typer.Option(
+        help="Simulated jobs per sweep point [default: a quarter of --replicas, at least 10].")
+    ] = None,
     from_events: Annotated[Path | None, typer.Option(help="events.jsonl: measured C, W, R.")
     ] = None,
     from_drill: Annotated[Path | None, typer.Option(
@@ -82,8 +88,8 @@ def simulate(
 def simulate_report(*, blocking: str | None, restart: str | None, write_time: str | None,
                     job_mtbf: str | None, node_mtbf: str | None, nodes: int | None,
                     job_length: str, interval: str | None, failures: str, shape: float | None,
-                    replicas: int, seed: int, confidence: float, do_sweep: bool, points: int,
-                    sweep_replicas: int, from_events: Path | None = None,
+                    replicas: int | None, seed: int, confidence: float, do_sweep: bool,
+                    points: int, sweep_replicas: int | None, from_events: Path | None = None,
                     from_drill: Path | None = None) -> dict[str, Any]:
     """The ``--json`` document (schema in docs/planning.md); ConfigError names the flag."""
     inp = _planinputs.resolve(blocking=blocking, restart=restart, write_time=write_time,
@@ -98,16 +104,21 @@ def simulate_report(*, blocking: str | None, restart: str | None, write_time: st
         raise ConfigError("--shape applies only to --failures weibull")
     if shape is not None and not shape > 0:
         raise ConfigError(f"--shape must be > 0, got {shape}")
-    for flag, n, low in (("--replicas", replicas, 2), ("--points", points, 2),
-                         ("--sweep-replicas", sweep_replicas, 2)):
-        if n < low:
-            raise ConfigError(f"{flag} must be at least {low}, got {n}")
+    job_s = parse_duration(job_length, "--job-length")
+    if replicas is None:  # keep the default run to a few seconds: ~2M simulated failures
+        replicas = int(min(max(FAILURE_BUDGET * inp.M / job_s, 20), 200))
+    if sweep_replicas is None:
+        sweep_replicas = max(replicas // 4, 10)
+    for flag, n in (("--replicas", replicas), ("--points", points),
+                    ("--sweep-replicas", sweep_replicas)):
+        if n < 2:
+            raise ConfigError(f"{flag} must be at least 2, got {n}")
     if not 0 < confidence < 1:
         raise ConfigError(f"--confidence must be between 0 and 1, got {confidence}")
     k = shape if shape is not None else (
         DEFAULT_WEIBULL_SHAPE if failures == simlib.Failures.WEIBULL.value else 1.0)
     model = simlib.JobModel(C=C, M=inp.M, R=R, W=inp.W or 0.0,
-                            job_s=parse_duration(job_length, "--job-length"),
+                            job_s=job_s,
                             failures=simlib.Failures(failures), shape=k)
     tau = (parse_duration(interval, "--interval") if interval is not None
            else planlib.young_interval(C, inp.M))
