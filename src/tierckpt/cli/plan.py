@@ -70,7 +70,8 @@ def plan_report(*, blocking: str | None, restart: str | None, write_time: str | 
         raise ConfigError(f"--rule: unknown value {rule!r}; choose young or daly")
     strategies = [_parse_strategy(s, i, inp) for i, s in enumerate(compare, 1)]
     if inp.C is not None or not strategies:
-        base = planlib.Strategy(name="measured" if "measured" in str(inp.sources) else "given",
+        measured = any(inp.sources.get(k, "").startswith("measured") for k in ("C_s", "R_s"))
+        base = planlib.Strategy(name="measured" if measured else "given",
                                 C=_planinputs.require(inp.C, "--blocking"),
                                 R=_planinputs.require(inp.R, "--restart"), W=inp.W or 0.0)
         strategies.insert(0, base)
