@@ -27,6 +27,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,8 @@ def _wait(result: Future[Any] | AsyncSaveResponse) -> None:
     _upload_future(result).result()
 
 
-def _async_blocking(state: State, root: Path, repeats: int, reuse_stager: bool) -> dict[str, Any]:
+def _async_blocking(state: State, root: Path, repeats: int, reuse_stager: bool
+                    ) -> dict[str, Any]:
     stager = DefaultStager(StagingOptions(False, True, False, False)) if reuse_stager else None
     blocking, total = [], []
     try:
@@ -231,16 +233,23 @@ def peer_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
     state = build_state(shard_specs(make_specs(job.size_bytes), rank, world))
     root = Path(job.target_dir) / f"dcp-w{world}"
     root.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"bytes": state_bytes(state)}
+    phases: dict[str, float] = {}
+    out: dict[str, Any] = {"bytes": state_bytes(state), "phase_seconds": phases}
+
+    def timed(key: str, fn: Callable[[], Any]) -> None:
+        start = time.perf_counter()
+        out[key] = fn()
+        phases[key] = time.perf_counter() - start
+
     # First, while the heap is clean: later saves leave freed memory resident.
-    out["ram_thread"] = _ram(state, root, job.saves, AsyncCheckpointerType.THREAD)
-    out["async_default"] = _async_blocking(state, root, job.repeats, reuse_stager=False)
-    out["async_stager"] = _async_blocking(state, root, job.repeats, reuse_stager=True)
-    out["save_t4"] = _sync_save(state, root, job.repeats, threads=4)
-    out["save_t1"] = _sync_save(state, root, job.repeats, threads=1, keep=True)
-    out["load_cold"] = _load_cold(state, root, job.repeats)
-    out["torch_save_rank0"] = _torch_save_rank0(state, root, job, world)
-    out["throughput"] = _throughput(state, root, job)
+    timed("ram_thread", lambda: _ram(state, root, job.saves, AsyncCheckpointerType.THREAD))
+    timed("async_default", lambda: _async_blocking(state, root, job.repeats, False))
+    timed("async_stager", lambda: _async_blocking(state, root, job.repeats, True))
+    timed("save_t4", lambda: _sync_save(state, root, job.repeats, threads=4))
+    timed("save_t1", lambda: _sync_save(state, root, job.repeats, threads=1, keep=True))
+    timed("load_cold", lambda: _load_cold(state, root, job.repeats))
+    timed("torch_save_rank0", lambda: _torch_save_rank0(state, root, job, world))
+    timed("throughput", lambda: _throughput(state, root, job))
     _clear(root)
     return out
 
@@ -286,6 +295,7 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     during = [max(r["throughput"]["during"]) for r in ranks]
     out: dict[str, Any] = {
         "bytes": total,
+        "phase_seconds": ranks[0]["phase_seconds"],
         "async_default_blocking": best("async_default", "blocking", "dcp.async_save default"),
         "async_default_durable": best("async_default", "total", "dcp.async_save call → done"),
         "async_stager_blocking": best("async_stager", "blocking",

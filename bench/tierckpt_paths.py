@@ -140,12 +140,19 @@ def tierckpt_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)  # steps must increase within a tier1 root
     dist.barrier()
-    out: dict[str, Any] = {"bytes": state_bytes(state)}
+    phases: dict[str, float] = {}
+    out: dict[str, Any] = {"bytes": state_bytes(state), "phase_seconds": phases}
+    start = time.perf_counter()
     with _manager(root) as ckpt:
         out["ram"] = _ram(ckpt, ts, job.saves)  # first, on a clean heap; allocates buffers
+        phases["ram"] = time.perf_counter() - start
         out.update(_save(ckpt, ts, job.saves, job.repeats))
+        phases["save"] = time.perf_counter() - start - phases["ram"]
         out["throughput"] = _throughput(ckpt, ts, job.saves + job.repeats, job)
+    phases["throughput"] = time.perf_counter() - start - phases["ram"] - phases["save"]
+    start = time.perf_counter()
     out["restore"] = _restore(state, root, job.repeats)
+    phases["restore"] = time.perf_counter() - start
     dist.barrier()
     if rank == 0:
         shutil.rmtree(root, ignore_errors=True)
@@ -168,6 +175,7 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     during = [max(r["throughput"]["during"]) for r in ranks]
     return {
         "bytes": total,
+        "phase_seconds": ranks[0]["phase_seconds"],
         "blocking": best([r["blocking"] for r in ranks], "save() blocking time (C)"),
         "durable": best([r["durable"] for r in ranks], "save() → committed on every rank"),
         "restore_cold": restore,
