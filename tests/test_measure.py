@@ -113,3 +113,14 @@ def test_bad_drill_report(tmp_path: Path, body: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match="--from-drill") as info:
         measure.from_drill_report(path)
     assert fragment in str(info.value)
+
+
+def test_a_later_generation_does_not_stretch_r() -> None:
+    """A restart without a logged failure (e.g. a resize) must not count toward the last R."""
+    recs = [{"event": ev.FAILURE_DETECTED, "t": 100.0, "pid": 1},
+            {"event": ev.PROCESS_START, "t": 110.0, "pid": 2, "restart_count": 1},
+            {"event": ev.FIRST_STEP, "t": 160.0, "pid": 2, "seconds_since_process_start": 50.0},
+            {"event": ev.PROCESS_START, "t": 9000.0, "pid": 3, "restart_count": 2},
+            {"event": ev.FIRST_STEP, "t": 9100.0, "pid": 3, "seconds_since_process_start": 100}]
+    m = measure.from_events(recs)
+    assert m.R is not None and m.R.seconds == 60.0 and m.R.samples == 1

@@ -11,7 +11,8 @@ From an event log (``tierckpt.events``; several ranks may write to one file):
 - **W** — median ``save_committed.write_seconds``.
 - **R** — preferred: for each failure (``failure_detected`` events, those before the next
   ``first_step`` counted as one failure), the time from the earliest detection to the last
-  rank's ``first_step`` after it; median over failures. It excludes the time before the
+  rank's ``first_step`` after it (before the next detection or the next generation's
+  ``process_start``); median over failures. It excludes the time before the
   failure was detected. Else: median ``first_step.seconds_since_process_start`` of restarted
   processes (``process_start.restart_count`` > 0, same pid) — it misses detection and
   rescheduling. Else: median ``restore_done.seconds`` — only the load itself, a lower bound.
@@ -148,7 +149,7 @@ def _restart(recs: list[Mapping[str, Any]]) -> Measured | None:
 
 def _detect_to_first_step(recs: list[Mapping[str, Any]]) -> list[float]:
     """One duration per failure: earliest detection → the last first_step before the next
-    detection (events sorted by time)."""
+    detection or the next generation's process_start (events sorted by time)."""
     out: list[float] = []
     detected: float | None = None
     last_step: float | None = None
@@ -162,6 +163,11 @@ def _detect_to_first_step(recs: list[Mapping[str, Any]]) -> list[float]:
                 detected = t
         elif kind == ev.FIRST_STEP and detected is not None:
             last_step = t
+        elif kind == ev.PROCESS_START and detected is not None and last_step is not None:
+            # every rank of a generation starts before any rank's first step (rendezvous), so
+            # a start after a first step is a new generation: an unlogged failure or a resize
+            out.append(last_step - detected)
+            detected, last_step = None, None
     if detected is not None and last_step is not None:
         out.append(last_step - detected)
     return out
