@@ -241,7 +241,11 @@ def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None
     """Two agents (``--nnodes 1:2``, c10d rendezvous) on one machine: agent A runs alone,
     then agent B joins. A's workers are restarted by the membership change with
     TORCHELASTIC_RESTART_COUNT unchanged (so a restart-count prefix would reuse the old
-    namespace); init_distributed still starts a clean 2-rank group."""
+    namespace); init_distributed still starts a clean 2-rank group.
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is part of the recipe: with torch 2.13's shared
+    store, a node joining a running job waits forever for ``MASTER_ADDR`` of the new round
+    (rank 0's agent publishes it only on its first round; see docs/restarts.md)."""
     port = _free_port()
 
     def agent(tag: str) -> subprocess.Popen[str]:
@@ -251,7 +255,8 @@ def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None
                "--rdzv-conf", "last_call_timeout=1,join_timeout=60", "--max-restarts", "3",
                "--monitor-interval", "0.1", str(SCRIPTS / "elastic_worker.py"),
                "--out", str(tmp_path), "--tag", tag]
-        return subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE,
+        return subprocess.Popen(cmd, env=_clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"),
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
 
     a = agent("A")
