@@ -47,6 +47,10 @@ class ManagerConfig:
     ``file_mode``/``dir_mode``: permissions of created files and directories.
     ``fsync``: fsync files and directories (turning it off voids the durability promise;
     for tests of throughput only). ``on_save_error``: see :class:`OnSaveError`.
+    ``tier2``: ``s3://bucket/prefix`` or ``file:///path``; restore falls back to it, and
+    (with ``start_uploader``) one low-priority uploader process per tier-1 root copies every
+    ``upload_every``-th committed step there. ``tier2_keep_last``/``tier2_keep_every``:
+    tier-2 retention (newest K2, plus every M-th step forever; 0 = none).
     """
 
     tier1: Path
@@ -59,6 +63,11 @@ class ManagerConfig:
     dir_mode: int = 0o750
     fsync: bool = True
     on_save_error: OnSaveError = OnSaveError.RAISE
+    tier2: str | None = None
+    upload_every: int = 1
+    tier2_keep_last: int = 3
+    tier2_keep_every: int = 0
+    start_uploader: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -76,6 +85,15 @@ class ManagerConfig:
                               f"got {self.on_save_error!r}") from None
         _positive_int("keep_last", self.keep_last)
         _positive_int("write_threads", self.write_threads)
+        _positive_int("upload_every", self.upload_every)
+        _positive_int("tier2_keep_last", self.tier2_keep_last)
+        if not isinstance(self.tier2_keep_every, int) or self.tier2_keep_every < 0:
+            raise ConfigError(f"tier2_keep_every must be an int >= 0, got "
+                              f"{self.tier2_keep_every!r}")
+        if self.tier2 is not None and (not isinstance(self.tier2, str) or not any(
+                self.tier2.startswith(s) for s in ("s3://", "file://", "memory://"))):
+            raise ConfigError(f"tier2 must be an s3://bucket/prefix or file:///path URL, got "
+                              f"{self.tier2!r}")
         for name in ("collective_timeout_s", "wait_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or v <= 0:

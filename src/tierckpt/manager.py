@@ -30,6 +30,8 @@ from tierckpt.resume import Chooser, RestoreInfo, complete_steps, load_into
 from tierckpt.saver import AsyncSaver, SaveHandle, SaveResult, _Job
 from tierckpt.staging import HostStager
 from tierckpt.state import TrainState
+from tierckpt.storage import open_storage
+from tierckpt.uploader import UploaderConfig, UploaderProcess, uploaded_steps
 
 _log = logging.getLogger("tierckpt")
 
@@ -53,6 +55,7 @@ class CheckpointManager:
         self._closed = False
         self._lock: RootLock | None = None
         self._inflight: SaveHandle | None = None
+        self._uploader: UploaderProcess | None = None
         self.comm = Comm.create(cfg.collective_timeout_s)
         try:
             self._prepare_root()
@@ -66,6 +69,7 @@ class CheckpointManager:
             existing = complete_steps(cfg.tier1) if self.is_owner else []
             newest = max(self.comm.all_gather(existing[0] if existing else -1))
             self.last_committed: int | None = None if newest < 0 else newest
+            self._uploader = self._start_uploader()
             self._stager = HostStager()
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
                                      on_committed=self._apply_retention)
@@ -84,29 +88,49 @@ class CheckpointManager:
         _require_state(state)
         t0 = time.monotonic()
         self.log.emit(events.RESTORE_STARTED)
-        chooser = Chooser(self.config.tier1, self.comm, self.domain, is_owner=self.is_owner,
-                          full=self.config.verify is Verify.FULL, log=self.log)
-        step = chooser.choose()
-        skipped = tuple(s for rank_sk in self.comm.all_gather(chooser.skipped) for s in rank_sk)
-        if step is None:
-            self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
+        cfg = self.config
+        storage = open_storage(cfg.tier2) if cfg.tier2 and self.is_owner else None
+        try:
+            chooser = Chooser(cfg.tier1, self.comm, self.domain, is_owner=self.is_owner,
+                              full=cfg.verify is Verify.FULL, log=self.log, storage=storage)
+            step = chooser.choose()
+            skipped = tuple(s for sk in self.comm.all_gather(chooser.skipped) for s in sk)
+            if step is None:
+                self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
+                              skipped=[list(s) for s in skipped])
+                return None
+            mine = chooser.sources.get(step) if self.is_owner else None
+            sources = sorted({s for s in self.comm.all_gather(mine) if s})
+            source = "+".join(sources)
+            self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
                           skipped=[list(s) for s in skipped])
-            return None
-        self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source="tier1",
-                      skipped=[list(s) for s in skipped])
-        path = self.config.tier1 / layout.step_dirname(step)
-        saved_world = self.comm.broadcast(
-            chooser._ok[step].world_size if self.comm.rank == 0 else None)
+            fetched, err = 0, None
+            if self.is_owner:
+                try:
+                    fetched = chooser.materialize(step, file_mode=cfg.file_mode,
+                                                  dir_mode=cfg.dir_mode)
+                except (CheckpointError, OSError) as e:
+                    err = f"rank {self.comm.rank}: fetching step {step} from tier 2 failed: {e}"
+            errors = [e for e in self.comm.all_gather(err) if e]
+            if errors:
+                raise CheckpointError("; ".join(errors))
+            saved_world = self.comm.broadcast(
+                chooser.manifests[step].world_size if self.comm.rank == 0 else None)
+        finally:
+            if storage is not None:
+                storage.close()
+        path = cfg.tier1 / layout.step_dirname(step)
         t_load = time.monotonic()
         nbytes = load_into(state, path, saved_world, self.comm)
         now = time.monotonic()
         self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
-        info = RestoreInfo(step=step, source="tier1", path=path, seconds=now - t0,
-                           bytes_read=nbytes, bytes_by_source={"tier1": nbytes},
+        by_source = {"tier1": nbytes, "tier2": fetched}
+        info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
+                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
                            world_size=self.comm.world_size, saved_world_size=saved_world,
                            skipped=skipped)
-        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds, bytes=nbytes,
-                      source="tier1", bytes_by_source=info.bytes_by_source,
+        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
+                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
                       world_size=info.world_size, saved_world_size=saved_world)
         self.last_committed = max(self.last_committed or -1, step)
         return info
@@ -198,11 +222,23 @@ class CheckpointManager:
     def _apply_retention(self, result: SaveResult) -> None:
         root = self.config.tier1
         pins_dir = root / layout.PINS
-        pinned = ([s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
-                   if s is not None] if pins_dir.is_dir() else [])
-        for step in retention.tier1_deletions(complete_steps(root), keep_last=self.config.keep_last,
+        pinned = {s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
+                  if s is not None} if pins_dir.is_dir() else set()
+        complete = complete_steps(root)
+        if self.config.tier2:  # keep what the uploader has yet to copy
+            pinned |= retention.tier1_upload_holds(complete, upload_every=self.config.upload_every,
+                                                   done=uploaded_steps(root))
+        for step in retention.tier1_deletions(complete, keep_last=self.config.keep_last,
                                               pinned=pinned):
             commit.delete_checkpoint(root, step, uuid.uuid4().hex[:8])
+
+    def _start_uploader(self) -> UploaderProcess | None:
+        cfg = self.config
+        if not (cfg.tier2 and cfg.start_uploader and self.is_owner):
+            return None
+        return UploaderProcess(UploaderConfig(
+            tier1=cfg.tier1, tier2=cfg.tier2, upload_every=cfg.upload_every,
+            keep_last=cfg.tier2_keep_last, keep_every=cfg.tier2_keep_every)).start()
 
     def _prepare_root(self) -> None:
         root = self.config.tier1
@@ -228,6 +264,10 @@ class CheckpointManager:
             raise LockError(errors[0])
 
     def _release(self) -> None:
+        if getattr(self, "_uploader", None) is not None:
+            assert self._uploader is not None
+            self._uploader.stop()
+            self._uploader = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -27,8 +27,11 @@ from torch.futures import Future
 from tierckpt import _crc, _fs, events, layout
 from tierckpt import manifest as mf
 from tierckpt._topology import Comm
-from tierckpt.errors import CheckpointError, IntegrityError
+from tierckpt.errors import CheckpointError, IntegrityError, StorageError
+from tierckpt.fetch import fetch_into_tier1, remote_manifest
 from tierckpt.state import RANK_STATE, TrainState
+from tierckpt.storage import Storage
+from tierckpt.uploader import remote_complete_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +71,31 @@ def candidate_steps(root: Path) -> list[int]:
     return sorted((s for s in steps if s is not None), reverse=True)
 
 
+class MissingFilesError(IntegrityError):
+    """A checkpoint is intact but lacks files this domain needs (node-local tier 1 after a
+    reshard, or a replaced node): fetchable from tier 2, not a reason to quarantine it."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def required_ranks(m: mf.Manifest, domain: tuple[int, ...] | None,
+                   world_size: int | None) -> set[int] | None:
+    """Ranks whose files a domain must hold to restore ``m``: its own ranks when the job
+    has the saved layout (same world size and this domain was a saved domain), else every
+    rank (None), since a reshard may read any shard."""
+    if domain is None or world_size != m.world_size or tuple(domain) not in m.domains:
+        return None
+    return set(domain)
+
+
 def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
-                      ranks: set[int] | None = None, full: bool = False) -> mf.Manifest:
+                      domain: tuple[int, ...] | None = None, world_size: int | None = None,
+                      full: bool = False) -> mf.Manifest:
     """Verify one tier-1 checkpoint directory; return its manifest or raise
-    :class:`IntegrityError` with the reason. ``ranks``: only the files of these ranks (and
-    shared files) must be present (a node-local domain); None means every file."""
+    :class:`IntegrityError` with the reason (:class:`MissingFilesError` when the only
+    problem is files this domain needs but does not hold; see :func:`required_ranks`)."""
     st = os.lstat(ckpt_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise IntegrityError(f"{ckpt_dir.name} is not a directory (symlink or file)")
@@ -88,13 +111,16 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
     if step is not None and m.step != step:
         raise IntegrityError(f"directory is named for step {step} but its manifest is step "
                              f"{m.step} (renamed by hand?)")
+    ranks = required_ranks(m, domain, world_size)
     wanted = m.files if ranks is None else m.files_for_ranks(ranks)
+    missing = []
     for f in wanted:
         p = ckpt_dir / layout.safe_member_name(f.name)
         try:
             fst = os.lstat(p)
         except FileNotFoundError:
-            raise IntegrityError(f"{f.name} is missing") from None
+            missing.append(f.name)
+            continue
         if not stat.S_ISREG(fst.st_mode):
             raise IntegrityError(f"{f.name} is not a regular file")
         if fst.st_size != f.size:
@@ -104,7 +130,25 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
             if crc != f.crc32c:
                 raise IntegrityError(f"{f.name} CRC32C {_crc.to_hex(crc)} != manifest "
                                      f"{_crc.to_hex(f.crc32c)}")
+    if missing:
+        _raise_missing(ckpt_dir, m, missing)
     return m
+
+
+def _raise_missing(ckpt_dir: Path, m: mf.Manifest, missing: list[str]) -> None:
+    """A file of this directory's own saved domain (the domain whose ranks' files are here)
+    or a shared file is damage; only other domains' files are fetchable absences."""
+    present = {f.rank for f in m.files
+               if f.rank is not None and os.path.lexists(ckpt_dir / f.name)}
+    home = {r for d in m.domains if set(d) & present for r in d} if len(m.domains) > 1 \
+        else set(range(m.world_size))
+    own = [f.name for f in m.files if f.name in missing and (f.rank is None or f.rank in home)]
+    names = own or missing
+    text = (f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''} "
+            f"{'is' if len(names) == 1 else 'are'} missing")
+    if own:
+        raise IntegrityError(text)
+    raise MissingFilesError(text + " (held by another node's tier 1)", missing)
 
 
 def _read_small(p: Path, limit: int = 64 << 20) -> bytes:
@@ -116,37 +160,73 @@ def _read_small(p: Path, limit: int = 64 << 20) -> bytes:
 
 
 class Chooser:
-    """Agrees with every domain owner on the newest step that verifies everywhere."""
+    """Agrees with every domain owner on the newest step restorable everywhere, each
+    domain from its own tier 1 when intact there, else from tier 2 (when configured)."""
 
     def __init__(self, root: Path, comm: Comm, domain: tuple[int, ...], *, is_owner: bool,
-                 full: bool, log: events.EventLog) -> None:
+                 full: bool, log: events.EventLog, storage: Storage | None = None) -> None:
         self.root, self.comm, self.domain = root, comm, domain
         self.is_owner, self.full, self.log = is_owner, full, log
+        self.storage = storage
         self.skipped: list[tuple[int, str]] = []
-        self._ok: dict[int, mf.Manifest] = {}
+        self.manifests: dict[int, mf.Manifest] = {}
+        self.sources: dict[int, str] = {}
+        self._checked: set[int] = set()
+        self._remote: list[int] | None = None
+
+    def remote_steps(self) -> list[int]:
+        if self._remote is None:
+            self._remote = [] if self.storage is None else remote_complete_steps(self.storage)
+        return self._remote
+
+    def _skip(self, step: int, reason: str, moved: Path | None = None) -> None:
+        self.skipped.append((step, reason))
+        self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason,
+                      moved_to=str(moved) if moved else None)
+
+    def _check(self, step: int) -> None:
+        """Fill ``sources[step]``/``manifests[step]`` if ``step`` is restorable here."""
+        self._checked.add(step)
+        d = self.root / layout.step_dirname(step)
+        missing_reason = None
+        if os.path.lexists(d):
+            try:
+                self.manifests[step] = verify_checkpoint(
+                    d, step=step, domain=self.domain, world_size=self.comm.world_size,
+                    full=self.full)
+                self.sources[step] = "tier1"
+                return
+            except MissingFilesError as e:
+                missing_reason = str(e)
+            except (IntegrityError, OSError) as e:
+                moved = _fs.move_aside(d, self.root / layout.QUARANTINE, d.name)
+                (moved / "QUARANTINE_REASON").write_text(f"{e}\n")
+                self._skip(step, str(e), moved)
+        if step in self.remote_steps():
+            assert self.storage is not None
+            try:
+                self.manifests[step] = remote_manifest(self.storage, step)[0]
+                self.sources[step] = "tier2"
+                return
+            except (IntegrityError, StorageError) as e:
+                self._skip(step, f"tier 2: {e}")
+        if missing_reason is not None:
+            self._skip(step, missing_reason)
 
     def _newest_valid(self, bound: float) -> int | None:
-        for step in candidate_steps(self.root):
+        for step in sorted(set(candidate_steps(self.root)) | set(self.remote_steps()),
+                           reverse=True):
             if step > bound:
                 continue
-            if step in self._ok:
+            if step not in self._checked:
+                self._check(step)
+            if step in self.sources:
                 return step
-            d = self.root / layout.step_dirname(step)
-            try:
-                self._ok[step] = verify_checkpoint(d, step=step, ranks=None, full=self.full)
-                return step
-            except (IntegrityError, OSError) as e:
-                reason = str(e)
-                moved = _fs.move_aside(d, self.root / layout.QUARANTINE, d.name)
-                (moved / "QUARANTINE_REASON").write_text(reason + "\n")
-                self.skipped.append((step, reason))
-                self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason,
-                              moved_to=str(moved))
         return None
 
     def choose(self) -> int | None:
         """Collective. The agreed step, or None when no domain has any checkpoint.
-        Raises CheckpointError when some domains have checkpoints and others have none."""
+        Raises CheckpointError when some domains can restore and others cannot."""
         bound: float = float("inf")
         while True:
             proposal = self._newest_valid(bound) if self.is_owner else "n/a"
@@ -156,11 +236,25 @@ class Chooser:
             if any(p is None for p in props):
                 raise CheckpointError(
                     "some tier-1 roots have a complete checkpoint and others have none "
-                    f"(proposals per domain: {props}); a replaced node needs tier 2 to restore")
+                    f"(newest per domain: {props}); a replaced node needs tier 2 (tier2=...) "
+                    "to restore")
             low = min(props)
             if all(p == low for p in props):
                 return int(low)
             bound = low
+
+    def materialize(self, step: int, *, file_mode: int, dir_mode: int) -> int:
+        """Owner only: make ``step`` complete in this domain's tier 1 (fetching what is
+        missing from tier 2); returns bytes downloaded."""
+        if self.sources.get(step) != "tier2":
+            return 0
+        assert self.storage is not None
+        m = self.manifests[step]
+        ranks = required_ranks(m, self.domain, self.comm.world_size)
+        names = [f.name for f in (m.files if ranks is None else m.files_for_ranks(ranks))]
+        got, _ = fetch_into_tier1(self.storage, self.root, step, names=names, full=self.full,
+                                  file_mode=file_mode, dir_mode=dir_mode)
+        return got
 
 
 class _SafeLoadPlanner(DefaultLoadPlanner):
