@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import typer.main
 from typer.testing import CliRunner, Result
 
 import tierckpt.cli.plan
@@ -27,3 +28,9 @@ def invoke_json(*args: str) -> dict[str, Any]:
     doc = json.loads(result.stdout)
     assert isinstance(doc, dict)
     return doc
+
+
+def flags(command: str) -> set[str]:
+    """Every option string of ``command`` (for the tests that freeze the flag set)."""
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}

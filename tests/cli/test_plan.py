@@ -9,7 +9,7 @@ import pytest
 
 from tierckpt import events as ev
 
-from ._helpers import RUNNER, app, invoke, invoke_json
+from ._helpers import RUNNER, app, flags, invoke, invoke_json
 
 H = 3600.0
 
@@ -140,3 +140,12 @@ def test_error_is_red_on_a_colour_terminal() -> None:
                            env={"FORCE_COLOR": "1", "TERM": "xterm-256color"})
     assert result.exit_code == 2
     assert "\x1b[" in result.stderr and "31m" in result.stderr  # ANSI red
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("plan") == {
+        "--blocking", "--compare", "--from-drill", "--from-events", "--job-mtbf",
+        "--json", "--node-mtbf", "--nodes", "--plot", "--resize", "--restart", "--rule",
+        "--write-time"
+    }

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ._helpers import invoke, invoke_json
+from ._helpers import flags, invoke, invoke_json
 
 FAST = ("--replicas", "40", "--sweep-replicas", "20", "--points", "9")
 
@@ -88,3 +88,13 @@ def test_default_replicas_shrink_for_very_long_jobs() -> None:
     short = invoke_json("simulate", "--blocking", "5s", "--restart", "1m", "--job-mtbf", "12h",
                         "--job-length", "30d", "--no-sweep")
     assert short["inputs"]["replicas"] == 200
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("simulate") == {
+        "--blocking", "--confidence", "--failures", "--from-drill", "--from-events",
+        "--interval", "--job-length", "--job-mtbf", "--json", "--no-sweep",
+        "--node-mtbf", "--nodes", "--plot", "--points", "--replicas", "--restart",
+        "--seed", "--shape", "--sweep", "--sweep-replicas", "--write-time"
+    }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._helpers import invoke, invoke_json
+from ._helpers import flags, invoke, invoke_json
 
 
 def test_design_example_70b_over_8_nodes() -> None:
@@ -59,3 +59,12 @@ def test_bad_input_exits_2_naming_the_flag(args: tuple[str, ...], flag: str) -> 
     assert flag in result.stderr
     assert "error" in result.stderr
     assert result.stdout == ""
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("size") == {
+        "--extra", "--gpus-per-node", "--json", "--master-fp32", "--no-master-fp32",
+        "--node-ram", "--node-write-gbps", "--nodes", "--optimizer", "--params",
+        "--reserve", "--weights"
+    }
