@@ -158,3 +158,35 @@ def test_evaluate_targets_from_values() -> None:
     assert missing.met is None and missing.ratio is None
     upload = by[("upload", "tierckpt upload")]
     assert upload.world == 0 and upload.met is None and upload.note == "no server"
+
+
+def test_markdown_says_why_a_section_was_skipped(tmp_path: Path) -> None:
+    from bench.report import render_markdown, write_results
+
+    limits = {"copy_2threads": {**_m(0.1), "runs": [0.1]},
+              "write_odirect_fsync": {**_m(0.0001), "seconds": 0.0, "gbps": 0.0,
+                                      "note": "O_DIRECT refused: EINVAL"},
+              "cold_read": {**_m(1.0), "cold": False}}
+    dcp = {"async_default_blocking": _m(0.3), "save_t1": _m(2.0)}
+    worlds = {"1": {"dcp": dcp, "tierckpt": {"skipped": "tierckpt has no CheckpointManager yet"}}}
+    rows = evaluate(limits, {1: worlds["1"]}, {"transfer": {"skipped": "no server"}})
+    r = {"schema": SCHEMA, "started": "2026-01-01T00:00:00Z", "wall_seconds": 1.0,
+         "config": {"size_bytes": 1 << 20, "worlds": [1], "repeats": 1, "saves": 2,
+                    "quick": True},
+         "machine": {"cores": 2, "cores_usable": 2, "cpu_model": "x", "mem_total_bytes": 1 << 30,
+                     "target_fs": "tmpfs", "target_device": "tmpfs", "target_mount": "/t",
+                     "loadavg_start": [0.1], "loadavg_end": [0.2], "torch": "t",
+                     "python": "p", "kernel": "k", "fsync": {"honoured": False},
+                     "cache_drop": {"method": "none", "honoured": False}},
+         "limits": limits, "worlds": worlds, "transfer": {"skipped": "no server"},
+         "targets": [t.to_json() for t in rows]}
+    md = render_markdown(r)
+    assert "**tierckpt skipped:** tierckpt has no CheckpointManager yet" in md
+    assert "O_DIRECT refused: EINVAL" in md and "not cold" in md
+    assert "| fsync honoured | NO" in md and "| page cache dropped | NO" in md
+    durable = next(t for t in rows
+                   if t.goal == "durable" and t.subject == "dcp.save thread_count=1")
+    assert durable.met is None  # no O_DIRECT limit: n/a, not missed
+    json_path, md_path = write_results(r, tmp_path / "res", "stamp")
+    assert json.loads(json_path.read_text())["targets"] == r["targets"]
+    assert md_path.read_text() == md
