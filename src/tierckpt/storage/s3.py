@@ -149,7 +149,9 @@ def _make_client(config: S3Config, session: boto3.session.Session | None) -> Any
     Session.client is not thread-safe, hence the lock."""
     with _SESSIONS_LOCK:
         if session is None:
-            env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+            # Endpoints are read at client creation; credentials are cached per session.
+            env = tuple(sorted((k, v) for k, v in os.environ.items()
+                               if k.startswith("AWS_") and not k.startswith("AWS_ENDPOINT_URL")))
             session = _SESSIONS.get(env)
             if session is None:
                 session = _SESSIONS[env] = boto3.session.Session()
