@@ -286,3 +286,39 @@ def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None
     assert together[0]["incarnation"] != alone[0]["incarnation"]
     # The membership change did not count as a restart on A.
     assert [r["attempt"] for r in recs if r["tag"] == "A"] == [0, 0]
+
+
+def test_two_agents_restart_after_a_kill_with_the_shared_store(tmp_path: Path) -> None:
+    """Two torchrun agents (``--nnodes 2``, c10d rendezvous, torch's default shared store)
+    on one machine; the rank-0 worker is SIGKILLed. Both agents restart their workers into
+    the store that still holds the first incarnation's keys, and the per-agent
+    TORCHELASTIC_RESTART_COUNT may differ between them (recorded, not asserted: it is a
+    race); the new group must still form and finish."""
+    port = _free_port()
+    events = tmp_path / "events.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+           "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents",
+           "--max-restarts", "1", "--monitor-interval", "0.1",
+           str(SCRIPTS / "restart_loop.py"), "--out", str(tmp_path), "--kill-until", "1",
+           "--timeout", "30", "--events", str(events)]
+    agents = [subprocess.Popen(cmd, env=_clean_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    try:
+        outs = [a.communicate(timeout=150)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    for a, out in zip(agents, outs, strict=True):
+        assert a.returncode == 0, out[-4000:]
+    recs = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    stages = [r["stage"] for r in recs]
+    assert stages.count("killing") == 1 and stages.count("done") == 2
+    assert "init_failed" not in stages
+    ready = [e for e in read_events(events) if e["event"] == "pg_ready"]
+    by_incarnation: dict[str, set[int]] = defaultdict(set)
+    for e in ready:
+        by_incarnation[e["incarnation"]].add(e["rank"])
+    assert list(by_incarnation.values()) == [{0, 1}, {0, 1}]

@@ -2,9 +2,11 @@
 
 Run under ``python -m torch.distributed.run --standalone --nproc-per-node W --max-restarts N``.
 Every attempt initialises the process group, checks three all_reduce results, and appends one
-JSON line per stage to ``<out>/records.jsonl``. While ``attempt < --kill-until``, rank
-``attempt % W`` SIGKILLs itself after the first all_reduce (its peers then fail in the next
-collective and torchrun restarts the whole group); the last attempt finishes cleanly.
+JSON line per stage to ``<out>/records.jsonl``. While fewer than ``--kill-until`` kills are
+recorded there, rank ``kills % W`` SIGKILLs itself after the first all_reduce (its peers then
+fail in the next collective and torchrun restarts the whole group); the last attempt finishes
+cleanly. Kills are counted from the records, not from ``TORCHELASTIC_RESTART_COUNT``, because
+that count is per agent and differs between nodes in multi-agent runs.
 
 ``--mode`` chooses how the process group starts:
   tierckpt        tierckpt.init_distributed (the fix)
@@ -34,6 +36,12 @@ def _record(out: str, **fields: object) -> None:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def _count_kills(out: str) -> int:
+    path = os.path.join(out, "records.jsonl")
+    with open(path) as f:
+        return sum(json.loads(line)["stage"] == "killing" for line in f if line.strip())
 
 
 def _init(mode: str, timeout: timedelta, events: str | None) -> None:
@@ -74,6 +82,8 @@ def main() -> int:
         raise
     _record(args.out, stage="pg_ready", seconds=time.monotonic() - t0, **base)
 
+    # Read before the first all_reduce: no rank can record a kill until all ranks are in it.
+    kills = _count_kills(args.out)
     expected = world * (world + 1) // 2
     for i in range(3):
         x = torch.tensor([float(rank + 1)])
@@ -81,7 +91,7 @@ def main() -> int:
         if x.item() != expected:
             _record(args.out, stage="wrong_result", value=x.item(), **base)
             return 3
-        if i == 0 and attempt < args.kill_until and rank == attempt % world:
+        if i == 0 and kills < args.kill_until and rank == kills % world:
             _record(args.out, stage="killing", **base)
             os.kill(os.getpid(), signal.SIGKILL)
     _record(args.out, stage="done", **base)
