@@ -53,6 +53,7 @@ from tierckpt.storage.base import (
 
 MiB = 1024 * 1024
 MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
+MAX_PARTS = 10_000  # S3's maximum number of parts of one upload
 DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch",
                           "XAmzContentChecksumMismatch"})
 NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -64,9 +65,10 @@ T = TypeVar("T")
 class S3Config:
     """Transfer, retry and timeout settings of :class:`S3Storage` (sizes in bytes)."""
 
-    part_size: int = 64 * MiB
-    """Multipart part size and ranged-GET size; at least 5 MiB (S3's minimum part)."""
-    multipart_threshold: int = 64 * MiB
+    part_size: int = 16 * MiB
+    """Multipart part size and ranged-GET size; at least 5 MiB (S3's minimum part). Grown
+    automatically for objects that would otherwise need more than 10,000 parts."""
+    multipart_threshold: int = 16 * MiB
     """Objects larger than this are uploaded in parts, in parallel."""
     max_concurrency: int = 8
     """Parallel parts / ranges per object."""
@@ -289,7 +291,8 @@ class S3Storage:
 
     def _put_multipart(self, key: str, full: str, path: str | os.PathLike[str], crc32c: int,
                        size: int) -> None:
-        part = self.config.part_size
+        # S3 allows at most 10,000 parts: grow the part size (in whole MiB) when needed.
+        part = max(self.config.part_size, -(-size // (MAX_PARTS * MiB)) * MiB)
         mpu = self._call("create upload", key, self._client.create_multipart_upload, Key=full,
                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT")
         upload_id = mpu["UploadId"]
