@@ -303,3 +303,28 @@ def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
     assert proc.poll() == 0  # SIGTERM → clean exit
     assert remote_complete_steps(LocalStorage(t2)) == [3]
 
+
+
+def test_uploads_a_real_checkpoint_manager_checkpoint(tmp_path: Path) -> None:
+    import torch
+    from torch import nn
+
+    import tierckpt
+
+    t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    torch.manual_seed(0)
+    model = nn.Linear(32, 8)
+    state = tierckpt.TrainState(model=model, optimizer=torch.optim.AdamW(model.parameters()))
+    with tierckpt.CheckpointManager(tier1=t1) as ck:
+        ck.save(6, state).wait(60)
+    with Uploader(UploaderConfig(tier1=t1, tier2=t2.as_uri())) as up:
+        [r] = up.drain()
+    assert (r.step, r.status) == (6, "verified")
+    remote = LocalStorage(t2)
+    m = mf.verify_marker(remote.get_bytes("step-00000006/COMPLETE"),
+                         remote.get_bytes("step-00000006/manifest.json"))
+    assert m.step == 6 and layout.METADATA in {f.name for f in m.files}
+    for f in m.files:
+        remote.get_file(f"step-00000006/{f.name}", tmp_path / "dl" / f.name, crc32c=f.crc32c)
+        assert (tmp_path / "dl" / f.name).read_bytes() == (t1 / "step-00000006" /
+                                                         f.name).read_bytes()
