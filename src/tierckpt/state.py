@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from tierckpt import _rng
 from tierckpt.errors import CheckpointError, ConfigError
@@ -102,15 +103,22 @@ class TrainState:
         out: dict[str, Any] = {"model": model_sd}
         if self.optimizer is not None:
             out["optim"] = optim_sd
+        out, small = _split_small(out)
         if self._load_source is not None:
             src, nbytes, _ = self._load_source
             out[RANK_STATE] = {str(src): torch.empty(nbytes, dtype=torch.uint8)}
         else:
-            out[RANK_STATE] = {str(_rank()): self._rank_blob()}
+            out[RANK_STATE] = {str(_rank()): self._rank_blob(small)}
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Apply a loaded state (the dict :meth:`state_dict` returned, filled by DCP)."""
+        blobs = state_dict[RANK_STATE]
+        (src, blob), = blobs.items()
+        payload = self._decode_blob(blob)
+        state_dict = dict(state_dict)
+        for path, value in payload["small"].items():
+            _set_path(state_dict, path, value)
         if self.optimizer is not None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
                            optim_state_dict=state_dict["optim"],
@@ -118,17 +126,16 @@ class TrainState:
         else:
             set_state_dict(self.model, (), model_state_dict=state_dict["model"],
                            optim_state_dict={}, options=StateDictOptions(strict=True))
-        blobs = state_dict[RANK_STATE]
-        (src, blob), = blobs.items()
-        self._apply_rank_blob(blob, src_rank=int(src))
+        self._apply_rank_payload(payload, src_rank=int(src))
 
     # -- internals ------------------------------------------------------------------------
     def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         opts = () if self.optimizer is None else self.optimizer
         return get_state_dict(self.model, opts)
 
-    def _rank_blob(self) -> torch.Tensor:
+    def _rank_blob(self, small: dict[tuple[Any, ...], Any]) -> torch.Tensor:
         payload: dict[str, Any] = {
+            "small": small,
             "step": self.step, "rank": _rank(), "world_size": _world(),
             "rng": _rng.capture() if self.rng else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -140,7 +147,8 @@ class TrainState:
         torch.save(payload, buf)
         return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
 
-    def _apply_rank_blob(self, blob: torch.Tensor, *, src_rank: int) -> None:
+    @staticmethod
+    def _decode_blob(blob: torch.Tensor) -> dict[str, Any]:
         try:
             payload = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
         except (pickle.UnpicklingError, RuntimeError) as e:
@@ -149,6 +157,11 @@ class TrainState:
                 "with weights_only=True; keep them to dicts, lists, tuples, numbers, strings "
                 f"and tensors (or register them with torch.serialization.add_safe_globals): {e}"
             ) from e
+        if not isinstance(payload, dict):
+            raise CheckpointError("per-rank state is not a dict (corrupt or foreign checkpoint)")
+        return payload
+
+    def _apply_rank_payload(self, payload: dict[str, Any], *, src_rank: int) -> None:
         same_world = payload["world_size"] == _world()
         if self.scheduler is not None and payload["scheduler"] is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
@@ -164,6 +177,39 @@ class TrainState:
                 _rng.rederive(payload["rng"], step=int(payload["step"] or 0), rank=_rank(),
                               world_size=_world())
         self.step = payload["step"]
+
+
+SMALL_BYTES = 64 * 1024
+
+
+def _split_small(tree: dict[Any, Any], path: tuple[Any, ...] = ()
+                 ) -> tuple[dict[Any, Any], dict[tuple[Any, ...], Any]]:
+    """Split replicated small leaves (non-tensors such as ``param_groups``, and plain tensors
+    up to ``SMALL_BYTES`` such as Adam's ``step`` scalars or norm buffers) out of ``tree``.
+
+    They are saved in every rank's blob instead of once by DCP's de-duplication, so each
+    node-local tier-1 root is self-sufficient for a same-layout restore. DTensor shards and
+    large tensors stay with DCP. The same predicate applied to the load-time targets selects
+    the same keys, so the split needs no bookkeeping. Returns ``(rest, small)``; ``tree``
+    is not modified (its dicts may be the optimizer's live state)."""
+    rest: dict[Any, Any] = {}
+    small: dict[tuple[Any, ...], Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            rest[k], sub = _split_small(v, (*path, k))
+            small.update(sub)
+        elif not isinstance(v, torch.Tensor) or (
+                not isinstance(v, DTensor) and v.numel() * v.element_size() <= SMALL_BYTES):
+            small[(*path, k)] = v
+        else:
+            rest[k] = v
+    return rest, small
+
+
+def _set_path(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
 
 
 def _rank() -> int:

@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--dump-restored", default=None, help="rank 0 saves full state after restore")
     ap.add_argument("--dump-saved", default=None, help="rank 0 saves full state at last save")
     ap.add_argument("--verify", default="sizes")
+    ap.add_argument("--tier2", default=None)
+    ap.add_argument("--upload-every", type=int, default=1)
     args = ap.parse_args()
 
     info = init_distributed(timeout=timedelta(seconds=60))
@@ -115,8 +117,11 @@ def main() -> None:
     state = tierckpt.TrainState(model=model, optimizer=opt, scheduler=sched, dataloader=loader,
                                 extra={"samples": 0})
     attempt = info.restart_count
-    with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=3, verify=args.verify,
-                                    collective_timeout_s=30) as ckpt:
+    # "{node}" in --tier1 becomes this node's rank: one tier-1 root per (simulated) node
+    tier1 = args.tier1.format(node=os.environ.get("GROUP_RANK", "0"))
+    with tierckpt.CheckpointManager(tier1=tier1, keep_last=3, verify=args.verify,
+                                    collective_timeout_s=30, tier2=args.tier2,
+                                    upload_every=args.upload_every) as ckpt:
         restored = ckpt.restore(state)
         if restored and rank == 0 and args.dump_restored:
             torch.save({"step": restored.step, **full_state(model, opt)}, args.dump_restored)

@@ -1,0 +1,131 @@
+"""Two simulated nodes on one machine, each with its own tier-1 root, and a file:// tier 2.
+
+``torchrun --nnodes 2 --node-rank i`` (static rendezvous on loopback) runs one rank per
+node. Each node's uploader uploads its own files; restores on the same nodes read only
+local data; a wiped (replaced) node gets exactly its missing files from tier 2; with every
+tier-1 root gone the job restores from tier 2 alone — and every resume continues with the
+same losses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._launch import WORKLOADS, read_jsonl
+from tierckpt import layout
+from tierckpt import manifest as mf
+from tierckpt.uploader import main as uploader_main
+
+TRAIN = WORKLOADS / "fsdp_train.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(tier1_pattern: str, losses: Path, tier2: str, steps: int) -> None:
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={i}",
+         "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+         str(TRAIN), "--tier1", tier1_pattern, "--losses", str(losses), "--steps", str(steps),
+         "--tier2", tier2, "--upload-every", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for i in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-6000:]
+
+
+def _restore_events(root: Path) -> list[dict]:
+    return [e for e in read_jsonl(root / layout.EVENTS) if e["event"] == "restore_done"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    base = tmp_path_factory.mktemp("multinode")
+    tier2 = f"file://{base / 'tier2'}"
+    _two_nodes(str(base / "node{node}"), base / "losses.jsonl", tier2, steps=12)
+    for node in (0, 1):  # finish what the background uploaders had not yet copied
+        assert uploader_main([str(base / f"node{node}"), tier2]) == 0
+    return base, tier2
+
+
+def _copy_nodes(trained: tuple[Path, str], dest: Path) -> None:
+    for node in (0, 1):
+        shutil.copytree(trained[0] / f"node{node}", dest / f"node{node}")
+
+
+def test_each_node_holds_only_its_files_and_tier2_has_all(trained: tuple[Path, str]) -> None:
+    base, _ = trained
+    m0 = mf.Manifest.from_bytes((base / "node0/step-00000011/manifest.json").read_bytes())
+    assert m0.domains == ((0,), (1,))
+    assert sorted(p.name for p in (base / "node0/step-00000011").glob("*.distcp")) == \
+        ["__0_0.distcp"]
+    assert sorted(p.name for p in (base / "node1/step-00000011").glob("*.distcp")) == \
+        ["__1_0.distcp"]
+    remote = base / "tier2" / "step-00000011"
+    assert (remote / layout.COMPLETE).exists()
+    assert {f.name for f in m0.files} <= {p.name for p in remote.iterdir()}
+
+
+def _resume(tmp: Path, tier2: str, name: str) -> list[dict]:
+    losses = tmp / f"{name}.jsonl"
+    _two_nodes(str(tmp / "node{node}"), losses, tier2, steps=14)
+    return [r for r in read_jsonl(losses)]
+
+
+def test_same_nodes_read_only_local_data(trained: tuple[Path, str], tmp_path: Path) -> None:
+    _copy_nodes(trained, tmp_path)
+    rows = _resume(tmp_path, trained[1], "same")
+    assert [r["step"] for r in rows] == [12, 13]
+    for node in (0, 1):
+        (ev,) = _restore_events(tmp_path / f"node{node}")[-1:]
+        assert ev["step"] == 11 and ev["source"] == "tier1"
+        assert ev["bytes_by_source"]["tier2"] == 0 and ev["bytes_by_source"]["tier1"] > 0
+
+
+def test_replaced_node_fetches_exactly_its_files(trained: tuple[Path, str],
+                                                 tmp_path: Path) -> None:
+    _copy_nodes(trained, tmp_path)
+    shutil.rmtree(tmp_path / "node1")
+    same = _resume(tmp_path, trained[1], "replaced")
+    m = mf.Manifest.from_bytes((trained[0] / "node1/step-00000011/manifest.json").read_bytes())
+    node1_bytes = sum(f.size for f in m.files_for_ranks([1]))
+    ev0 = _restore_events(tmp_path / "node0")[-1]
+    ev1 = _restore_events(tmp_path / "node1")[-1]
+    assert ev0["bytes_by_source"]["tier2"] == 0
+    assert ev1["bytes_by_source"]["tier2"] == node1_bytes and ev1["source"] == "tier1+tier2"
+    reference = _resume_reference(trained, tmp_path)
+    assert [r["loss"] for r in same] == [r["loss"] for r in reference]
+
+
+def test_restore_from_tier2_only(trained: tuple[Path, str], tmp_path: Path) -> None:
+    rows = _resume(tmp_path, trained[1], "tier2only")
+    for node in (0, 1):
+        ev = _restore_events(tmp_path / f"node{node}")[-1]
+        assert ev["step"] == 11 and ev["source"] == "tier2"
+        assert ev["bytes_by_source"]["tier2"] > 0 and ev["seconds"] > 0
+    reference = _resume_reference(trained, tmp_path)
+    assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
+
+
+_REF: dict[str, list[dict]] = {}
+
+
+def _resume_reference(trained: tuple[Path, str], tmp_path: Path) -> list[dict]:
+    """Losses of steps 12–13 resumed from intact tier 1 (computed once per module)."""
+    if "rows" not in _REF:
+        ref_dir = tmp_path / "ref"
+        _copy_nodes(trained, ref_dir)
+        _REF["rows"] = _resume(ref_dir, trained[1], "ref")
+    return _REF["rows"]
