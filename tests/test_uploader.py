@@ -302,6 +302,11 @@ def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
         assert proc.poll() is None
     assert proc.poll() == 0  # SIGTERM → clean exit
     assert remote_complete_steps(LocalStorage(t2)) == [3]
+    # finish(): everything due when it is asked is uploaded before the child exits.
+    proc = UploaderProcess(config).start()
+    make_checkpoint(tmp_path / "t1", 4, SMALL)
+    assert proc.finish(timeout_s=120) == 0
+    assert remote_complete_steps(LocalStorage(t2)) == [3, 4]
 
 
 

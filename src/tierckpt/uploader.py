@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import platform
+import select
 import signal
 import subprocess
 import sys
@@ -287,13 +288,18 @@ class Uploader:
                 break
         return results
 
-    def watch(self, stop: threading.Event) -> None:
+    def watch(self, stop: threading.Event, finish: threading.Event | None = None) -> bool:
         """Upload due steps until ``stop`` is set (checked between files), polling tier 1
-        every ``poll_s`` when idle and backing off after a failure."""
+        every ``poll_s`` when idle and backing off after a failure. Once ``finish`` is set,
+        return as soon as nothing is due (True) or an upload fails (False)."""
         while not stop.is_set():
             r = self.run_once(stop)
-            if r is None or r.status not in DONE:
+            idle_or_failed = r is None or r.status not in DONE
+            if idle_or_failed and finish is not None and finish.is_set():
+                return r is None
+            if idle_or_failed:
                 stop.wait(self.config.poll_s)
+        return False
 
     # -- one checkpoint -------------------------------------------------------------------
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
@@ -413,7 +419,8 @@ class UploaderProcess:
     """An uploader in a child process (``python -m tierckpt.uploader``) at low priority.
 
     ``start()`` launches it; ``stop()`` sends SIGTERM (the child finishes the file it is
-    sending, leaves resumable state, exits) and waits ``timeout_s``, then SIGKILLs.
+    sending, leaves resumable state, exits) and waits ``timeout_s``, then SIGKILLs;
+    ``finish()`` first lets it upload everything due (SIGUSR1), e.g. before a job ends.
     Idempotent; a context manager. The child's output goes to
     ``<tier1>/upload-state/uploader.log``.
     """
@@ -422,6 +429,7 @@ class UploaderProcess:
         self.config = config
         self.timeout_s = timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ready_r = -1
 
     @property
     def pid(self) -> int | None:
@@ -439,10 +447,28 @@ class UploaderProcess:
             return self
         log_dir = self.config.tier1 / layout.UPLOAD_STATE
         log_dir.mkdir(mode=_fs.DEFAULT_DIR_MODE, parents=True, exist_ok=True)
-        with open(log_dir / "uploader.log", "ab") as log:
-            self._proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT)
+        ready_r, ready_w = os.pipe()  # the child writes one byte once its handlers are set
+        try:
+            with open(log_dir / "uploader.log", "ab") as log:
+                self._proc = subprocess.Popen(
+                    [*self.argv(), "--ready-fd", str(ready_w)], stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(ready_w,))
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        self._ready_r = ready_r
         return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Wait until the child installed its signal handlers (or died), so a signal sent
+        next is handled rather than killing it half-started."""
+        if self._ready_r < 0:
+            return
+        select.select([self._ready_r], [], [], timeout_s)
+        os.close(self._ready_r)
+        self._ready_r = -1
 
     def poll(self) -> int | None:
         """The child's exit code, or None while it runs (or before start)."""
@@ -454,13 +480,31 @@ class UploaderProcess:
         if p is None:
             return None
         if p.poll() is None:
+            self._wait_ready(self.timeout_s)
             p.send_signal(signal.SIGTERM)
             try:
                 p.wait(self.timeout_s)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            self._ready_r = -1
         return p.returncode
+
+    def finish(self, timeout_s: float | None = None) -> int | None:
+        """Ask the child to upload everything due and exit (SIGUSR1); wait up to
+        ``timeout_s`` (default ``self.timeout_s``), then :meth:`stop` it. Returns its exit
+        code: 0 when nothing was left to upload, 1 when an upload failed."""
+        p = self._proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            self._wait_ready(self.timeout_s)
+            p.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(self.timeout_s if timeout_s is None else timeout_s)
+        return self.stop()
 
     close = stop
 
@@ -473,7 +517,8 @@ class UploaderProcess:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tierckpt.uploader TIER1 TIER2 [--watch]``: drain once (default) or
-    watch until SIGTERM/SIGINT. Exit 0 when every attempted upload finished, else 1."""
+    watch until SIGTERM/SIGINT (exit 0), or until SIGUSR1 and nothing left to upload (exit 0;
+    1 if an upload failed). Without --watch: exit 0 when every attempted upload finished."""
     ap = argparse.ArgumentParser(prog="python -m tierckpt.uploader")
     ap.add_argument("tier1", type=Path)
     ap.add_argument("tier2")
@@ -483,18 +528,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep-every", type=int, default=0)
     ap.add_argument("--poll", type=float, default=2.0)
     ap.add_argument("--s3-options", default="{}")
+    ap.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     config = UploaderConfig(tier1=a.tier1, tier2=a.tier2, upload_every=a.every,
                             keep_last=a.keep_last, keep_every=a.keep_every, poll_s=a.poll,
                             s3_options=json.loads(a.s3_options))
     lower_priority()
-    stop = threading.Event()
+    stop, finish = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: finish.set())
+    if a.ready_fd >= 0:
+        os.write(a.ready_fd, b"1")
+        os.close(a.ready_fd)
     with Uploader(config) as up:
         if a.watch:
-            up.watch(stop)
-            return 0
+            return 0 if up.watch(stop, finish) or not finish.is_set() else 1
         return 0 if all(r.status in DONE for r in up.drain()) else 1
 
 
