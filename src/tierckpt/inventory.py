@@ -1,0 +1,223 @@
+"""Every checkpoint on every tier, with its state: what ``tierckpt ls`` shows.
+
+Two layers, kept apart (STYLE habit 5):
+
+- :func:`classify` is pure: from what was observed (:class:`Observed`, one per tier and
+  checkpoint name), the recorded upload statuses and the pins, it derives each entry's
+  state, size and age. Its tests need no files.
+- :func:`observe_tier1` / :func:`observe_tier2` read a tier-1 root or a tier-2 store (two
+  small objects per committed checkpoint plus a listing; shard bytes are never read), and
+  :func:`inventory` composes them.
+
+States (``Entry.state``)::
+
+    partial     no COMPLETE marker: a save or upload in progress, or one that crashed
+    invalid     a COMPLETE marker that does not vouch for manifest.json (detail says why)
+    complete    tier 1: committed, not (yet) copied to tier 2
+    uploading   tier 1: the uploader started or failed (retried) copying it, or copied this
+                node's files and waits for other nodes
+    verified    tier 1: the uploader verified its tier-2 copy (which tier-2 retention may
+                since have deleted); tier 2: the marker is there, written only after every
+                object was verified
+    conflict    tier 1: tier 2 holds a different checkpoint for this step
+
+``Entry.pinned_by`` is orthogonal: the holders of ``pins/`` files (e.g. ``upload``), which
+tier-1 retention never deletes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tierckpt import layout
+from tierckpt import manifest as mf
+from tierckpt.errors import ConfigError, IntegrityError, StorageError
+from tierckpt.fetch import remote_manifest
+from tierckpt.storage import ObjectNotFoundError, Storage
+from tierckpt.uploader import upload_states
+
+STATES = ("partial", "invalid", "complete", "uploading", "verified", "conflict")
+_UPLOAD_STATE = {"uploading": "uploading", "failed": "uploading",
+                 "files_verified": "uploading", "verified": "verified",
+                 "conflict": "conflict"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observed:
+    """What was read about one checkpoint on one tier (no judgement yet).
+
+    ``committed``: a COMPLETE marker exists. ``marker_error``: why it does not vouch for the
+    manifest (None when it does, or when there is no marker). ``bytes``: bytes stored on
+    this tier under the checkpoint's name. ``created_unix``: the manifest's creation time,
+    else the directory's mtime, else None.
+    """
+
+    tier: int
+    step: int
+    name: str
+    committed: bool
+    bytes: int
+    created_unix: float | None = None
+    marker_error: str | None = None
+    save_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One row of ``tierckpt ls`` (``to_json`` is the ``--json`` schema of a row)."""
+
+    tier: int
+    step: int
+    name: str
+    state: str
+    bytes: int
+    age_s: float | None
+    pinned_by: tuple[str, ...] = ()
+    upload_status: str | None = None
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tier": self.tier, "step": self.step, "name": self.name, "state": self.state,
+                "bytes": self.bytes, "age_s": self.age_s, "pinned_by": list(self.pinned_by),
+                "upload_status": self.upload_status, "detail": self.detail}
+
+
+def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, Any]],
+             pins: Mapping[int, Iterable[str]], now: float) -> list[Entry]:
+    """Entries for ``observed``, newest step first and tier 1 before tier 2.
+
+    ``upload`` maps step → recorded upload state (``{"status": ..., "error": ...}``, as
+    :func:`tierckpt.uploader.upload_states` returns); ``pins`` maps step → pin holders
+    (tier 1 only); ``now`` is the reference time for ages (seconds since the epoch).
+    """
+    out = []
+    for o in observed:
+        rec = upload.get(o.step) if o.tier == 1 else None
+        status = str(rec.get("status")) if rec else None
+        detail = None
+        if not o.committed:
+            state = "partial"
+            detail = "no COMPLETE marker (in progress or crashed)"
+        elif o.marker_error is not None:
+            state, detail = "invalid", o.marker_error
+        elif o.tier == 2:
+            state = "verified"
+        elif rec is not None and str(rec.get("save_id")) not in (str(o.save_id), "None"):
+            state = "complete"  # the record is about an older checkpoint of the same step
+            status = None
+        else:
+            state = _UPLOAD_STATE.get(status or "", "complete")
+            if status in ("failed", "conflict") and rec is not None and rec.get("error"):
+                detail = str(rec["error"])
+            elif status == "files_verified":
+                detail = "this node's files verified; waiting for other nodes"
+        age = None if o.created_unix is None else max(0.0, now - o.created_unix)
+        out.append(Entry(tier=o.tier, step=o.step, name=o.name, state=state, bytes=o.bytes,
+                         age_s=age, upload_status=status, detail=detail,
+                         pinned_by=tuple(sorted(pins.get(o.step, ()))) if o.tier == 1 else ()))
+    return sorted(out, key=lambda e: (-e.step, e.tier, e.name))
+
+
+# -- reading the tiers ------------------------------------------------------------------------
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for e in os.scandir(path):
+        if e.is_file(follow_symlinks=False):
+            total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+def observe_tier1(root: Path) -> list[Observed]:
+    """Every final-named checkpoint directory and every in-progress (tmp) directory under
+    ``root``. Raises :class:`ConfigError` when ``root`` is not a directory."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"tier-1 root {str(root)!r} is not a directory")
+    out = []
+    for e in os.scandir(root):
+        if not e.is_dir(follow_symlinks=False):
+            continue
+        step = layout.parse_step_dirname(e.name)
+        tmp = layout.parse_tmp_dirname(e.name)
+        if step is None and tmp is None:
+            continue  # quarantine/, pins/, upload-state/, directories being deleted
+        mtime = e.stat(follow_symlinks=False).st_mtime
+        if step is None:
+            assert tmp is not None
+            out.append(Observed(tier=1, step=tmp[0], name=e.name, committed=False,
+                                bytes=_dir_bytes(e.path), created_unix=mtime))
+            continue
+        marker_path = os.path.join(e.path, layout.COMPLETE)
+        committed = os.path.lexists(marker_path)
+        created, err, save_id = mtime, None, None
+        if committed:
+            try:
+                with open(marker_path, "rb") as f:
+                    marker = f.read(1 << 20)
+                with open(os.path.join(e.path, layout.MANIFEST), "rb") as f:
+                    mbytes = f.read(64 << 20)
+                m = mf.verify_marker(marker, mbytes, mf.signing_key())
+                created, save_id = m.created_unix or mtime, m.save_id
+                if m.step != step:
+                    err = f"directory is named for step {step} but its manifest is step {m.step}"
+            except (IntegrityError, OSError) as x:
+                err = f"{type(x).__name__}: {x}"
+        out.append(Observed(tier=1, step=step, name=e.name, committed=committed,
+                            bytes=_dir_bytes(e.path), created_unix=created, marker_error=err,
+                            save_id=save_id))
+    return out
+
+
+def tier1_pins(root: Path) -> dict[int, list[str]]:
+    """Pin holders by step, from ``<root>/pins/step-XXXXXXXX.<holder>`` files."""
+    out: dict[int, list[str]] = {}
+    d = Path(root) / layout.PINS
+    if d.is_dir():
+        for name in os.listdir(d):
+            step = layout.parse_pin_filename(name)
+            if step is not None and "." in name:
+                out.setdefault(step, []).append(name.split(".", 1)[1])
+    return out
+
+
+def observe_tier2(storage: Storage) -> list[Observed]:
+    """Every checkpoint prefix in ``storage``: committed ones have their marker checked
+    against their manifest (two small reads each); sizes come from one listing."""
+    by_step: dict[int, dict[str, int]] = {}
+    for info in storage.list("step-"):
+        head, _, tail = info.key.partition("/")
+        step = layout.parse_step_dirname(head)
+        if step is not None and tail:
+            by_step.setdefault(step, {})[tail] = info.size
+    out = []
+    for step, objects in by_step.items():
+        committed = layout.COMPLETE in objects
+        created, err, save_id = None, None, None
+        if committed:
+            try:
+                m, _, _ = remote_manifest(storage, step)
+                created, save_id = m.created_unix or None, m.save_id
+            except ObjectNotFoundError:
+                err = "COMPLETE present but manifest.json missing"
+            except (IntegrityError, StorageError) as x:
+                err = f"{type(x).__name__}: {x}"
+        out.append(Observed(tier=2, step=step, name=layout.step_dirname(step),
+                            committed=committed, bytes=sum(objects.values()),
+                            created_unix=created, marker_error=err, save_id=save_id))
+    return out
+
+
+def inventory(tier1: Path, storage: Storage | None = None, *,
+              now: float | None = None) -> list[Entry]:
+    """Every checkpoint on tier 1 (and on tier 2 when ``storage`` is given) with its state;
+    see :func:`classify` for the order."""
+    observed = observe_tier1(tier1)
+    if storage is not None:
+        observed += observe_tier2(storage)
+    return classify(observed, upload=upload_states(tier1), pins=tier1_pins(tier1),
+                    now=time.time() if now is None else now)
