@@ -60,6 +60,8 @@ from tierckpt.storage import ObjectExistsError, ObjectInfo, Storage, open_storag
 
 HOLDER = "upload"
 DONE = frozenset({"verified", "files_verified", "conflict"})
+_OK = DONE | {"gone"}  # "gone": deleted from tier 1 before it could be pinned (not an error)
+MAX_BACKOFF_S = 300.0
 _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "arm64": 30}
 _IOPRIO_CLASS_IDLE = 3
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "arm64": 31}
@@ -284,7 +286,7 @@ class Uploader:
         results: list[UploadResult] = []
         while (r := self.run_once()) is not None:
             results.append(r)
-            if r.status not in DONE:
+            if r.status not in _OK:
                 break
         return results
 
@@ -292,13 +294,15 @@ class Uploader:
         """Upload due steps until ``stop`` is set (checked between files), polling tier 1
         every ``poll_s`` when idle and backing off after a failure. Once ``finish`` is set,
         return as soon as nothing is due (True) or an upload fails (False)."""
+        failures = 0
         while not stop.is_set():
             r = self.run_once(stop)
-            idle_or_failed = r is None or r.status not in DONE
-            if idle_or_failed and finish is not None and finish.is_set():
+            failed = r is not None and r.status not in _OK
+            if (r is None or failed) and finish is not None and finish.is_set():
                 return r is None
-            if idle_or_failed:
-                stop.wait(self.config.poll_s)
+            failures = failures + 1 if failed else 0
+            if r is None or failed:  # idle, or back off exponentially while failing
+                stop.wait(min(self.config.poll_s * 2 ** min(failures, 10), MAX_BACKOFF_S))
         return False
 
     # -- one checkpoint -------------------------------------------------------------------
@@ -544,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Uploader(config) as up:
         if a.watch:
             return 0 if up.watch(stop, finish) or not finish.is_set() else 1
-        return 0 if all(r.status in DONE for r in up.drain()) else 1
+        return 0 if all(r.status in _OK for r in up.drain()) else 1
 
 
 if __name__ == "__main__":
