@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS: tuple[str, ...] = ("size", "plan", "simulate")
+COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc")
 
 
 def load_commands() -> typer.Typer:

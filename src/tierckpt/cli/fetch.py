@@ -1,0 +1,64 @@
+"""``tierckpt fetch``: bring one checkpoint from tier 2 back to a tier-1 root, verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tierckpt import layout
+from tierckpt._topology import RootLock
+from tierckpt._units import format_bytes
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._tiers import failures, tier1_dir, tier2
+from tierckpt.errors import ConfigError, NoCheckpointError
+from tierckpt.fetch import fetch_into_tier1
+from tierckpt.uploader import remote_complete_steps
+
+
+@app.command()
+def fetch(
+    step: Annotated[int, typer.Argument(help="Step of the checkpoint to fetch.")],
+    tier1: Annotated[Path, typer.Argument(help="Tier-1 root to fetch into (created).")],
+    tier2_url: Annotated[str, typer.Option(
+        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")],
+    full: Annotated[bool, typer.Option(
+        "--full/--sizes",
+        help="Reuse a local file only if its CRC32C matches (--full) or its size (--sizes)."
+    )] = True,
+    parallel: Annotated[int, typer.Option(help="Objects downloaded at once.")] = 4,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md).")] = False,
+) -> None:
+    """Download STEP from tier 2 into TIER1 (each object checked against the manifest's
+    CRC32C, committed with COMPLETE last; intact local files are reused). Takes the root's
+    lock: refuses while a job writes to TIER1."""
+    root = tier1_dir(tier1)
+    with failures():
+        if step < 0:
+            raise ConfigError(f"STEP must be >= 0, got {step}")
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+        root.mkdir(parents=True, exist_ok=True)
+        with tier2(tier2_url) as storage:
+            assert storage is not None
+            remote = remote_complete_steps(storage)
+            if step not in remote:
+                raise NoCheckpointError(
+                    f"no complete step {step} on {storage.url} (complete there: "
+                    f"{', '.join(map(str, reversed(remote))) or 'none'})")
+            lock = RootLock(root)
+            try:
+                downloaded, reused = fetch_into_tier1(storage, root, step, names=None,
+                                                      full=full, parallel=parallel)
+            finally:
+                lock.release()
+    path = root / layout.step_dirname(step)
+    if as_json:
+        emit_json({"step": step, "path": str(path), "tier2": tier2_url,
+                   "bytes_downloaded": downloaded, "bytes_reused": reused})
+        return
+    console().print(f"[green]fetched[/] step {step} into {path}: "
+                    f"{format_bytes(downloaded)} downloaded, {format_bytes(reused)} reused")

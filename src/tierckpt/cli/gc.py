@@ -1,0 +1,63 @@
+"""``tierckpt gc``: apply retention to both tiers outside a job; a dry run unless --yes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tierckpt import cleanup
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._tiers import failures, tier1_dir, tier2
+
+
+@app.command()
+def gc(
+    tier1: Annotated[Path, typer.Argument(help="Tier-1 root.")],
+    tier2_url: Annotated[str | None, typer.Option(
+        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also collect it).")
+    ] = None,
+    keep_last: Annotated[int, typer.Option(help="Tier 1: newest complete checkpoints kept.")
+    ] = 3,
+    upload_every: Annotated[int, typer.Option(
+        help="The uploader's policy: every Nth step is kept on tier 1 until uploaded.")] = 1,
+    tier2_keep_last: Annotated[int, typer.Option(help="Tier 2: newest kept.")] = 3,
+    tier2_keep_every: Annotated[int, typer.Option(
+        help="Tier 2: multiples of this step kept forever (0: none).")] = 0,
+    yes: Annotated[bool, typer.Option("--yes", help="Delete (default: only show).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md).")] = False,
+) -> None:
+    """Delete what retention no longer keeps: never the newest complete checkpoint, a pinned
+    one, or one the uploader still has to copy. Takes the tier-1 lock: exit 1 while a job
+    holds it."""
+    root = tier1_dir(tier1)
+    with failures():
+        policy = cleanup.GcPolicy(keep_last=keep_last, upload_every=upload_every,
+                                  tier2_keep_last=tier2_keep_last,
+                                  tier2_keep_every=tier2_keep_every)
+        with tier2(tier2_url) as storage:
+            plan = cleanup.collect(root, policy, storage=storage, apply=yes)
+    if as_json:
+        emit_json({"tier1": str(root), "tier2": tier2_url, **plan.to_json()})
+        return
+    verb = "deleted" if plan.applied else "would delete"
+    t = Table(title=f"gc of {root}" + (f" and {tier2_url}" if tier2_url else "")
+              + ("" if plan.applied else " (dry run: --yes deletes)"))
+    t.add_column("tier", justify="right")
+    t.add_column("step", justify="right")
+    t.add_column("action")
+    for s in plan.tier1:
+        t.add_row("1", str(s), f"[red]{verb}[/]")
+    for name in plan.tier1_stale:
+        t.add_row("1", name, f"[red]{verb}[/] (leftover of a crashed save or delete)")
+    for s, why in sorted(plan.tier1_kept.items(), reverse=True):
+        t.add_row("1", str(s), f"[green]keep[/] ({why})")
+    for s in plan.tier2 or ():
+        t.add_row("2", str(s), f"[red]{verb}[/]")
+    for s in plan.tier2_kept:
+        t.add_row("2", str(s), "[green]keep[/]")
+    console().print(t)

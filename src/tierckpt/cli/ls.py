@@ -1,0 +1,52 @@
+"""``tierckpt ls``: every checkpoint on tier 1 (and tier 2) with its state, size and age."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tierckpt import inventory, layout
+from tierckpt._units import format_bytes
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._tiers import age, failures, tier1_dir, tier2
+
+_STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
+          "uploading": "magenta", "verified": "green", "conflict": "bold red"}
+
+
+@app.command()
+def ls(
+    tier1: Annotated[Path, typer.Argument(help="Tier-1 root (the job's tier1 directory).")],
+    tier2_url: Annotated[str | None, typer.Option(
+        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also list it).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md).")] = False,
+) -> None:
+    """Every checkpoint on every tier: complete / partial / uploading / verified / pinned."""
+    root = tier1_dir(tier1)
+    with failures(), tier2(tier2_url) as storage:
+        entries = inventory.inventory(root, storage)
+    if as_json:
+        emit_json({"tier1": str(root), "tier2": tier2_url,
+                   "checkpoints": [e.to_json() for e in entries]})
+        return
+    out = console()
+    if not entries:
+        out.print(f"no checkpoints in {root}" + (f" or {tier2_url}" if tier2_url else ""))
+        return
+    t = Table(title=f"Checkpoints in {root}" + (f" and {tier2_url}" if tier2_url else ""))
+    for col, just in (("step", "right"), ("tier", "right"), ("state", "left"),
+                      ("pinned", "left"), ("size", "right"), ("age", "right"),
+                      ("detail", "left")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for e in entries:
+        name = str(e.step) if e.name == layout.step_dirname(e.step) else e.name
+        style = _STYLE.get(e.state, "")
+        t.add_row(name, str(e.tier), f"[{style}]{e.state}[/]" if style else e.state,
+                  ", ".join(e.pinned_by), format_bytes(e.bytes), age(e.age_s),
+                  e.detail or "")
+    out.print(t)

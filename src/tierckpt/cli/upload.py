@@ -1,0 +1,135 @@
+"""``tierckpt upload``: copy committed tier-1 checkpoints to tier 2 in the foreground, with
+a progress bar per checkpoint; ``--watch`` keeps going until Ctrl-C / SIGTERM.
+
+The same :class:`tierckpt.uploader.Uploader` a job starts in the background: same order,
+verification, upload state and tier-2 retention, and the same per-root lock (a job's
+background uploader and this command cannot both serve one root).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from tierckpt._units import format_bytes
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
+from tierckpt.uploader import DONE, Uploader, UploaderConfig, UploadResult
+
+_OK = ("verified", "files_verified")
+"""Results that count as success (``conflict`` is done, but a failure for the user)."""
+
+
+@app.command()
+def upload(
+    tier1: Annotated[Path, typer.Argument(help="Tier-1 root to upload from.")],
+    tier2: Annotated[str, typer.Argument(help="s3://bucket/prefix or file:///path.")],
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Keep uploading new checkpoints until Ctrl-C or SIGTERM.")] = False,
+    every: Annotated[int, typer.Option(help="Upload every Nth step (1: every step).")] = 1,
+    keep_last: Annotated[int, typer.Option(help="Tier-2 retention: newest kept.")] = 3,
+    keep_every: Annotated[int, typer.Option(
+        help="Tier-2 retention: multiples of this step kept forever (0: none).")] = 0,
+    poll: Annotated[float, typer.Option(help="--watch: seconds between looks at tier 1.")
+    ] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md); no progress bar.")] = False,
+) -> None:
+    """Upload every due checkpoint (verified, marker last), then exit; 1 if one failed or
+    conflicted with a different checkpoint already on tier 2."""
+    results: list[UploadResult] = []
+    with failures():
+        config = UploaderConfig(tier1=tier1_dir(tier1), tier2=tier2, upload_every=every,
+                                keep_last=keep_last, keep_every=keep_every, poll_s=poll)
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                       TransferSpeedColumn(), TimeRemainingColumn(),
+                       console=Console(stderr=True), disable=as_json, transient=False)
+        current: list[TaskID] = []
+
+        def progress(done: int, total: int) -> None:
+            if current:
+                bar.update(current[-1], completed=done, total=total)
+
+        with bar, Uploader(config, progress=progress) as up, _stop_on_signals(watch) as stop:
+            def started(step: int) -> None:
+                current.append(bar.add_task(f"step {step}", total=None))
+
+            def finished(r: UploadResult) -> None:
+                results.append(r)
+                if not as_json:
+                    bar.console.print(_line(r))
+            upload_loop(up, stop, watch=watch, started=started, finished=finished)
+    ok = all(r.status in _OK for r in results)
+    if as_json:
+        emit_json({"tier1": str(config.tier1), "tier2": tier2,
+                   "results": [_result_json(r) for r in results]})
+    elif not results:
+        console().print("nothing to upload")
+    if not ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def upload_loop(up: Uploader, stop: threading.Event, *, watch: bool,
+                started: Callable[[int], None], finished: Callable[[UploadResult], None]) -> None:
+    """Upload due steps newest first (the uploader's policy). Without ``watch`` stop when
+    nothing is due or an upload does not finish (as :meth:`Uploader.drain`); with it, poll
+    every ``poll_s`` (also after a failure, as a back-off) until ``stop`` is set."""
+    while not stop.is_set():
+        step = up.next_step()
+        if step is None:
+            if not watch:
+                return
+            stop.wait(up.config.poll_s)
+            continue
+        started(step)
+        r = up.upload_step(step, stop=stop)
+        finished(r)
+        if r.status not in DONE:
+            if not watch:
+                return
+            stop.wait(up.config.poll_s)
+
+
+@contextmanager
+def _stop_on_signals(install: bool) -> Iterator[threading.Event]:
+    """An Event set by SIGINT/SIGTERM while ``install`` (old handlers restored after)."""
+    stop = threading.Event()
+    if not install:
+        yield stop
+        return
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _result_json(r: UploadResult) -> dict[str, Any]:
+    return {"step": r.step, "status": r.status, "bytes": r.bytes, "seconds": r.seconds,
+            "error": r.error}
+
+
+def _line(r: UploadResult) -> str:
+    if r.status in _OK:
+        return (f"[green]{r.status}[/]: step {r.step}, {format_bytes(r.bytes)} sent in "
+                f"{r.seconds:.2f} s")
+    return f"[red]{r.status}[/]: step {r.step}: {escape(r.error or '')}"
