@@ -27,7 +27,7 @@ from torch.futures import Future
 from tierckpt import _crc, _fs, events, layout
 from tierckpt import manifest as mf
 from tierckpt._topology import Comm
-from tierckpt.errors import CheckpointError, IntegrityError, StorageError
+from tierckpt.errors import CheckpointError, IntegrityError, SignatureError, StorageError
 from tierckpt.fetch import fetch_into_tier1, remote_manifest
 from tierckpt.state import RANK_STATE, TrainState
 from tierckpt.storage import Storage
@@ -95,7 +95,9 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
                       full: bool = False) -> mf.Manifest:
     """Verify one tier-1 checkpoint directory; return its manifest or raise
     :class:`IntegrityError` with the reason (:class:`MissingFilesError` when the only
-    problem is files this domain needs but does not hold; see :func:`required_ranks`)."""
+    problem is files this domain needs but does not hold; see :func:`required_ranks`).
+    ``full`` checks every file's CRC32C; DCP's pickled ``.metadata`` is small and is
+    CRC-checked always, so a same-size substitute is never unpickled."""
     st = os.lstat(ckpt_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise IntegrityError(f"{ckpt_dir.name} is not a directory (symlink or file)")
@@ -125,7 +127,7 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
             raise IntegrityError(f"{f.name} is not a regular file")
         if fst.st_size != f.size:
             raise IntegrityError(f"{f.name} has {fst.st_size} bytes, manifest says {f.size}")
-        if full:
+        if full or f.name == layout.METADATA:  # the pickle is CRC-checked in every mode
             crc, _ = _crc.of_file(p)
             if crc != f.crc32c:
                 raise IntegrityError(f"{f.name} CRC32C {_crc.to_hex(crc)} != manifest "
@@ -169,6 +171,7 @@ class Chooser:
         self.is_owner, self.full, self.log = is_owner, full, log
         self.storage = storage
         self.skipped: list[tuple[int, str]] = []
+        self.refused: str | None = None  # a signature failure: restore() raises, everywhere
         self.manifests: dict[int, mf.Manifest] = {}
         self.sources: dict[int, str] = {}
         self._checked: set[int] = set()
@@ -198,6 +201,12 @@ class Chooser:
                 return
             except MissingFilesError as e:
                 missing_reason = str(e)
+            except SignatureError as e:
+                # Tampering or the wrong key: refuse loudly, move nothing. With a wrong key
+                # every candidate fails, and quarantining them all would silently restart
+                # training from scratch.
+                self.refused = f"{d}: {e}"
+                return
             except (IntegrityError, OSError) as e:
                 moved = _fs.move_aside(d, self.root / layout.QUARANTINE, d.name)
                 (moved / "QUARANTINE_REASON").write_text(f"{e}\n")
@@ -207,6 +216,9 @@ class Chooser:
             try:
                 self.manifests[step] = remote_manifest(self.storage, step)[0]
                 self.sources[step] = "tier2"
+                return
+            except SignatureError as e:
+                self.refused = f"tier 2 step {step}: {e}"
                 return
             except (IntegrityError, StorageError) as e:
                 self._skip(step, f"tier 2: {e}")
@@ -220,17 +232,27 @@ class Chooser:
                 continue
             if step not in self._checked:
                 self._check(step)
+            if self.refused is not None:
+                return None
             if step in self.sources:
                 return step
         return None
 
     def choose(self) -> int | None:
         """Collective. The agreed step, or None when no domain has any checkpoint.
-        Raises CheckpointError when some domains can restore and others cannot."""
+        Raises CheckpointError when some domains can restore and others cannot, and
+        :class:`SignatureError` on every rank when a signing key is set and a candidate is
+        unsigned or badly signed (it is left where it is, not quarantined)."""
         bound: float = float("inf")
         while True:
             proposal = self._newest_valid(bound) if self.is_owner else "n/a"
-            props = [p for p in self.comm.all_gather(proposal) if p != "n/a"]
+            gathered = self.comm.all_gather((proposal, self.refused))
+            refused = [r for _, r in gathered if r is not None]
+            if refused:
+                raise SignatureError(
+                    f"refusing to restore {refused[0]}. Set {mf.SIGNING_KEY_ENV} to the key the "
+                    "checkpoints were saved with, or move an untrusted checkpoint out of the way")
+            props = [p for p, _ in gathered if p != "n/a"]
             if all(p is None for p in props):
                 return None
             if any(p is None for p in props):
