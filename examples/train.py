@@ -18,10 +18,12 @@ part of ``TrainState``; the dataset is generated from ``--data-seed`` alone.
 Output: rank 0 appends one JSON line per completed step to ``--losses``::
 
     {"step": 12, "loss": 3.71..., "loss_hex": "0x1.db...p+1", "lr": 0.0029...,
-     "attempt": 1, "world_size": 2, "t": 1795942600.1}
+     "attempt": 1, "world_size": 2, "epoch": 0, "position": 208, "t": 1795942600.1}
 
 ``loss`` is the mean over ranks; ``loss_hex`` is its exact bit pattern (``float.hex``) so
-drills compare runs bit for bit. Lifecycle events (process start, process group ready,
+drills compare runs bit for bit; ``epoch``/``position`` are the sampler's global position after
+the step (``tierckpt.ResumableSampler``), so drills check that no sample repeats or is skipped
+across a resume at another world size. Lifecycle events (process start, process group ready,
 checkpoint chosen, state loaded, first step, saves, hangs) go to ``--events`` (default
 ``<tier1>/events.jsonl``, next to the manager's own).
 
@@ -167,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-timeout", type=float, default=600.0,
                    help="seconds without a completed step before the watchdog exits")
     p.add_argument("--verify", default="sizes", choices=["sizes", "full"])
+    p.add_argument("--tier2", default=None, help="s3://bucket/prefix or file:///path")
+    p.add_argument("--upload-every", type=int, default=1, help="upload saved steps divisible by N")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
     args = p.parse_args(argv)
@@ -213,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     losses = open(args.losses, "a") if args.losses and info.rank == 0 else None  # noqa: SIM115
     try:
         with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=args.keep_last,
-                                        verify=args.verify,
+                                        verify=args.verify, tier2=args.tier2,
+                                        upload_every=args.upload_every,
                                         collective_timeout_s=args.timeout) as ckpt:
             restored = ckpt.restore(state)
             start = restored.step + 1 if restored else 0
@@ -236,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                         losses.write(json.dumps({
                             "step": step, "loss": value, "loss_hex": value.hex(), "lr": lr,
                             "attempt": info.restart_count, "world_size": info.world_size,
+                            "epoch": loader.sampler.epoch, "position": loader.sampler.position,
                             "t": time.time()}) + "\n")
                         losses.flush()
                     if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
