@@ -28,7 +28,8 @@ EXIT_FAILED = 1
 
 def fail(message: str) -> typer.Exit:
     """Print ``message`` as a red ``error:`` line on stderr; return the Exit to raise."""
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] [red]{escape(message)}[/]")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[bold red]error:[/] [red]{escape(message)}[/]")
     return typer.Exit(EXIT_FAILED)
 
 

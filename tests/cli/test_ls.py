@@ -1,0 +1,95 @@
+"""``tierckpt ls`` over real CheckpointManager checkpoints and a file:// tier 2."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import tierckpt.cli.ls  # noqa: F401  (registers the command)
+from tierckpt import layout
+from tierckpt.storage import LocalStorage
+
+from ._checkpoints import clone, manifest, template, upload  # noqa: F401  (fixture)
+from ._helpers import flags, invoke, invoke_json
+
+
+def _rows(doc: dict, tier: int) -> dict[str, dict]:
+    return {r["name"]: r for r in doc["checkpoints"] if r["tier"] == tier}
+
+
+def test_every_state_on_both_tiers(template: Path, tmp_path: Path) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    t2 = tmp_path / "t2"
+    [r] = upload(t1, t2.as_uri(), every=2)  # the policy uploads step 2 only
+    assert (r.step, r.status) == (2, "verified")
+    (t1 / layout.PINS).mkdir(exist_ok=True)
+    (t1 / layout.PINS / layout.pin_filename(1, "keep-me")).touch()
+    (t1 / layout.tmp_dirname(4, "abc")).mkdir()  # a save in progress
+    (t1 / layout.tmp_dirname(4, "abc") / "__0_0.distcp").write_bytes(b"x" * 10)
+    LocalStorage(t2).put_bytes("step-00000005/__0_0.distcp", b"y" * 7)  # upload in progress
+
+    t0 = time.time()
+    doc = invoke_json("ls", str(t1), "--tier2", t2.as_uri())
+    assert doc["tier1"] == str(t1) and doc["tier2"] == t2.as_uri()
+    one, two = _rows(doc, 1), _rows(doc, 2)
+    assert {n: r["state"] for n, r in one.items()} == {
+        "step-00000004.tmp-abc": "partial", "step-00000003": "complete",
+        "step-00000002": "verified", "step-00000001": "complete"}
+    assert {n: r["state"] for n, r in two.items()} == {
+        "step-00000005": "partial", "step-00000002": "verified"}
+    assert one["step-00000001"]["pinned_by"] == ["keep-me"]
+    assert one["step-00000002"]["upload_status"] == "verified"
+    assert one["step-00000004.tmp-abc"]["bytes"] == 10 and two["step-00000005"]["bytes"] == 7
+    # tier 2 holds the same files (shards, .metadata, manifest, COMPLETE) as tier 1
+    assert two["step-00000002"]["bytes"] == one["step-00000002"]["bytes"]
+    assert one["step-00000002"]["bytes"] > manifest(t1, 2).total_bytes
+    # ages come from the manifest: saved before this test looked
+    created = manifest(t1, 3).created_unix
+    assert 0 <= one["step-00000003"]["age_s"] <= time.time() - created + 1
+    assert one["step-00000003"]["age_s"] >= t0 - created - 1
+    assert two["step-00000005"]["age_s"] is None
+    # newest first, tier 1 before tier 2
+    assert [(r["step"], r["tier"]) for r in doc["checkpoints"]] == [
+        (5, 2), (4, 1), (3, 1), (2, 1), (2, 2), (1, 1)]
+
+
+def test_failed_upload_and_damaged_marker(template: Path, tmp_path: Path) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    shard = max((f for f in manifest(t1, 3).files), key=lambda f: f.size).name
+    with open(t1 / "step-00000003" / shard, "r+b") as f:
+        f.truncate(10)  # the uploader refuses a damaged checkpoint and records why
+    [r] = upload(t1, (tmp_path / "t2").as_uri())
+    assert r.status == "failed"
+    (t1 / "step-00000001" / layout.MANIFEST).write_bytes(b"{}")
+    one = _rows(invoke_json("ls", str(t1)), 1)
+    assert one["step-00000003"]["state"] == "uploading"
+    assert one["step-00000003"]["upload_status"] == "failed"
+    assert "has 10 bytes" in one["step-00000003"]["detail"]
+    assert one["step-00000001"]["state"] == "invalid"
+    assert "digest" in one["step-00000001"]["detail"]
+
+
+def test_human_table(template: Path, tmp_path: Path) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    upload(t1, (tmp_path / "t2").as_uri())
+    result = invoke("ls", str(t1), "--tier2", (tmp_path / "t2").as_uri())
+    assert result.exit_code == 0, result.output
+    for fragment in ("step", "state", "verified", "complete", "age"):
+        assert fragment in result.stdout
+
+
+def test_empty_and_missing_roots(tmp_path: Path) -> None:
+    result = invoke("ls", str(tmp_path))
+    assert result.exit_code == 0 and "no checkpoints" in result.stdout
+    assert invoke_json("ls", str(tmp_path))["checkpoints"] == []
+    result = invoke("ls", str(tmp_path / "nope"))
+    assert result.exit_code == 2
+    err = " ".join(result.stderr.split())  # rich wraps long lines
+    assert "nope" in err and "not a directory" in err
+    result = invoke("ls", str(tmp_path), "--tier2", "ftp://x/y")
+    assert result.exit_code == 2 and "ftp://x/y" in result.stderr
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("ls") == {"tier1", "--tier2", "--json"}  # positionals by name
