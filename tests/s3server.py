@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ class S3Server:
     pid: int
     data_dir: Path
     log_path: Path
+    ports: tuple[int, ...] = ()
     bucket: str = BUCKET
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
@@ -192,19 +193,23 @@ def start_server(base: Path) -> tuple[subprocess.Popen[bytes], S3Server]:
     ]
     log_path = base / "weed.log"
     with open(log_path, "wb") as log:
+        # TMPDIR: weed puts its gRPC unix sockets in the temp dir; keep them in ours.
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=base, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=base, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(base)})
     endpoint = f"http://127.0.0.1:{s3_port}"
     try:
         _wait_ready(proc, endpoint)
     except BaseException:
-        stop_server(proc)
+        stop_server(proc, p)
         raise
-    return proc, S3Server(endpoint=endpoint, pid=proc.pid, data_dir=data, log_path=log_path)
+    return proc, S3Server(endpoint=endpoint, pid=proc.pid, data_dir=data, log_path=log_path,
+                          ports=tuple(p))
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server by PID, wait for a clean stop, SIGKILL if it does not come."""
+def stop_server(proc: subprocess.Popen[bytes], ports: Sequence[int] = ()) -> None:
+    """SIGTERM the server by PID, wait for a clean stop, SIGKILL if it does not come; then
+    remove the gRPC unix sockets weed leaves in /tmp for ``ports`` (always under /tmp)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -212,6 +217,11 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(STOP_TIMEOUT_S)
+    for port in ports:
+        for kind in ("master", "volume", "filer", "s3", "admin"):
+            sock = Path(f"/tmp/seaweedfs-{kind}-grpc-{port}.sock")
+            if sock.is_socket():
+                sock.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
@@ -233,7 +243,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        stop_server(proc)
+        stop_server(proc, server.ports)
 
 
 @pytest.fixture
