@@ -12,11 +12,13 @@ docstring): ``reset`` → ``set_up_storage_writer`` → ``prepare_local_plan`` (
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import pickle
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ class _CrcFile(io.RawIOBase):
         self._fd = fd
         self.crc = 0
         self.size = 0
+        self.error: OSError | None = None  # the first write error (torch.save hides it)
 
     def writable(self) -> bool:
         return True
@@ -58,7 +61,11 @@ class _CrcFile(io.RawIOBase):
         self.crc = _crc.extend(self.crc, mv)
         n, total = 0, len(mv)
         while n < total:
-            n += os.write(self._fd, mv[n: n + _WRITE_BLOCK])
+            try:
+                n += os.write(self._fd, mv[n: n + _WRITE_BLOCK])
+            except OSError as e:
+                self.error = self.error or e
+                raise
         self.size += total
         return total
 
@@ -67,6 +74,35 @@ class _CrcFile(io.RawIOBase):
 
     def seekable(self) -> bool:
         return False
+
+
+_crc_lock = threading.Lock()
+_crc_users = 0
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """Turn off torch.save's own per-record zip CRC32 while shard files are written.
+
+    Every file already gets a CRC32C on the same pass (the one the manifest records and
+    restore verifies), so the zip CRC32 is redundant work — about a third of the write
+    time here. ``torch.load`` (and so DCP's reader) loads records without it. The switch is
+    process-global in torch, so it is reference-counted across writer threads and restored
+    when the last one finishes; a user ``torch.save`` in that window only loses the
+    redundant zip CRC32, never data.
+    """
+    global _crc_users
+    with _crc_lock:
+        if _crc_users == 0:
+            torch.serialization.set_crc32_options(False)
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                torch.serialization.set_crc32_options(True)
 
 
 def _tensor_item_bytes(item: WriteItem) -> int:
@@ -119,13 +155,14 @@ class ShardWriter(StorageWriter):
         buckets = _balance(plan.items, self.thread_count)
         jobs = [(f"{prefix.prefix}{i}.distcp", items) for i, items in enumerate(buckets) if items]
         results: list[WriteResult] = []
-        if len(jobs) <= 1:
-            for name, items in jobs:
-                results += self._write_file(name, items, planner)
-        else:
-            with ThreadPoolExecutor(len(jobs), thread_name_prefix="tierckpt-write") as pool:
-                for r in pool.map(lambda j: self._write_file(j[0], j[1], planner), jobs):
-                    results += r
+        with _without_zip_crc32():
+            if len(jobs) <= 1:
+                for name, items in jobs:
+                    results += self._write_file(name, items, planner)
+            else:
+                with ThreadPoolExecutor(len(jobs), thread_name_prefix="tierckpt-write") as pool:
+                    for r in pool.map(lambda j: self._write_file(j[0], j[1], planner), jobs):
+                        results += r
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -166,19 +203,26 @@ class ShardWriter(StorageWriter):
         out: list[WriteResult] = []
         try:
             f = _CrcFile(fd)
-            # bytes items first (as DCP does), then tensors largest first
-            for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
-                offset = f.size
-                data = planner.resolve_data(item)
-                if item.type == WriteItemType.BYTE_IO:
-                    assert isinstance(data, io.BytesIO)
-                    f.write(data.getbuffer())
-                else:
-                    assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
-                    torch.save(data, f)  # type: ignore[arg-type]
-                length = f.size - offset
-                out.append(WriteResult(index=item.index, size_in_bytes=length,
-                                       storage_data=_StorageInfo(name, offset, length)))
+            try:
+                # bytes items first (as DCP does), then tensors largest first
+                for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
+                    offset = f.size
+                    data = planner.resolve_data(item)
+                    if item.type == WriteItemType.BYTE_IO:
+                        assert isinstance(data, io.BytesIO)
+                        f.write(data.getbuffer())
+                    else:
+                        assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
+                        torch.save(data, f)  # type: ignore[arg-type]
+                    length = f.size - offset
+                    out.append(WriteResult(index=item.index, size_in_bytes=length,
+                                           storage_data=_StorageInfo(name, offset, length)))
+            except Exception as e:
+                # torch.save swallows the OSError raised by our write (e.g. ENOSPC, EDQUOT)
+                # and fails later with an opaque zip error; report the real cause.
+                if f.error is not None and f.error is not e:
+                    raise f.error from e
+                raise
             if self.fsync:
                 os.fsync(fd)
         finally:
