@@ -15,7 +15,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc")
+COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc",
+                              "drill")
 
 
 def load_commands() -> typer.Typer:
