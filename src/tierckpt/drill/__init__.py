@@ -1,0 +1,20 @@
+"""Resume drills as code: kill, continuity, reshard, tier-2-only restore, and the report.
+
+``run_drills(DrillConfig(command=("python", "examples/train.py", ...)))`` runs the training
+command under torchrun several times (see :mod:`tierckpt.drill.drills` for the order and
+:mod:`tierckpt.drill.launch` for what the command must accept) and writes
+``drill-report.json``, ``drill-report.md`` and ``drill-timeline.png`` (schema in
+docs/drills.md). The verdicts are deterministic on CPU: bit-identical losses after a kill.
+
+Modules: ``verdicts`` (pure: where to kill, continuity, samples, R's parts), ``launch``
+(torchrun agents), ``inject`` (the SIGKILL from outside), ``runs`` (one job and its
+records; checkpoint chores), ``drills`` (the order), ``report`` (JSON, Markdown, PNG).
+"""
+
+from __future__ import annotations
+
+from tierckpt.drill.drills import DRILLS, DrillConfig, Progress, run_drills
+from tierckpt.drill.report import SCHEMA, VERDICTS, render_markdown, write_report
+
+__all__ = ["DRILLS", "SCHEMA", "VERDICTS", "DrillConfig", "Progress", "render_markdown",
+           "run_drills", "write_report"]
