@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
 import tierckpt
-from tierckpt import layout
+from tierckpt import _crc, _fs, layout
 from tierckpt import manifest as mf
 from tierckpt.uploader import Uploader, UploaderConfig, UploadResult
 
@@ -28,6 +28,7 @@ def save_steps(root: Path, steps: list[int], *, seed: int = 0) -> None:
     st = train_state(seed)
     with tierckpt.CheckpointManager(tier1=root, keep_last=1000) as ck:
         for s in steps:
+            assert st.extra is not None
             st.extra["tokens"] = s
             ck.save(s, st).wait(60)
 
@@ -69,9 +70,26 @@ def upload(root: Path, tier2: str, *, every: int = 1, steps: list[int] | None = 
         return [up.upload_step(s) for s in steps]
 
 
-@pytest.fixture(scope="session")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tier-1 root with committed steps 1, 2, 3 (copy it with :func:`clone`)."""
-    root = tmp_path_factory.mktemp("tier1-template") / "t1"
-    save_steps(root, [1, 2, 3])
-    return root
+
+def node_local_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]],
+                          *, domains: tuple[tuple[int, ...], ...], world_size: int,
+                          only_ranks: set[int]) -> mf.Manifest:
+    """A committed checkpoint of random files ``{name: (size, rank)}`` of which this root
+    holds only ``only_ranks``' files plus the shared ones (one node of several)."""
+    rng = random.Random(step)
+    d = root / layout.step_dirname(step)
+    d.mkdir(parents=True)
+    entries = []
+    for name, (size, rank) in sizes.items():
+        data = rng.randbytes(size)
+        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
+                                    rank=rank))
+        if rank is None or rank in only_ranks:
+            _fs.write_durably(d / name, data)
+    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
+                    files=tuple(entries), domains=domains)
+    mb = m.to_bytes()
+    _fs.write_durably(d / layout.MANIFEST, mb)
+    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
+                      exclusive=True)
+    return m

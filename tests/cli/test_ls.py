@@ -9,7 +9,7 @@ import tierckpt.cli.ls  # noqa: F401  (registers the command)
 from tierckpt import layout
 from tierckpt.storage import LocalStorage
 
-from ._checkpoints import clone, manifest, template, upload  # noqa: F401  (fixture)
+from ._checkpoints import clone, manifest, upload
 from ._helpers import flags, invoke, invoke_json
 
 
