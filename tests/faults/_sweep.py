@@ -57,16 +57,28 @@ class Zygote:
         return json.loads(line)
 
     def trial(self, root: Path, step: int, keep_last: int, strace_args: list[str],
-              timeout: float = 120.0) -> int:
+              timeout: float = 120.0, *, after_open: bool = False, **extra: object) -> int:
         """Run one save of ``step`` into ``root`` with strace attached (``strace_args``
-        are the filter/inject options). Returns the child's ``waitpid`` status."""
+        are the filter/inject options): from the start of the child, or with
+        ``after_open`` once its manager is open. ``extra`` goes into the child's command
+        (``steps``, ``on_save_error``, ``wait_each``, ``result``). Returns the child's
+        ``waitpid`` status."""
         fifo = root.parent / f"{root.name}.go"
         os.mkfifo(fifo)
+        ready = Path(f"{fifo}.ready")
         assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps({"root": str(root), "fifo": str(fifo), "step": step,
-                                           "keep_last": keep_last}) + "\n").encode())
+        cmd = {"root": str(root), "fifo": str(fifo), "step": step, "keep_last": keep_last,
+               **extra}
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
         self.proc.stdin.flush()
         pid = self._readline(timeout)["pid"]
+        if after_open:
+            deadline = time.monotonic() + timeout
+            while not ready.exists():
+                if b"\n" in self._buf or self._sel.select(0.02):
+                    break  # the child ended before its manager was open
+                if time.monotonic() > deadline:
+                    raise TimeoutError("child never opened its manager")
         tracer = subprocess.Popen([STRACE, "-f", "-qq", *strace_args, "-p", str(pid)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -80,6 +92,7 @@ class Zygote:
                 tracer.kill()
                 tracer.wait()
             fifo.unlink()
+            ready.unlink(missing_ok=True)
         return int(status)
 
     def _go(self, fifo: Path, timeout: float) -> None:

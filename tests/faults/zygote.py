@@ -1,11 +1,11 @@
 """A fork server for the syscall sweep: imports torch and tierckpt once, then forks one
 child per trial so each trial costs a fork, not an interpreter start.
 
-Protocol (one JSON object per line): the test writes ``{"root", "fifo", "step",
-"keep_last"}`` to stdin; the zygote forks and prints ``{"pid"}``; the child builds the
-small model, opens a ``CheckpointManager`` on ``root`` (start-up cleanup and the lock happen
-here, before the test attaches strace), then blocks reading ``fifo``. When the test writes
-to the fifo the child saves ``step`` (weights = step), waits for the commit and closes.
+Protocol (one JSON object per line): the test writes a command (see :func:`_child`) to
+stdin; the zygote forks and prints ``{"pid"}``; the child builds the small model, opens a
+``CheckpointManager`` on ``root``, touches ``<fifo>.ready``, then blocks reading ``fifo``.
+The test attaches strace (right away, so start-up is traced too, or after ``.ready``), then
+writes to the fifo; the child saves (weights = step) and closes.
 The zygote prints ``{"pid", "status"}`` (``os.waitpid`` status) when the child is gone.
 """
 
@@ -16,25 +16,47 @@ import os
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 import torch
 
 torch.set_num_threads(1)
 
 import tierckpt  # noqa: E402
-from tests.faults._oracle import make_state  # noqa: E402
+from tests.faults._oracle import make_state, set_weights  # noqa: E402
+from tierckpt.errors import SaveError  # noqa: E402
 
 
 def _child(cmd: dict) -> int:
-    st = make_state(cmd["step"])
-    ck = tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"])
+    """Open a manager on ``root`` (then touch ``<fifo>.ready``), wait for the fifo, save
+    each of ``steps``; ``wait_each`` waits for every commit (an error ends the child with
+    code 3), otherwise only the last save is waited for, so with ``on_save_error=continue``
+    a failed save is logged by the next ``save()`` and training goes on. Errors are written
+    to ``result`` (JSON) when given."""
+    steps = cmd.get("steps", [cmd.get("step")])
+    st = make_state(steps[0])
+    ck = tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
+                                    on_save_error=cmd.get("on_save_error", "raise"))
+    Path(cmd["fifo"] + ".ready").touch()
     with open(cmd["fifo"], "rb") as f:  # blocks until the test has attached strace
         f.read()
+    errors: list[str] = []
     try:
-        ck.save(cmd["step"], st).wait()
+        for i, step in enumerate(steps):
+            set_weights(st.model, step)
+            ck.save(step, st)
+            if cmd.get("wait_each", True) or i == len(steps) - 1:
+                ck.wait()
+    except SaveError as e:
+        errors.append(str(e))
     finally:
-        ck.close()
-    return 0
+        try:
+            ck.close()
+        except SaveError as e:
+            errors.append(str(e))
+        if cmd.get("result"):
+            Path(cmd["result"]).write_text(json.dumps({"errors": errors}))
+    return 3 if errors else 0
 
 
 def _warm_up() -> None:
