@@ -212,3 +212,29 @@ def test_files_are_not_world_writable(tmp_path: Path) -> None:
     for p in (tmp_path / "step-00000000").iterdir():
         assert os.stat(p).st_mode & 0o777 == 0o600, p
     assert os.stat(tmp_path / "step-00000000").st_mode & 0o777 == 0o700
+
+
+def test_tier2_uploader_process_and_restore_from_tier2(tmp_path: Path) -> None:
+    tier1, tier2 = tmp_path / "t1", f"file://{tmp_path / 't2'}"
+    st, _ = _state()
+    with tierckpt.CheckpointManager(tier1=tier1, tier2=tier2, upload_drain_s=60) as ck:
+        _train(st, 2)
+        ck.save(1, st).wait()
+        ref = _train(st, 3)
+    assert (tmp_path / "t2" / "step-00000001" / layout.COMPLETE).exists()  # drained on close
+    uploaded = [e for e in events.read_events(tier1 / layout.EVENTS)
+                if e["event"] == "upload_verified"]
+    assert [e["step"] for e in uploaded] == [1]
+    import shutil
+    shutil.rmtree(tier1)
+    st2, _ = _state(seed=7)
+    with tierckpt.CheckpointManager(tier1=tier1, tier2=tier2, start_uploader=False) as ck:
+        info = ck.restore(st2)
+    assert info is not None and info.step == 1 and info.source == "tier2"
+    assert info.bytes_by_source["tier2"] > 0
+    assert _train(st2, 3) == ref
+
+
+def test_bad_tier2_url_names_the_argument(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tier2"):
+        tierckpt.CheckpointManager(tier1=tmp_path, tier2="ftp://x")

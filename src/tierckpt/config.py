@@ -51,6 +51,8 @@ class ManagerConfig:
     (with ``start_uploader``) one low-priority uploader process per tier-1 root copies every
     ``upload_every``-th committed step there. ``tier2_keep_last``/``tier2_keep_every``:
     tier-2 retention (newest K2, plus every M-th step forever; 0 = none).
+    ``upload_drain_s``: on ``close()``, give the uploader up to this long to copy what is
+    still due (0: stop it at once; it resumes from its recorded state next time).
     """
 
     tier1: Path
@@ -68,6 +70,7 @@ class ManagerConfig:
     tier2_keep_last: int = 3
     tier2_keep_every: int = 0
     start_uploader: bool = True
+    upload_drain_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -94,6 +97,8 @@ class ManagerConfig:
                 self.tier2.startswith(s) for s in ("s3://", "file://", "memory://"))):
             raise ConfigError(f"tier2 must be an s3://bucket/prefix or file:///path URL, got "
                               f"{self.tier2!r}")
+        if not isinstance(self.upload_drain_s, int | float) or self.upload_drain_s < 0:
+            raise ConfigError(f"upload_drain_s must be >= 0 seconds, got {self.upload_drain_s!r}")
         for name in ("collective_timeout_s", "wait_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or v <= 0:

@@ -266,7 +266,10 @@ class CheckpointManager:
     def _release(self) -> None:
         if getattr(self, "_uploader", None) is not None:
             assert self._uploader is not None
-            self._uploader.stop()
+            if self.config.upload_drain_s > 0:
+                self._uploader.finish(self.config.upload_drain_s)
+            else:
+                self._uploader.stop()
             self._uploader = None
         if self._lock is not None:
             self._lock.release()

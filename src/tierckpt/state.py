@@ -103,9 +103,10 @@ class TrainState:
         out: dict[str, Any] = {"model": model_sd}
         if self.optimizer is not None:
             out["optim"] = optim_sd
-        out, small = _split_small(out)
-        if self._load_source is not None:
+        rest, small = _split_small(out)
+        if self._load_source is not None:  # small leaves come from the blob, not from DCP
             src, nbytes, _ = self._load_source
+            out = rest
             out[RANK_STATE] = {str(src): torch.empty(nbytes, dtype=torch.uint8)}
         else:
             out[RANK_STATE] = {str(_rank()): self._rank_blob(small)}
@@ -185,10 +186,12 @@ SMALL_BYTES = 64 * 1024
 def _split_small(tree: dict[Any, Any], path: tuple[Any, ...] = ()
                  ) -> tuple[dict[Any, Any], dict[tuple[Any, ...], Any]]:
     """Split replicated small leaves (non-tensors such as ``param_groups``, and plain tensors
-    up to ``SMALL_BYTES`` such as Adam's ``step`` scalars or norm buffers) out of ``tree``.
+    up to ``SMALL_BYTES`` such as Adam's ``step`` scalars, biases or norm buffers) from
+    ``tree``.
 
-    They are saved in every rank's blob instead of once by DCP's de-duplication, so each
-    node-local tier-1 root is self-sufficient for a same-layout restore. DTensor shards and
+    They are saved twice: once by DCP (de-duplicated, so plain ``dcp.load`` sees every key)
+    and in every rank's blob, from which tierckpt restores them, so each node-local tier-1
+    root is self-sufficient for a same-layout restore. DTensor shards and
     large tensors stay with DCP. The same predicate applied to the load-time targets selects
     the same keys, so the split needs no bookkeeping. Returns ``(rest, small)``; ``tree``
     is not modified (its dicts may be the optimizer's live state)."""
