@@ -119,7 +119,8 @@ def test_on_save_error_continue_keeps_training(tmp_path: Path) -> None:
         (tmp_path / layout.tmp_dirname(1, f"{ck.run_id}-1")).write_text("in the way")
         ck.save(1, st)
         ck.save(2, st).wait()  # no raise: logged and went on
-    committed = sorted(p.name for p in tmp_path.iterdir() if layout.parse_step_dirname(p.name) is not None)
+    committed = sorted(p.name for p in tmp_path.iterdir()
+                       if layout.parse_step_dirname(p.name) is not None)
     assert committed == ["step-00000000", "step-00000002"]
     failed = [e for e in events.read_events(tmp_path / layout.EVENTS)
               if e["event"] == "save_failed"]
