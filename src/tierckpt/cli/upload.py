@@ -61,7 +61,8 @@ def upload(
                                 keep_last=keep_last, keep_every=keep_every, poll_s=poll)
         bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                        TransferSpeedColumn(), TimeRemainingColumn(),
-                       console=Console(stderr=True), disable=as_json, transient=False)
+                       console=Console(stderr=True), disable=as_json, transient=False,
+                       redirect_stdout=False, redirect_stderr=False)  # bar: stderr only
         current: list[TaskID] = []
 
         def progress(done: int, total: int) -> None:
@@ -75,7 +76,7 @@ def upload(
             def finished(r: UploadResult) -> None:
                 results.append(r)
                 if not as_json:
-                    bar.console.print(_line(r))
+                    console().print(_line(r))
             upload_loop(up, stop, watch=watch, started=started, finished=finished)
     ok = all(r.status in _OK for r in results)
     if as_json:
