@@ -41,7 +41,6 @@ def fetch(
             raise ConfigError(f"STEP must be >= 0, got {step}")
         if parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {parallel}")
-        root.mkdir(parents=True, exist_ok=True)
         with tier2(tier2_url) as storage:
             assert storage is not None
             remote = remote_complete_steps(storage)
@@ -49,6 +48,7 @@ def fetch(
                 raise NoCheckpointError(
                     f"no complete step {step} on {storage.url} (complete there: "
                     f"{', '.join(map(str, reversed(remote))) or 'none'})")
+            root.mkdir(parents=True, exist_ok=True)
             lock = RootLock(root)
             try:
                 downloaded, reused = fetch_into_tier1(storage, root, step, names=None,
