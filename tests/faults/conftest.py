@@ -12,9 +12,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     tr = terminalreporter
     tr.section("tierckpt fault injection")
-    tr.write_line(f"{'fault family':<34}{'tried':>7}{'fired':>7}{'lost':>6}")
+    tr.write_line(f"{'fault family':<46}{'tried':>7}{'fired':>7}{'lost':>6}")
     for fam in sorted(TALLY.tried):
-        tr.write_line(f"{fam:<34}{TALLY.tried[fam]:>7}{TALLY.fired[fam]:>7}"
+        tr.write_line(f"{fam:<46}{TALLY.tried[fam]:>7}{TALLY.fired[fam]:>7}"
                       f"{TALLY.lost[fam]:>6}")
-    tr.write_line(f"{'total':<34}{sum(TALLY.tried.values()):>7}"
+    tr.write_line(f"{'total':<46}{sum(TALLY.tried.values()):>7}"
                   f"{sum(TALLY.fired.values()):>7}{sum(TALLY.lost.values()):>6}")
