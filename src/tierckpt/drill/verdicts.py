@@ -203,23 +203,28 @@ def sample_continuity(before: Sequence[Row], after: Sequence[Row],
 
 _MILESTONES = (
     ("respawn_s", "process_started_at"),
-    ("interpreter_s", ev.PROCESS_START),
+    ("startup_s", ev.PROCESS_START),
     ("pg_init_s", ev.PG_READY),
-    ("choose_s", ev.CHECKPOINT_CHOSEN),
+    ("setup_and_choose_s", ev.CHECKPOINT_CHOSEN),
     ("load_s", ev.STATE_LOADED),
     ("first_step_s", ev.FIRST_STEP),
 )
+"""R's parts: (name, the event that ends it). ``respawn_s``: kill → the new processes exist
+(the launcher's detection, teardown and respawn); ``startup_s``: interpreter and imports up
+to ``init_distributed``; ``pg_init_s``: process group; ``setup_and_choose_s``: model,
+manager, discovery and verification up to the chosen checkpoint; ``load_s``: reading it into
+the state; ``first_step_s``: the first training step after it."""
 
 
 def restart_parts(events: Iterable[Event], failure_t: float) -> dict[str, Any] | None:
     """R and its parts for the first restart after a failure at ``failure_t``.
 
     Milestones of the new generation (events after ``failure_t``), each taken at the slowest
-    rank: the new processes exist (``process_start.process_started_at``), the interpreter
-    reached ``process_start``, ``pg_ready``, ``checkpoint_chosen``, ``state_loaded``,
-    ``first_step``. Parts are the gaps between consecutive milestones (``respawn_s`` is the
-    kill → new processes gap: detection by the launcher, teardown, respawn); ``R_s`` is
-    failure → last ``first_step``. None when the generation never reached a first step.
+    rank: the new processes exist (``process_start.process_started_at``), ``process_start``,
+    ``pg_ready``, ``checkpoint_chosen``, ``state_loaded``, ``first_step``. Parts (see
+    ``_MILESTONES``) are the gaps between consecutive milestones; a missing milestone's part
+    is None and the next part absorbs its time. ``R_s`` is failure → last ``first_step``.
+    None when the generation never reached a first step.
     """
     after = [e for e in events if _t(e) is not None and _t(e) >= failure_t]  # type: ignore[operator]
     times: dict[str, float] = {}
