@@ -1,0 +1,103 @@
+"""``tierckpt gc``: dry run by default, retention on both tiers, never the newest, a pinned
+or a not-yet-uploaded checkpoint, and never while a job holds the tier-1 root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tierckpt
+import tierckpt.cli.gc  # noqa: F401  (registers the command)
+from tierckpt import layout
+from tierckpt.resume import complete_steps
+from tierckpt.storage import LocalStorage
+from tierckpt.uploader import remote_complete_steps
+
+from ._checkpoints import clone, save_steps, upload
+from ._helpers import flags, invoke, invoke_json
+
+
+def _five(template: Path, tmp_path: Path) -> Path:
+    t1 = clone(template, tmp_path / "t1")
+    save_steps(t1, [4, 5])
+    return t1
+
+
+def test_dry_run_then_yes(template: Path, tmp_path: Path) -> None:
+    t1 = _five(template, tmp_path)
+    (t1 / layout.PINS).mkdir(exist_ok=True)
+    (t1 / layout.PINS / layout.pin_filename(1, "user")).touch()
+    (t1 / layout.tmp_dirname(6, "crashed")).mkdir()
+    doc = invoke_json("gc", str(t1), "--keep-last", "2")
+    assert doc["applied"] is False
+    assert doc["tier1"]["delete"] == [2, 3]
+    assert doc["tier1"]["stale"] == ["step-00000006.tmp-crashed"]
+    assert doc["tier1"]["keep"] == {"5": "newest", "4": "keep-last 2", "1": "pinned"}
+    assert doc["tier2"] is None
+    assert complete_steps(t1) == [5, 4, 3, 2, 1]  # a dry run deletes nothing
+    result = invoke("gc", str(t1), "--keep-last", "2")
+    assert result.exit_code == 0 and "would delete" in result.stdout and "dry run" in result.stdout
+
+    result = invoke("gc", str(t1), "--keep-last", "2", "--yes")
+    assert result.exit_code == 0, result.output
+    assert "deleted" in result.stdout
+    assert complete_steps(t1) == [5, 4, 1]
+    assert not (t1 / layout.tmp_dirname(6, "crashed")).exists()
+    assert invoke_json("gc", str(t1), "--keep-last", "2")["tier1"]["delete"] == []
+
+
+def test_keep_last_1_never_deletes_the_newest(template: Path, tmp_path: Path) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    assert invoke_json("gc", str(t1), "--keep-last", "1", "--yes")["tier1"]["delete"] == [1, 2]
+    assert complete_steps(t1) == [3]
+
+
+def test_keeps_what_the_uploader_has_yet_to_copy(template: Path, tmp_path: Path) -> None:
+    t1, t2 = _five(template, tmp_path), tmp_path / "t2"
+    assert [r.step for r in upload(t1, t2.as_uri(), steps=[3])] == [3]
+    # 3 is on tier 2; 4 and 5 are due and newer than it: the uploader still has to copy them
+    doc = invoke_json("gc", str(t1), "--keep-last", "1", "--yes")
+    assert doc["tier1"]["delete"] == [1, 2, 3]
+    assert doc["tier1"]["keep"] == {"5": "newest", "4": "not yet on tier 2"}
+    assert complete_steps(t1) == [5, 4]
+    # the hold follows the upload policy: with --upload-every 5 step 4 is never due
+    doc = invoke_json("gc", str(t1), "--keep-last", "1", "--upload-every", "5")
+    assert doc["tier1"]["delete"] == [4]
+
+
+def test_tier2_retention(template: Path, tmp_path: Path) -> None:
+    t1, t2 = _five(template, tmp_path), tmp_path / "t2"
+    upload(t1, t2.as_uri(), steps=[1, 2, 3, 4, 5])
+    args = ("gc", str(t1), "--tier2", t2.as_uri(), "--keep-last", "5",
+            "--tier2-keep-last", "2", "--tier2-keep-every", "2")
+    doc = invoke_json(*args)
+    assert doc["tier2"] == {"delete": [1, 3], "keep": [5, 4, 2]}
+    assert remote_complete_steps(LocalStorage(t2)) == [1, 2, 3, 4, 5]
+    assert invoke_json(*args, "--yes")["applied"] is True
+    assert remote_complete_steps(LocalStorage(t2)) == [2, 4, 5]
+    assert LocalStorage(t2).list("step-00000001/") == []  # every object, not just the marker
+    assert complete_steps(t1) == [5, 4, 3, 2, 1]  # --keep-last 5 kept tier 1 whole
+
+
+def test_refuses_while_a_job_holds_the_root(template: Path, tmp_path: Path) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    with tierckpt.CheckpointManager(tier1=t1, keep_last=10):
+        result = invoke("gc", str(t1), "--keep-last", "1", "--yes")
+    assert result.exit_code == 1
+    assert "another job" in result.stderr
+    assert complete_steps(t1) == [3, 2, 1]
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    for args, needle in ((("--keep-last", "0"), "keep-last"),
+                         (("--upload-every", "0"), "upload-every"),
+                         (("--tier2-keep-every", "-1"), "tier2-keep-every")):
+        result = invoke("gc", str(tmp_path), *args)
+        assert result.exit_code == 2 and needle in result.stderr, result.stderr
+    result = invoke("gc", str(tmp_path / "missing"))
+    assert result.exit_code == 2 and "not a directory" in " ".join(result.stderr.split())
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("gc") == {"tier1", "--tier2", "--keep-last", "--upload-every",
+                           "--tier2-keep-last", "--tier2-keep-every", "--yes", "--json"}
