@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import tierckpt
-import tierckpt.cli.fetch  # noqa: F401  (registers the command)
+import tierckpt.cli.fetch  # registers the command
 from tierckpt import layout
 from tierckpt.resume import verify_checkpoint
 

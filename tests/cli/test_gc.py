@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import tierckpt
-import tierckpt.cli.gc  # noqa: F401  (registers the command)
+import tierckpt.cli.gc  # registers the command
 from tierckpt import layout
 from tierckpt.resume import complete_steps
 from tierckpt.storage import LocalStorage
