@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tierckpt.cli.drill
-import tierckpt.cli.plan  # noqa: F401  (registers its command)
+import tierckpt.cli.plan  # registers its command
 from tierckpt.cli._app import app
 from tierckpt.demo import demo_plan
 from tierckpt.drill import DrillConfig, render_markdown
@@ -50,7 +50,7 @@ def test_kill_is_seeded_after_a_save_not_on_one_and_before_the_end() -> None:
 
 @pytest.mark.parametrize("saves, steps", [([], 20), ([8, 9], 12)])
 def test_kill_without_a_usable_step_names_what_to_change(saves: list[int], steps: int) -> None:
-    with pytest.raises(ConfigError, match="save|--steps"):
+    with pytest.raises(ConfigError, match=r"save|--steps"):
         vd.choose_kill(0, steps=steps, save_steps=saves, world_size=2)
 
 
