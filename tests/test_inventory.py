@@ -1,0 +1,111 @@
+"""inventory: checkpoint states from values (classify), and reading hand-made tier-1 roots
+and a file:// tier 2 (observe_*)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tierckpt import _crc, _fs, layout
+from tierckpt import manifest as mf
+from tierckpt.inventory import Observed, classify, inventory, observe_tier1, tier1_pins
+from tierckpt.storage import LocalStorage
+
+NOW = 1_000_000.0
+
+
+def _obs(step: int, tier: int = 1, **kw: object) -> Observed:
+    base: dict = {"tier": tier, "step": step, "name": layout.step_dirname(step),
+                  "committed": True, "bytes": 100, "created_unix": NOW - 60, "save_id": "s"}
+    return Observed(**{**base, **kw})
+
+
+def _states(entries: list) -> dict[tuple[int, int], str]:
+    return {(e.tier, e.step): e.state for e in entries}
+
+
+def test_states_from_values() -> None:
+    observed = [_obs(1), _obs(2), _obs(3), _obs(4), _obs(5), _obs(6),
+                _obs(7, committed=False, created_unix=None),
+                _obs(8, marker_error="digest mismatch"),
+                _obs(2, tier=2), _obs(9, tier=2, committed=False, created_unix=None)]
+    upload = {2: {"status": "verified", "save_id": "s"},
+              3: {"status": "uploading", "save_id": "s"},
+              4: {"status": "failed", "error": "StorageError: 503"},
+              5: {"status": "files_verified", "save_id": "s"},
+              6: {"status": "conflict", "error": "different", "save_id": "s"},
+              1: {"status": "verified", "save_id": "older-save"}}  # a previous step-1
+    entries = classify(observed, upload=upload, pins={3: ["upload"], 2: ["b", "a"]}, now=NOW)
+    assert _states(entries) == {
+        (1, 1): "complete", (1, 2): "verified", (1, 3): "uploading", (1, 4): "uploading",
+        (1, 5): "uploading", (1, 6): "conflict", (1, 7): "partial", (1, 8): "invalid",
+        (2, 2): "verified", (2, 9): "partial"}
+    by = {(e.tier, e.step): e for e in entries}
+    assert by[1, 4].detail == "StorageError: 503" and by[1, 4].upload_status == "failed"
+    assert "other nodes" in (by[1, 5].detail or "")
+    assert by[1, 8].detail == "digest mismatch"
+    assert by[1, 1].upload_status is None  # the record was about another checkpoint
+    assert by[1, 2].pinned_by == ("a", "b") and by[1, 3].pinned_by == ("upload",)
+    assert by[2, 2].pinned_by == ()  # pins are a tier-1 thing
+    assert by[1, 1].age_s == 60.0 and by[2, 9].age_s is None
+    assert [(e.step, e.tier) for e in entries][:4] == [(9, 2), (8, 1), (7, 1), (6, 1)]
+    assert [(e.step, e.tier) for e in entries if e.step == 2] == [(2, 1), (2, 2)]
+
+
+def test_age_is_never_negative_and_json_row() -> None:
+    [e] = classify([_obs(1, created_unix=NOW + 5)], upload={}, pins={}, now=NOW)
+    assert e.age_s == 0.0
+    assert e.to_json() == {"tier": 1, "step": 1, "name": "step-00000001", "state": "complete",
+                           "bytes": 100, "age_s": 0.0, "pinned_by": [], "upload_status": None,
+                           "detail": None}
+
+
+def _commit(root: Path, step: int, *, payload: bytes = b"abc", manifest_step: int | None = None
+            ) -> None:
+    d = root / layout.step_dirname(step)
+    d.mkdir(parents=True)
+    _fs.write_durably(d / "__0_0.distcp", payload)
+    m = mf.Manifest(step=step if manifest_step is None else manifest_step, world_size=1,
+                    save_id=f"s{step}", created_unix=NOW,
+                    files=(mf.FileEntry(name="__0_0.distcp", size=len(payload),
+                                        crc32c=_crc.extend(0, payload), rank=0),))
+    mb = m.to_bytes()
+    _fs.write_durably(d / layout.MANIFEST, mb)
+    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, m.step, m.save_id))
+
+
+def test_observe_tier1_reads_markers_not_shards(tmp_path: Path) -> None:
+    _commit(tmp_path, 1)
+    _commit(tmp_path, 2, manifest_step=7)  # renamed by hand
+    _commit(tmp_path, 3)
+    (tmp_path / "step-00000003" / layout.COMPLETE).write_bytes(b"garbage")
+    (tmp_path / "step-00000004").mkdir()  # committed name, no marker yet
+    (tmp_path / layout.tmp_dirname(5, "x")).mkdir()
+    (tmp_path / layout.deleting_dirname(0, "y")).mkdir()  # being deleted: not listed
+    (tmp_path / layout.QUARANTINE).mkdir()
+    (tmp_path / layout.PINS).mkdir()
+    (tmp_path / layout.PINS / layout.pin_filename(1, "upload")).touch()
+    got = {o.name: o for o in observe_tier1(tmp_path)}
+    assert set(got) == {"step-00000001", "step-00000002", "step-00000003", "step-00000004",
+                        "step-00000005.tmp-x"}
+    assert got["step-00000001"].marker_error is None
+    assert got["step-00000001"].created_unix == NOW and got["step-00000001"].save_id == "s1"
+    assert "step 7" in (got["step-00000002"].marker_error or "")
+    assert "malformed" in (got["step-00000003"].marker_error or "")
+    assert not got["step-00000004"].committed and not got["step-00000005.tmp-x"].committed
+    assert tier1_pins(tmp_path) == {1: ["upload"]}
+    states = {e.name: e.state for e in inventory(tmp_path, now=NOW + 1)}
+    assert states == {"step-00000001": "complete", "step-00000002": "invalid",
+                      "step-00000003": "invalid", "step-00000004": "partial",
+                      "step-00000005.tmp-x": "partial"}
+
+
+def test_observe_tier2_partial_and_damaged_marker(tmp_path: Path) -> None:
+    t1 = tmp_path / "t1"
+    t1.mkdir()
+    st = LocalStorage(tmp_path / "t2")
+    st.put_bytes("step-00000001/__0_0.distcp", b"12345")
+    st.put_bytes("step-00000002/COMPLETE", b"{}")
+    entries = inventory(t1, st, now=NOW)
+    by = {e.step: e for e in entries}
+    assert (by[1].tier, by[1].state, by[1].bytes) == (2, "partial", 5)
+    assert by[2].state == "invalid" and "manifest.json missing" in (by[2].detail or "")
