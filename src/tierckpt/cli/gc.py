@@ -45,8 +45,10 @@ def gc(
         emit_json({"tier1": str(root), "tier2": tier2_url, **plan.to_json()})
         return
     verb = "deleted" if plan.applied else "would delete"
-    t = Table(title=f"gc of {root}" + (f" and {tier2_url}" if tier2_url else "")
-              + ("" if plan.applied else " (dry run: --yes deletes)"))
+    out = console()
+    out.print(f"gc of {root}" + (f" and {tier2_url}" if tier2_url else "")
+              + ("" if plan.applied else " [yellow](dry run: --yes deletes)[/]"))
+    t = Table()
     t.add_column("tier", justify="right")
     t.add_column("step", justify="right")
     t.add_column("action")
@@ -60,4 +62,4 @@ def gc(
         t.add_row("2", str(s), f"[red]{verb}[/]")
     for s in plan.tier2_kept:
         t.add_row("2", str(s), "[green]keep[/]")
-    console().print(t)
+    out.print(t)
