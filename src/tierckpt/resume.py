@@ -20,12 +20,11 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
-from torch.futures import Future
+from torch.distributed.checkpoint.planner import ReadItem
 
 from tierckpt import _crc, _fs, events, layout
 from tierckpt import manifest as mf
+from tierckpt._reader import DirectReader
 from tierckpt._topology import Comm
 from tierckpt.errors import CheckpointError, IntegrityError, SignatureError, StorageError
 from tierckpt.fetch import fetch_into_tier1, remote_manifest
@@ -291,23 +290,11 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-class _CountingReader(FileSystemReader):
-    """FileSystemReader that counts the bytes its plans read."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.bytes_read = 0
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        self.bytes_read += sum(self.storage_data[i.storage_index].length for i in plan.items)
-        return super().read_data(plan, planner)
-
-
 def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -> int:
     """Collective: load ``ckpt_dir`` (already verified) into ``state``; returns bytes read
     by this rank. Different world sizes reshard model/optimizer through DCP; per-rank state
     follows the semantics documented in :mod:`tierckpt.state`."""
-    reader = _CountingReader(ckpt_dir)
+    reader = DirectReader(ckpt_dir)
     md = reader.read_metadata()
     src = comm.rank if saved_world == comm.world_size else comm.rank % saved_world
     key = f"{RANK_STATE}.{src}"

@@ -1,0 +1,172 @@
+"""A DCP ``StorageReader`` that reads tensors straight into their destination.
+
+DCP's ``FileSystemReader`` ``torch.load``s every item into a fresh tensor and then copies
+it into the target: two passes over memory and a transient extra copy of each tensor. For
+files tierckpt wrote (each item a ``torch.save`` of a contiguous tensor that owns its
+storage), the raw bytes sit uncompressed in the item's zip record, so this reader locates
+them (zip central directory + local header, a few hundred bytes) and ``readinto``\\s the
+destination's own memory. Anything else — narrowed reads, non-contiguous or non-CPU
+destinations, dtype or size mismatches, byte items — takes DCP's path unchanged. Items are
+read in file order, so each file is read sequentially once.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+from tierckpt import layout
+
+_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
+
+
+class _Slice(io.RawIOBase):
+    """A read-only, seekable view of ``[offset, offset + length)`` of an open file."""
+
+    def __init__(self, f: BinaryIO, offset: int, length: int) -> None:
+        super().__init__()
+        self._f, self._off, self._len, self._pos = f, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._len}[whence]
+        self._pos = max(0, min(self._len, base + pos))
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        n = min(len(mv), self._len - self._pos)
+        if n <= 0:
+            return 0
+        got = os.preadv(self._f.fileno(), [mv[:n]], self._off + self._pos)
+        self._pos += got
+        return got
+
+
+def _raw_data_offset(f: BinaryIO, info: _StorageInfo) -> tuple[int, int] | None:
+    """``(absolute offset, size)`` of the single stored tensor record inside a
+    ``torch.save`` zip, or None when the item is not a plain one-storage record."""
+    view = _Slice(f, info.offset, info.length)
+    try:
+        with zipfile.ZipFile(io.BufferedReader(view, 1 << 16)) as z:
+            data = [i for i in z.infolist() if i.filename.split("/", 1)[-1].startswith("data/")]
+            if len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED:
+                return None
+            entry = data[0]
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return None
+    header = os.pread(f.fileno(), _LOCAL_HEADER.size, info.offset + entry.header_offset)
+    if len(header) != _LOCAL_HEADER.size:
+        return None
+    fields = _LOCAL_HEADER.unpack(header)
+    if fields[0] != 0x04034B50:
+        return None
+    name_len, extra_len = fields[9], fields[10]
+    start = entry.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    return info.offset + start, entry.file_size
+
+
+class DirectReader(FileSystemReader):
+    """FileSystemReader that loads tierckpt-written tensors in place and counts bytes read.
+
+    The fast path relies on how tierckpt writes (every tensor a contiguous staging buffer
+    that owns its storage), which a record's size alone cannot prove for foreign files (a
+    transposed tensor has the same storage size), so by default (``direct=None``) it is on
+    only for directories with a tierckpt ``manifest.json``. ``direct=False`` forces plain
+    DCP behaviour."""
+
+    def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None) -> None:
+        super().__init__(path)
+        if direct is None:
+            direct = (Path(path) / layout.MANIFEST).is_file()
+        self.direct = direct and sys.byteorder == "little"
+        self.bytes_read = 0
+        self.direct_items = 0
+        self._md_props: dict[str, torch.dtype] = {}
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._md_props = {fqn: md.properties.dtype
+                          for fqn, md in metadata.state_dict_metadata.items()
+                          if isinstance(md, TensorStorageMetadata)}
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path,
+                                []).append(item)
+        for rel, items in per_file.items():
+            items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
+            with open(Path(self.path) / rel, "rb") as f:
+                for item in items:
+                    info = self.storage_data[item.storage_index]
+                    self.bytes_read += info.length
+                    if not (self.direct and self._read_in_place(f, item, info, planner)):
+                        self._read_dcp(f, item, info, planner)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_in_place(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
+                       planner: LoadPlanner) -> bool:
+        if item.type != LoadItemType.TENSOR or info.transform_descriptors:
+            return False
+        if any(o != 0 for o in item.storage_offsets):
+            return False
+        target = planner.resolve_tensor(item).detach()
+        if (target.device.type != "cpu" or not target.is_contiguous()
+                or tuple(target.shape) != tuple(item.lengths)
+                or self._md_props.get(item.storage_index.fqn) != target.dtype):
+            return False
+        loc = _raw_data_offset(f, info)
+        nbytes = target.numel() * target.element_size()
+        if loc is None or loc[1] != nbytes:
+            return False
+        buf = target.reshape(-1).view(torch.uint8).numpy().data.cast("B")
+        done = 0
+        while done < nbytes:
+            n = os.preadv(f.fileno(), [buf[done:]], loc[0] + done)
+            if n <= 0:
+                raise OSError(f"short read of {info.relative_path} at {loc[0] + done}")
+            done += n
+        planner.commit_tensor(item, target)
+        self.direct_items += 1
+        return True
+
+    def _read_dcp(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
+                  planner: LoadPlanner) -> None:
+        """DCP's own per-item path (``torch.load`` then copy into the target)."""
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+
+        data = os.pread(f.fileno(), info.length, info.offset)
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(data))
+            return
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != tensor.size():
+            raise ValueError(f"{item.storage_index} size {tuple(tensor.size())} != target "
+                             f"{tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(item, target)
