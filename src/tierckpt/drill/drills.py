@@ -197,11 +197,13 @@ def _kill(cfg: DrillConfig, ref: RunResult, box: list[RunResult],
         return {"ok": False, "error": "no first_step after the restart", "kill":
                 run.kill.as_dict()}
     restarts = [e for e in run.of(ev.PROCESS_START) if e.get("restart_count", 0) > 0]
-    return {"ok": bool(restarts), "plan": dataclasses.asdict(plan), "kill": run.kill.as_dict(),
-            **parts, "restore": restore_summary(run),
+    resumed = parts["resumed_from_step"] is not None
+    return {"ok": bool(restarts) and resumed, "plan": dataclasses.asdict(plan),
+            "kill": run.kill.as_dict(), **parts, "restore": restore_summary(run),
             "lost_steps": run.kill.after_step - (parts["resumed_from_step"] or -1),
             "summary": f"rank {plan.rank} killed after step {run.kill.after_step}, resumed "
-                       f"from {parts['resumed_from_step']}, R = {parts['R_s']:.2f} s"}
+                       f"from {parts['resumed_from_step']}, R = {parts['R_s']:.2f} s",
+            **({} if resumed else {"error": "the restart found no checkpoint to resume"})}
 
 
 def _continuity(cfg: DrillConfig, ref: RunResult, box: list[RunResult]) -> dict[str, Any]:

@@ -73,10 +73,17 @@ def _victim_pid(event_logs: Sequence[Path], rank: int) -> tuple[int, Path] | Non
     return None
 
 
+def _committed(event_logs: Sequence[Path]) -> bool:
+    return any(e.get("event") == ev.SAVE_COMMITTED for log in event_logs
+               for e in read_jsonl(log))
+
+
 def kill_at_step(plan: KillPlan, *, losses: Path, event_logs: Sequence[Path],
                  alive: Callable[[], bool], timeout_s: float) -> KillRecord:
-    """Wait until ``plan.step`` is in ``losses``, SIGKILL rank ``plan.rank`` (first
-    incarnation), and record ``failure_detected`` in that rank's event log.
+    """Wait until ``plan.step`` is in ``losses`` and a save has committed (saves commit in
+    the background, possibly a few steps after the save step: without one there is nothing
+    to resume from), SIGKILL rank ``plan.rank`` (first incarnation), and record
+    ``failure_detected`` in that rank's event log.
 
     ``alive()`` says whether the job still runs. CheckpointError when the job ends, or the
     step or the victim's pid does not appear within ``timeout_s``.
@@ -86,7 +93,7 @@ def kill_at_step(plan: KillPlan, *, losses: Path, event_logs: Sequence[Path],
     while True:
         if victim is None:
             victim = _victim_pid(event_logs, plan.rank)
-        if victim is not None and last_step(losses) >= plan.step:
+        if victim is not None and last_step(losses) >= plan.step and _committed(event_logs):
             break
         if not alive():
             raise CheckpointError(f"kill drill: the job ended before step {plan.step} "
