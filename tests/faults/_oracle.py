@@ -75,19 +75,23 @@ def snapshot(root: Path) -> dict[int, dict[str, int]]:
 
 
 def check_root(root: Path, before: dict[int, dict[str, int]], *,
-               retained: int | None = None) -> list[str]:
+               retained: int | None = None, domain: tuple[int, ...] | None = None,
+               world_size: int | None = None) -> list[str]:
     """Problems in ``root`` after a fault, relative to the ``before`` snapshot.
 
     * every directory with COMPLETE verifies fully (no COMPLETE over a partial directory);
     * every checkpoint of ``before`` is still there with identical bytes, unless retention
       (``retained`` = keep_last) may have deleted it because enough newer complete ones
       exist now.
+
+    ``domain``/``world_size``: a node-local root holds only these ranks' files.
     """
     problems = []
     valid = []
     for step in committed(root):
         try:
-            verify_checkpoint(root / layout.step_dirname(step), step=step, full=True)
+            verify_checkpoint(root / layout.step_dirname(step), step=step, full=True,
+                              domain=domain, world_size=world_size)
             valid.append(step)
         except (IntegrityError, OSError) as e:
             problems.append(f"step {step} has COMPLETE but does not verify: {e}")
@@ -103,11 +107,13 @@ def check_root(root: Path, before: dict[int, dict[str, int]], *,
     return problems
 
 
-def newest_valid(root: Path) -> int | None:
+def newest_valid(root: Path, *, domain: tuple[int, ...] | None = None,
+                 world_size: int | None = None) -> int | None:
     """The newest step under ``root`` that verifies fully (the oracle's answer)."""
     for step in sorted(committed(root), reverse=True):
         try:
-            verify_checkpoint(root / layout.step_dirname(step), step=step, full=True)
+            verify_checkpoint(root / layout.step_dirname(step), step=step, full=True,
+                              domain=domain, world_size=world_size)
             return step
         except (IntegrityError, OSError):
             continue
