@@ -33,6 +33,7 @@ def test_dry_run_then_yes(template: Path, tmp_path: Path) -> None:
     assert doc["tier1"]["stale"] == ["step-00000006.tmp-crashed"]
     assert doc["tier1"]["keep"] == {"5": "newest", "4": "keep-last 2", "1": "pinned"}
     assert doc["tier2"] is None
+    assert doc["tier1_root"] == str(t1) and doc["tier2_url"] is None
     assert complete_steps(t1) == [5, 4, 3, 2, 1]  # a dry run deletes nothing
     result = invoke("gc", str(t1), "--keep-last", "2")
     assert result.exit_code == 0 and "would delete" in result.stdout and "dry run" in result.stdout

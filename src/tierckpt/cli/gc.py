@@ -42,7 +42,7 @@ def gc(
         with tier2(tier2_url) as storage:
             plan = cleanup.collect(root, policy, storage=storage, apply=yes)
     if as_json:
-        emit_json({"tier1": str(root), "tier2": tier2_url, **plan.to_json()})
+        emit_json({"tier1_root": str(root), "tier2_url": tier2_url, **plan.to_json()})
         return
     verb = "deleted" if plan.applied else "would delete"
     out = console()
