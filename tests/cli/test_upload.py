@@ -42,6 +42,9 @@ def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
     result = invoke("upload", str(t1), t2.as_uri(), "--every", "2", "--keep-last", "1")
     assert result.exit_code == 0, result.output
     assert "verified" in result.stdout and "step 6" in result.stdout
+    bar = " ".join(result.stderr.split())  # the progress bar, on stderr, ends full
+    total = manifest(t1, 6).total_bytes / 1000
+    assert "step 6" in bar and f"{total:.1f}/{total:.1f} kB" in bar
     assert remote_complete_steps(LocalStorage(t2)) == [6]  # keep-last 1 on tier 2
 
 
@@ -71,6 +74,9 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
                          (("--poll", "0"), "poll_s")):
         result = invoke("upload", str(tmp_path), (tmp_path / "t2").as_uri(), *args)
         assert result.exit_code == 2 and needle in result.stderr
+    result = invoke("upload", str(tmp_path / "nope"), (tmp_path / "t2").as_uri())
+    assert result.exit_code == 2 and "not a directory" in " ".join(result.stderr.split())
+    assert not (tmp_path / "nope").exists()
     result = invoke("upload", str(tmp_path), "s3://user:pw@host/b")
     assert result.exit_code == 2 and "AWS_ENDPOINT_URL" in " ".join(result.stderr.split())
 

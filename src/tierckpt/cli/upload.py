@@ -32,6 +32,7 @@ from tierckpt._units import format_bytes
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
+from tierckpt.errors import ConfigError
 from tierckpt.uploader import DONE, Uploader, UploaderConfig, UploadResult
 
 _OK = ("verified", "files_verified")
@@ -57,6 +58,8 @@ def upload(
     conflicted with a different checkpoint already on tier 2."""
     results: list[UploadResult] = []
     with failures():
+        if not tier1_dir(tier1).is_dir():
+            raise ConfigError(f"tier-1 root {str(tier1_dir(tier1))!r} is not a directory")
         config = UploaderConfig(tier1=tier1_dir(tier1), tier2=tier2, upload_every=every,
                                 keep_last=keep_last, keep_every=keep_every, poll_s=poll)
         bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
