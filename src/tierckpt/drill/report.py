@@ -163,8 +163,9 @@ def plot_timeline(doc: Mapping[str, Any], path: Path) -> None:
                            label=kind if y == 0 or kind == "kill" else None)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=False))
-    ax.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=len(uniq), fontsize=8,
-              bbox_to_anchor=(0.5, -0.25 if len(runs) < 4 else -0.12), frameon=False)
+    if uniq:
+        ax.legend(uniq.values(), uniq.keys(), loc="upper center", ncol=len(uniq), fontsize=8,
+                  bbox_to_anchor=(0.5, -0.25 if len(runs) < 4 else -0.12), frameon=False)
     ax.set_yticks(range(len(runs)), [r["name"] for r in runs])
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the drill started")
