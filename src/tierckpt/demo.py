@@ -50,7 +50,9 @@ def demo_plan(measured: Mapping[str, float | None], *, nodes: int = CLUSTER_NODE
 
 
 def _s(x: object) -> str:
-    return "—" if not isinstance(x, (int, float)) else format_duration(float(x))
+    if not isinstance(x, (int, float)):
+        return "—"
+    return f"{1000 * x:.0f} ms" if x < 1 else format_duration(float(x))
 
 
 def result_table(doc: Mapping[str, Any], p: planlib.IntervalPlan | None) -> Table:
@@ -100,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"tier 2 = {cfg.tier2}, output in {cfg.out}")
     with live_progress(con) as progress:
         doc = run_drills(cfg, progress)
+    con.print()
     con.print(result_table(doc, demo_plan(doc["measured"])))
     con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}\n"
               f"Plan it yourself: tierckpt plan --from-drill {doc['files']['json']} "

@@ -54,6 +54,7 @@ def drill(
     if as_json:
         emit_json(doc)
     else:
+        con.print()
         con.print(summary_table(doc))
         con.print(f"report: {escape(doc['files']['md'])}  timeline: "
                   f"{escape(doc['files']['png'])}")

@@ -143,20 +143,22 @@ def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
         progress(name, "passed" if res.get("ok") else "failed", res.get("summary", ""))
         return res
 
-    ref_box: list[RunResult] = []
-    step("reference", lambda: _reference(cfg, ref_box, runs))
-    ref = ref_box[0] if ref_box else None
+    step("reference", lambda: _reference(cfg, runs))
+    ref = _named(runs, "reference")
     if ref is None or not results["reference"]["ok"]:
         for name in DRILLS[1:]:
             results[name] = {"ok": False, "error": "the reference run failed"}
             progress(name, "skipped", "the reference run failed")
         return build_report(cfg, results, runs, t0)
-    kill_box: list[RunResult] = []
-    step("kill", lambda: _kill(cfg, ref, kill_box, runs))
-    step("continuity", lambda: _continuity(cfg, ref, kill_box))
+    step("kill", lambda: _kill(cfg, ref, runs))
+    step("continuity", lambda: _continuity(cfg, ref, _named(runs, "kill")))
     step("reshard", lambda: _reshard(cfg, ref, runs))
     step("tier2", lambda: _tier2(cfg, ref, runs))
     return build_report(cfg, results, runs, t0)
+
+
+def _named(runs: list[RunResult], name: str) -> RunResult | None:
+    return next((r for r in runs if r.name == name), None)
 
 
 def _failed(run: RunResult, what: str) -> dict[str, Any]:
@@ -164,10 +166,9 @@ def _failed(run: RunResult, what: str) -> dict[str, Any]:
     return {"ok": False, "error": f"{what}: {why}", "log_tail": run.log_tail[-2000:]}
 
 
-def _reference(cfg: DrillConfig, box: list[RunResult], runs: list[RunResult]) -> dict[str, Any]:
+def _reference(cfg: DrillConfig, runs: list[RunResult]) -> dict[str, Any]:
     run = run_job(cfg.spec("reference", tier2=cfg.tier2), timeout_s=cfg.job_timeout_s)
     runs.append(run)
-    box.append(run)
     if run.rc != 0:
         return _failed(run, "the reference run failed")
     m = measure.from_events(run.events)
@@ -182,14 +183,12 @@ def _reference(cfg: DrillConfig, box: list[RunResult], runs: list[RunResult]) ->
             **({} if ok else {"error": f"logged steps {steps[:5]}..., saves {saves}"})}
 
 
-def _kill(cfg: DrillConfig, ref: RunResult, box: list[RunResult],
-          runs: list[RunResult]) -> dict[str, Any]:
+def _kill(cfg: DrillConfig, ref: RunResult, runs: list[RunResult]) -> dict[str, Any]:
     plan = vd.choose_kill(cfg.seed, steps=cfg.steps,
                           save_steps=[int(e["step"]) for e in ref.of(ev.SAVE_COMMITTED)],
                           world_size=cfg.world_size)
     run = run_job(cfg.spec("kill", max_restarts=1), timeout_s=cfg.job_timeout_s, kill=plan)
     runs.append(run)
-    box.append(run)
     if run.rc != 0 or run.kill is None:
         return _failed(run, "the killed job did not finish after its restart")
     parts = vd.restart_parts(run.events, run.kill.t)
@@ -206,11 +205,10 @@ def _kill(cfg: DrillConfig, ref: RunResult, box: list[RunResult],
             **({} if resumed else {"error": "the restart found no checkpoint to resume"})}
 
 
-def _continuity(cfg: DrillConfig, ref: RunResult, box: list[RunResult]) -> dict[str, Any]:
-    kill = box[0].kill if box else None
-    if kill is None:
+def _continuity(cfg: DrillConfig, ref: RunResult, run: RunResult | None) -> dict[str, Any]:
+    kill = run.kill if run is not None else None
+    if run is None or kill is None:
         return {"ok": False, "error": "the kill drill produced no resumed run"}
-    run = box[0]
     rtol = cfg.rtol if cfg.rtol is not None else (vd.GPU_RTOL if _on_gpu(run) else 0.0)
     chosen = [e.get("step") for e in run.of(ev.CHECKPOINT_CHOSEN) if e["t"] >= kill.t]
     verdict = vd.continuity(ref.rows, run.rows, rtol=rtol,
@@ -271,7 +269,7 @@ def _ref_loss(ref: RunResult, step: int) -> float | None:
 def _tier2(cfg: DrillConfig, ref: RunResult, runs: list[RunResult]) -> dict[str, Any]:
     assert cfg.tier2 is not None
     roots = list(cfg.roots("reference"))
-    remote = drain_and_wipe(roots, cfg.tier2)
+    remote = drain_and_wipe(roots, cfg.tier2, timeout_s=cfg.job_timeout_s)
     spec = cfg.spec("tier2", roots=tuple(roots), tier2=cfg.tier2,
                     steps=cfg.steps + cfg.tier2_extra_steps)
     run = run_job(spec, timeout_s=cfg.job_timeout_s)

@@ -7,6 +7,8 @@ a fresh tier-1 root (reshard), drain the uploader and wipe tier-1 roots (tier 2 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,6 @@ from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
 from tierckpt.resume import complete_steps
 from tierckpt.storage import open_storage
-from tierckpt.uploader import main as uploader_main
 from tierckpt.uploader import remote_complete_steps
 
 __all__ = ["RunResult", "choose_mid_checkpoint", "drain_and_wipe", "restore_summary", "run_job",
@@ -99,14 +100,19 @@ def seed_root(sources: list[Path], step: int, dest: Path) -> None:
         shutil.copytree(src / name, dest / name, dirs_exist_ok=True)
 
 
-def drain_and_wipe(roots: list[Path], tier2: str) -> list[int]:
+def drain_and_wipe(roots: list[Path], tier2: str, *, timeout_s: float = 600.0) -> list[int]:
     """Upload what is due from every root (``python -m tierckpt.uploader`` once each), check
     tier 2 holds a complete checkpoint, then delete every tier-1 root. Returns the tier-2
     steps. CheckpointError when an upload fails or tier 2 ends up empty."""
     for root in roots:
-        if uploader_main([str(root), tier2]) != 0:
+        # its own process: the uploader lowers its CPU/I/O priority and installs signal
+        # handlers, neither of which the drill (or a test process) should inherit
+        proc = subprocess.run([sys.executable, "-m", "tierckpt.uploader", str(root), tier2],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout_s)
+        if proc.returncode != 0:
             raise CheckpointError(f"tier-2 drill: uploading {root} to {tier2} failed "
-                                  f"(see {root / 'upload-state'})")
+                                  f"(exit {proc.returncode}): {proc.stderr[-1500:]}")
     with open_storage(tier2) as storage:
         remote = remote_complete_steps(storage)
     if not remote:
