@@ -48,7 +48,8 @@ def drill(
     with config_errors():
         cfg = DrillConfig(command=tuple(command), nproc=nproc, nnodes=nnodes, steps=steps,
                           seed=seed, tier2=tier2, out=out, rtol=rtol)
-        con = console()
+        # with --json, stdout carries only the document: the live view goes to stderr
+        con = Console(stderr=True, highlight=False) if as_json else console()
         with live_progress(con) as progress:
             doc = run_drills(cfg, progress)
     if as_json:

@@ -141,6 +141,10 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_LEGEND = {"kill": "kill (= failure detected)", "start": "process start",
+           "restored": "restore done"}
+
+
 def plot_timeline(doc: Mapping[str, Any], path: Path) -> None:
     """``drill-timeline.png``: one row per run on a shared time axis, with its marks."""
     import matplotlib
@@ -153,6 +157,7 @@ def plot_timeline(doc: Mapping[str, Any], path: Path) -> None:
               "restored": ("o", "tab:green"), "first step": ("*", "black")}
     runs = doc["runs"]
     fig, ax = plt.subplots(figsize=(11, 1.0 + 0.7 * max(1, len(runs))))
+    labelled: set[str] = set()
     for y, run in enumerate(runs):
         ax.plot([run["start_s"], run["end_s"]], [y, y], color="lightgray", lw=6,
                 solid_capstyle="butt", zorder=1)
@@ -160,7 +165,8 @@ def plot_timeline(doc: Mapping[str, Any], path: Path) -> None:
             xs = [mk["t_s"] for mk in run["marks"] if mk["kind"] == kind]
             if xs:
                 ax.scatter(xs, [y] * len(xs), marker=marker, color=color, s=60, zorder=3,
-                           label=kind if y == 0 or kind == "kill" else None)
+                           label=None if kind in labelled else _LEGEND.get(kind, kind))
+                labelled.add(kind)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles, strict=False))
     if uniq:
