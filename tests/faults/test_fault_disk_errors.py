@@ -60,7 +60,16 @@ def _fill(mnt: Path, leave: int) -> Path:
     return filler
 
 
-def test_enospc_on_a_full_tmpfs(small_fs: Path, caplog: pytest.LogCaptureFixture) -> None:
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
     root = small_fs / "tier1"
     save_steps(root, [1])
     before = snapshot(root)
@@ -75,14 +84,18 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path, caplog: pytest.LogCaptureFixture
 
     # on_save_error="continue": the failed save is logged by the next save(); once space is
     # back (an operator freed it), the next save commits.
-    caplog.set_level(logging.ERROR, logger="tierckpt")
-    with tierckpt.CheckpointManager(tier1=root, on_save_error="continue") as ck:
-        ck.save(2, st)
-        leftovers = [n for n in os.listdir(root) if layout.parse_tmp_dirname(n)]
-        filler.unlink()
-        set_weights(st.model, 3)
-        ck.save(3, st).wait()  # does not raise the failure of step 2
-    assert any("No space left" in r.getMessage() for r in caplog.records)
+    records = _Records()
+    logging.getLogger("tierckpt").addHandler(records)
+    try:
+        with tierckpt.CheckpointManager(tier1=root, on_save_error="continue") as ck:
+            ck.save(2, st)
+            leftovers = [n for n in os.listdir(root) if layout.parse_tmp_dirname(n)]
+            filler.unlink()
+            set_weights(st.model, 3)
+            ck.save(3, st).wait()  # does not raise the failure of step 2
+    finally:
+        logging.getLogger("tierckpt").removeHandler(records)
+    assert any("No space left" in m for m in records.messages), records.messages
     failed = [e for e in events.read_events(root / layout.EVENTS) if e["event"] == "save_failed"]
     assert {e["step"] for e in failed} == {2}
     assert check_root(root, before) == []
