@@ -91,7 +91,7 @@ def _assert_every_cycle_resumed(proc: subprocess.CompletedProcess[str],
 
 @pytest.mark.parametrize("share_store", ["0", "1"], ids=["agent-store", "rank0-store"])
 def test_kill_restart_cycles_resume(tmp_path: Path, share_store: str) -> None:
-    kills = 2
+    kills = 1
     proc, stages, events = _restart_job(tmp_path, kills, timeout=120,
                                         TORCH_DISABLE_SHARE_RDZV_TCP_STORE=share_store)
     _assert_every_cycle_resumed(proc, stages, events, kills)
