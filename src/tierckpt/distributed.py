@@ -338,14 +338,12 @@ def _lead(store: dist.Store, world_size: int, deadline: float, timeout: timedelt
     granted: dict[int, bytes] = {}
     poll = _POLL_MIN_S
     while True:
-        for r, key in enumerate(nonce_keys, start=1):
-            if not store.check([key]):
-                continue
-            nonce = store.get(key)
-            if granted.get(r) != nonce:
+        nonces = _read_present(store, nonce_keys)
+        for i, nonce in nonces.items():
+            if granted.get(i + 1) != nonce:
                 grant = {"nonce": nonce.decode(), "incarnation": incarnation}
-                store.set(f"{_NAMESPACE}/join/grant/{r}", json.dumps(grant))
-                granted[r] = nonce
+                store.set(f"{_NAMESPACE}/join/grant/{i + 1}", json.dumps(grant))
+                granted[i + 1] = nonce
         acked = store.add(ack_key, 0)
         if acked >= world_size - 1:
             return incarnation
@@ -355,6 +353,15 @@ def _lead(store: dist.Store, world_size: int, deadline: float, timeout: timedelt
                 f"{timeout}; a rank did not start or cannot reach the store")
         time.sleep(poll)
         poll = min(poll * 2, _POLL_MAX_S)
+
+
+def _read_present(store: dist.Store, keys: list[str]) -> dict[int, bytes]:
+    """Values of those ``keys`` that exist, by index. Two round trips once all exist (the
+    usual case after the first incarnation, whose leftovers are still there); one per key
+    before that, since ``multi_get`` would block on a missing key."""
+    if store.check(keys):
+        return dict(enumerate(store.multi_get(keys)))
+    return {i: store.get(k) for i, k in enumerate(keys) if store.check([k])}
 
 
 def _follow(store: dist.Store, rank: int, deadline: float, timeout: timedelta) -> str:
