@@ -185,7 +185,7 @@ def test_demo_plan_uses_measured_c_w_r_for_64_nodes_at_32_days() -> None:
 def drilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     out = tmp_path_factory.mktemp("drill")
     result = RUNNER.invoke(app, ["drill", "--steps", "10", "--seed", "3", "--out", str(out),
-                                 "--", sys.executable, str(EXAMPLE), *SMALL],
+                                 "--json", "--", sys.executable, str(EXAMPLE), *SMALL],
                            catch_exceptions=False)
     return out, result
 
@@ -215,8 +215,9 @@ def test_drill_end_to_end_passes_every_verdict(drilled: tuple[Path, Any]) -> Non
 
 
 def test_drill_report_schema(drilled: tuple[Path, Any]) -> None:
-    out, _ = drilled
+    out, result = drilled
     doc = json.loads((out / "drill-report.json").read_text())
+    assert json.loads(result.stdout) == doc  # --json: stdout is the document alone
     assert doc["schema"] == SCHEMA
     assert {"schema", "tierckpt_version", "torch_version", "created_unix", "duration_s",
             "config", "measured", "restart", "bytes", "tier2_restore_s", "verdicts", "ok",
@@ -259,6 +260,7 @@ def test_a_failing_training_command_exits_non_zero(tmp_path: Path) -> None:
                               str(tmp_path / "out"), "--", sys.executable, str(script)],
                         catch_exceptions=False)
     assert res.exit_code == tierckpt.cli.drill.EXIT_FAILED
+    assert "FAIL" in res.stdout  # the summary table
     doc = json.loads((tmp_path / "out" / "drill-report.json").read_text())
     assert not doc["ok"] and "reference run failed" in doc["drills"]["reference"]["error"]
     assert not any(doc["verdicts"].values())
