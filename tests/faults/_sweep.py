@@ -189,3 +189,24 @@ def kill_points(calls: dict[str, list[str]], cap: int) -> Iterator[tuple[str, in
             ns |= set(first.values()) | set(last.values())
         for n in sorted(ns):
             yield name, n, targets[n - 1]
+
+
+_OP = re.compile(r"^(\d+)\s+([a-z0-9_]+)\((.*)$")
+
+
+def fs_ops(trace_log: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """The file-system operations of an ``strace -f -y`` log in order, each as
+    ``(syscall, paths)``: the fd's path for write/fsync, both paths for rename/link, the
+    opened path for openat (interrupted calls count at their start)."""
+    ops = []
+    for line in trace_log.read_text().splitlines():
+        m = _OP.match(line)
+        if not m:
+            continue
+        name, rest = m.group(2), m.group(3)
+        if name in ("write", "fsync", "fdatasync", "close"):
+            fd = re.match(r"\d+<([^>]*)>", rest)
+            ops.append((name, (fd.group(1),) if fd else ()))
+        else:
+            ops.append((name, tuple(re.findall(r'"([^"]*)"', rest))))
+    return ops

@@ -9,11 +9,9 @@ single-process save run by the fork server, attached once the manager is open.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,5 +182,3 @@ def test_failed_commit_leaves_no_complete_and_next_start_quarantines(
     (q,) = (root / layout.QUARANTINE).iterdir()
     assert q.name.startswith("step-00000003")
     TALLY.add("EIO on link(COMPLETE) then re-save")
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(tmp_path / "unused")

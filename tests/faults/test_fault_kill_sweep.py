@@ -70,6 +70,66 @@ def test_clean_traced_save_commits(zygote: _sweep.Zygote, template: Path,
     assert calls["rename"] and calls["link"] and calls["fsync"]
     assert any(layout.COMPLETE in t for t in calls["link"])  # the marker
     assert restore_step(root) == (3, 3.0)
+    ops = _sweep.fs_ops(log)
+    problems = durability_order(ops, root, 3)
+    assert problems == [], problems
+    # the audit itself catches a missing fsync (so a library regression would fail here)
+    no_root_sync = [op for op in ops if op != ("fsync", (str(root),))]
+    assert any("root not fsync'd" in p for p in durability_order(no_root_sync, root, 3))
+    no_shard_sync = [op for op in ops if not (op[0] == "fsync" and op[1]
+                                              and op[1][0].endswith(".distcp"))]
+    assert any(".distcp is not fsync'd" in p for p in durability_order(no_shard_sync, root, 3))
+    TALLY.add("fsync ordering audit (power loss)", fired=True)
+
+
+def durability_order(ops: list[tuple[str, tuple[str, ...]]], root: Path,
+                     step: int) -> list[str]:
+    """Audit a traced save for what a power cut (un-fsync'd data and names lost) would
+    break (ALICE-style, from the syscall order): every file of the checkpoint is fsync'd
+    after its last write and before COMPLETE is linked; the tmp directory is fsync'd after
+    its last entry was made and before it is renamed; the root is fsync'd between the
+    rename and the marker; the checkpoint directory is fsync'd after the marker."""
+    final = str(root / layout.step_dirname(step))
+    tmp_prefix = f"{final}.tmp-"
+    tmp = next((p[0] for n, p in ops if n == "mkdir" and p and p[0].startswith(tmp_prefix)),
+               None)
+    if tmp is None:
+        return ["no tmp directory was made"]
+
+    def norm(path: str) -> str:
+        return final + path[len(tmp):] if path.startswith(tmp) else path
+
+    def index(name: str, paths: tuple[str, ...]) -> int:
+        return next(i for i, op in enumerate(ops) if op == (name, paths))
+
+    marker = index("link", next(p for n, p in ops
+                                if n == "link" and p[1:] == (f"{final}/{layout.COMPLETE}",)))
+    publish = index("rename", (tmp, final))
+    problems = []
+    last_write: dict[str, int] = {}
+    fsyncs: dict[str, list[int]] = {}
+    last_entry = -1
+    for i, (name, paths) in enumerate(ops):
+        if not paths:
+            continue
+        p = norm(paths[0])
+        if name == "write" and p.startswith(final + "/"):
+            last_write[p] = i
+        elif name in ("fsync", "fdatasync"):
+            fsyncs.setdefault(p, []).append(i)
+        elif name in ("openat", "rename", "link", "unlink") and i < publish and \
+                norm(paths[-1]).startswith(final + "/"):
+            last_entry = i
+    for p, w in sorted(last_write.items()):
+        if not any(w < f < marker for f in fsyncs.get(p, [])):
+            problems.append(f"{p} is not fsync'd between its last write and COMPLETE")
+    if not any(last_entry < f < publish for f in fsyncs.get(final, [])):
+        problems.append("tmp directory not fsync'd after its last entry, before the rename")
+    if not any(publish < f < marker for f in fsyncs.get(str(root), [])):
+        problems.append("root not fsync'd between the publishing rename and COMPLETE")
+    if not any(f > marker for f in fsyncs.get(final, [])):
+        problems.append("checkpoint directory not fsync'd after COMPLETE was linked")
+    return problems
 
 
 def test_sigkill_at_every_syscall_of_a_save(zygote: _sweep.Zygote, template: Path,
