@@ -199,7 +199,7 @@ def _kill(cfg: DrillConfig, ref: RunResult, runs: list[RunResult]) -> dict[str, 
     resumed = parts["resumed_from_step"] is not None
     return {"ok": bool(restarts) and resumed, "plan": dataclasses.asdict(plan),
             "kill": run.kill.as_dict(), **parts, "restore": restore_summary(run),
-            "lost_steps": run.kill.after_step - (parts["resumed_from_step"] or -1),
+            "lost_steps": run.kill.after_step - parts["resumed_from_step"] if resumed else None,
             "summary": f"rank {plan.rank} killed after step {run.kill.after_step}, resumed "
                        f"from {parts['resumed_from_step']}, R = {parts['R_s']:.2f} s",
             **({} if resumed else {"error": "the restart found no checkpoint to resume"})}
