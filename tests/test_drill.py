@@ -190,6 +190,8 @@ def drilled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return out, result
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test pays for the module's drill (~2 min)
 def test_drill_end_to_end_passes_every_verdict(drilled: tuple[Path, Any]) -> None:
     out, result = drilled
     doc = json.loads((out / "drill-report.json").read_text())
@@ -214,6 +216,8 @@ def test_drill_end_to_end_passes_every_verdict(drilled: tuple[Path, Any]) -> Non
     assert t2["restore"]["step"] == max(t2["remote_steps"])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test pays for the module's drill (~2 min)
 def test_drill_report_schema(drilled: tuple[Path, Any]) -> None:
     out, result = drilled
     doc = json.loads((out / "drill-report.json").read_text())
@@ -239,6 +243,8 @@ def test_drill_report_schema(drilled: tuple[Path, Any]) -> None:
     assert md == render_markdown(doc) and "PASSED" in md
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # the first test pays for the module's drill (~2 min)
 def test_plan_from_drill_uses_the_measured_c_and_r(drilled: tuple[Path, Any]) -> None:
     out, _ = drilled
     doc = json.loads((out / "drill-report.json").read_text())
