@@ -17,11 +17,12 @@ import tierckpt.cli.drill
 import tierckpt.cli.plan  # registers its command
 from tierckpt.cli._app import app
 from tierckpt.demo import demo_plan
-from tierckpt.drill import DrillConfig, render_markdown
+from tierckpt.drill import DrillConfig, render_markdown, run_drills
 from tierckpt.drill import verdicts as vd
 from tierckpt.drill.launch import agent_argv, training_argv
 from tierckpt.drill.report import SCHEMA, timeline_marks, verdicts
 from tierckpt.errors import ConfigError
+from tierckpt.storage.local import LocalStorage
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
 SMALL = ["--layers", "1", "--dim", "32", "--samples", "256", "--save-every", "3",
@@ -159,6 +160,15 @@ def test_drill_config_validates_and_defaults_tier2(tmp_path: Path) -> None:
                 {"rtol": -1.0}):
         with pytest.raises(ConfigError):
             DrillConfig(**{"command": ("python", "t.py"), **bad})  # type: ignore[arg-type]
+
+
+def test_a_tier2_that_already_holds_checkpoints_is_refused(tmp_path: Path) -> None:
+    with LocalStorage(tmp_path / "t2") as store:
+        store.put_bytes("step-00000004/COMPLETE", b"x")
+    cfg = DrillConfig(command=("python", "t.py"), out=tmp_path / "out",
+                      tier2=f"file://{tmp_path / 't2'}")
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        run_drills(cfg)
 
 
 def test_verdicts_and_marks() -> None:

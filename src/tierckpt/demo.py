@@ -100,8 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     con.print(f"Drilling examples/train.py: 2 ranks on CPU, {a.steps} steps per run, "
               f"tier 2 = {cfg.tier2}, output in {cfg.out}")
-    with live_progress(con) as progress:
-        doc = run_drills(cfg, progress)
+    try:
+        with live_progress(con) as progress:
+            doc = run_drills(cfg, progress)
+    except ConfigError as e:
+        con.print(f"[red]error:[/] {e}")
+        return 2
     con.print()
     con.print(result_table(doc, demo_plan(doc["measured"])))
     con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}\n"

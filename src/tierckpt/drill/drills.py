@@ -39,6 +39,8 @@ from tierckpt.drill.runs import (
     seed_root,
 )
 from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.storage import open_storage
+from tierckpt.uploader import remote_complete_steps
 
 __all__ = ["DRILLS", "DrillConfig", "Progress", "run_drills"]
 
@@ -129,6 +131,8 @@ def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
     tier2_dir = cfg.out / "tier2"
     if cfg.tier2 == f"file://{tier2_dir}" and tier2_dir.exists():
         shutil.rmtree(tier2_dir)
+    assert cfg.tier2 is not None
+    _require_empty_tier2(cfg.tier2)
     t0 = time.time()
     results: dict[str, dict[str, Any]] = {}
     runs: list[RunResult] = []
@@ -155,6 +159,19 @@ def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
     step("reshard", lambda: _reshard(cfg, ref, runs))
     step("tier2", lambda: _tier2(cfg, ref, runs))
     return build_report(cfg, results, runs, t0)
+
+
+def _require_empty_tier2(url: str) -> None:
+    """The reference run must start from nothing: a checkpoint already on tier 2 would be
+    restored by it (and picked by the tier-2 drill)."""
+    try:
+        with open_storage(url) as storage:
+            steps = remote_complete_steps(storage)
+    except (CheckpointError, OSError) as e:
+        raise ConfigError(f"--tier2 {url}: cannot list it ({e})") from None
+    if steps:
+        raise ConfigError(f"--tier2 {url} already holds checkpoints (steps {steps[:5]}); give "
+                          "an empty prefix, or leave --tier2 out for file://<out>/tier2")
 
 
 def _named(runs: list[RunResult], name: str) -> RunResult | None:
