@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 import tierckpt.cli.drill
 import tierckpt.cli.plan  # registers its command
+from tests.cli._helpers import flags
 from tierckpt.cli._app import app
 from tierckpt.demo import demo_plan
 from tierckpt.drill import DrillConfig, render_markdown, run_drills
@@ -280,6 +281,12 @@ def test_a_failing_training_command_exits_non_zero(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "out" / "drill-report.json").read_text())
     assert not doc["ok"] and "reference run failed" in doc["drills"]["reference"]["error"]
     assert not any(doc["verdicts"].values())
+
+
+def test_flag_set_is_frozen() -> None:
+    """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
+    assert flags("drill") == {"--nproc", "--nnodes", "--steps", "--seed", "--tier2", "--out",
+                              "--rtol", "--json", "command"}
 
 
 def test_drill_without_a_command_is_a_usage_error() -> None:
