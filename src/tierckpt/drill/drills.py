@@ -263,16 +263,16 @@ def _reshard_verdict(run: RunResult, ref: RunResult, step: int, w: int) -> dict[
     before = vd.losses_by_step(ref.rows).get(step)
     samples = vd.sample_continuity(ref.rows, rows, step)
     loaded = restore is not None and restore.get("step") == step
-    after = rows[0] if rows else None
-    finite = after is not None and math.isfinite(float(after["loss"]))
-    ok = run.rc == 0 and loaded and finite and samples.ok and \
+    loss_after = float(rows[0]["loss"]) if rows else None
+    reference_after = _ref_loss(ref, step + 1)
+    loss_ok = vd.reshard_loss_ok(loss_after, reference_after)
+    ok = run.rc == 0 and loaded and loss_ok and samples.ok and \
         bool(rows) and int(rows[0]["step"]) == step + 1
     res: dict[str, Any] = {
         "world_size": w, "ok": ok, "loaded": loaded, "restore": restore,
         "loss_before": float(before["loss"]) if before else None,
-        "loss_after": float(after["loss"]) if after else None,
-        "loss_reference_after": _ref_loss(ref, step + 1), "steps_trained": len(rows),
-        "samples": samples.as_dict()}
+        "loss_after": loss_after, "loss_reference_after": reference_after,
+        "loss_ok": loss_ok, "steps_trained": len(rows), "samples": samples.as_dict()}
     if run.rc != 0:
         res.update(_failed(run, f"the world-size-{w} run failed"))
     return res

@@ -20,18 +20,25 @@ from tierckpt.errors import ConfigError
 
 __all__ = [
     "GPU_RTOL",
+    "RESHARD_LOSS_RTOL",
     "ContinuityVerdict",
     "KillPlan",
     "SampleVerdict",
     "choose_kill",
     "continuity",
     "losses_by_step",
+    "reshard_loss_ok",
     "restart_parts",
     "sample_continuity",
 ]
 
 GPU_RTOL = 1e-2
 """Relative loss tolerance on GPU, where kernels are not bit-reproducible run to run."""
+
+RESHARD_LOSS_RTOL = 0.1
+"""After a reshard the global batch differs, so losses are not comparable bit for bit; the
+first loss must still be within this relative distance of the reference's loss at that step
+(a model that restarted from scratch or loaded the wrong weights is far outside it)."""
 
 Row = Mapping[str, Any]
 Event = Mapping[str, Any]
@@ -131,6 +138,17 @@ def continuity(reference: Sequence[Row], run: Sequence[Row], *, rtol: float = 0.
                              compared=compared, resumed_rows=len(resumed),
                              max_abs_diff=max_diff, mismatches=mismatches,
                              missing=missing[:20])
+
+
+def reshard_loss_ok(after: float | None, reference: float | None,
+                    rtol: float = RESHARD_LOSS_RTOL) -> bool:
+    """Whether the first loss after a reshard is finite and within ``rtol`` of the
+    reference's loss at the same step (True when there is no reference to compare with)."""
+    if after is None or not math.isfinite(after):
+        return False
+    if reference is None:
+        return True
+    return abs(after - reference) <= rtol * abs(reference)
 
 
 @dataclass(frozen=True)
