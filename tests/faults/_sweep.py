@@ -22,6 +22,21 @@ STRACE = shutil.which("strace") or "/usr/bin/strace"
 # commit, unlink/rmdir for retention and the marker's tmp name)
 SYSCALLS = ("openat", "write", "fsync", "fdatasync", "mkdir", "rename", "renameat",
             "renameat2", "link", "linkat", "unlink", "unlinkat", "rmdir")
+
+
+def strace_usable() -> bool:
+    """strace is installed and may attach to a process that is not its child (root, or
+    Yama's ptrace_scope is 0)."""
+    if not os.path.exists(STRACE):
+        return False
+    if os.geteuid() == 0:
+        return True
+    try:
+        return Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "0"
+    except OSError:
+        return True
+
+
 _LINE = re.compile(r"^(\d+)\s+([a-z0-9_]+)\(")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +83,7 @@ class Zygote:
         ready = Path(f"{fifo}.ready")
         assert self.proc.stdin is not None
         cmd = {"root": str(root), "fifo": str(fifo), "step": step, "keep_last": keep_last,
-               **extra}
+               "after_open": after_open, **extra}
         self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
         self.proc.stdin.flush()
         pid = self._readline(timeout)["pid"]

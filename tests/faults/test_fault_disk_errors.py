@@ -108,8 +108,8 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
 
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_sweep.Zygote]:
-    if not os.path.exists(_sweep.STRACE):
-        pytest.skip("needs strace")
+    if not _sweep.strace_usable():
+        pytest.skip("needs strace allowed to attach (root)")
     z = _sweep.Zygote(tmp_path_factory.mktemp("zygote") / "zygote.log")
     yield z
     z.close()

@@ -33,7 +33,8 @@ from tests.faults._oracle import (
 )
 from tierckpt import layout
 
-pytestmark = pytest.mark.skipif(not os.path.exists(_sweep.STRACE), reason="needs strace")
+pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
+                                reason="needs strace allowed to attach (root)")
 KEEP = 2
 WRITE_STRIDE = 24  # evenly spaced write kills on top of the per-file first/last ones
 

@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import _sweep
 from tests.faults._oracle import TALLY, check_root, newest_valid
 
 JOB = Path(__file__).with_name("rank_kill_job.py")
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/strace"), reason="needs strace")
+pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
+                                reason="needs strace allowed to attach (root)")
 
 
 def _free_port() -> int:

@@ -3,9 +3,9 @@ child per trial so each trial costs a fork, not an interpreter start.
 
 Protocol (one JSON object per line): the test writes a command (see :func:`_child`) to
 stdin; the zygote forks and prints ``{"pid"}``; the child builds the small model, opens a
-``CheckpointManager`` on ``root``, touches ``<fifo>.ready``, then blocks reading ``fifo``.
-The test attaches strace (right away, so start-up is traced too, or after ``.ready``), then
-writes to the fifo; the child saves (weights = step) and closes.
+``CheckpointManager`` on ``root`` and saves. The child blocks reading ``fifo`` until the
+test has attached strace: before it opens the manager (so start-up is traced too), or with
+``after_open`` after it (it touches ``<fifo>.ready`` once the manager is open).
 The zygote prints ``{"pid", "status"}`` (``os.waitpid`` status) when the child is gone.
 """
 
@@ -28,18 +28,25 @@ from tierckpt.errors import SaveError  # noqa: E402
 
 
 def _child(cmd: dict) -> int:
-    """Open a manager on ``root`` (then touch ``<fifo>.ready``), wait for the fifo, save
-    each of ``steps``; ``wait_each`` waits for every commit (an error ends the child with
-    code 3), otherwise only the last save is waited for, so with ``on_save_error=continue``
-    a failed save is logged by the next ``save()`` and training goes on. Errors are written
-    to ``result`` (JSON) when given."""
+    """Wait for the fifo, open a manager on ``root`` and save each of ``steps`` (with
+    ``after_open``: open the manager, touch ``<fifo>.ready``, then wait for the fifo).
+    ``wait_each`` waits for every commit (an error ends the child with code 3); otherwise
+    only the last save is waited for, so with ``on_save_error=continue`` a failed save is
+    logged by the next ``save()`` and training goes on. Errors go to ``result`` (JSON)."""
     steps = cmd.get("steps", [cmd.get("step")])
     st = make_state(steps[0])
+
+    def go() -> None:
+        with open(cmd["fifo"], "rb") as f:  # blocks until the test has attached strace
+            f.read()
+
+    if not cmd.get("after_open"):
+        go()  # traced from here: start-up (lock, cleanup) is part of the sweep
     ck = tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
                                     on_save_error=cmd.get("on_save_error", "raise"))
     Path(cmd["fifo"] + ".ready").touch()
-    with open(cmd["fifo"], "rb") as f:  # blocks until the test has attached strace
-        f.read()
+    if cmd.get("after_open"):
+        go()
     errors: list[str] = []
     try:
         for i, step in enumerate(steps):
