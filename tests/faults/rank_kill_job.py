@@ -6,7 +6,9 @@ root, then, on ``--kill-rank``, attach ``strace -p <self>`` injecting SIGKILL at
 ``--when``-th ``--syscall`` (counted per thread from here on), and save step 2. The
 survivor writes ``{"error": str | None}`` to ``<out>/rank<r>.json``.
 ``--phase restore``: open the roots again and restore; each rank writes
-``{"step", "weight"}``.
+``{"step", "weight"}``. ``--phase enospc``: with ``on_save_error="continue"``, commit step
+1, inject ENOSPC at ``--kill-rank``'s ``--when``-th ``--syscall``, save step 2 (fails), then
+step 3 (must commit on every rank).
 
 ``--node-local`` gives each rank its own root (``<tier1>/node<r>``), so both ranks are
 domain owners and run the commit protocol; otherwise they share one root.
@@ -30,10 +32,10 @@ from tierckpt.distributed import init_distributed
 from tierckpt.errors import SaveError
 
 
-def _self_strace(syscall: str, when: int) -> subprocess.Popen:
+def _self_strace(syscall: str, when: int, action: str = "signal=KILL") -> subprocess.Popen:
     pid = os.getpid()
     tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
-                               "-e", f"inject={syscall}:signal=KILL:when={when}", "-p", str(pid)])
+                               "-e", f"inject={syscall}:{action}:when={when}", "-p", str(pid)])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -54,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tier1", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--phase", choices=["kill", "restore"], required=True)
+    ap.add_argument("--phase", choices=["kill", "restore", "enospc"], required=True)
     ap.add_argument("--node-local", action="store_true")
     ap.add_argument("--kill-rank", type=int, default=0)
     ap.add_argument("--syscall", default="write")
@@ -66,8 +68,9 @@ def main() -> None:
     root = Path(args.tier1) / f"node{rank}" if args.node_local else Path(args.tier1)
     out = Path(args.out)
     st = make_state(1)
+    mode = "continue" if args.phase == "enospc" else "raise"
     with tierckpt.CheckpointManager(tier1=root, keep_last=3, verify="full",
-                                    collective_timeout_s=20) as ck:
+                                    collective_timeout_s=20, on_save_error=mode) as ck:
         if args.phase == "restore":
             got = ck.restore(st)
             res = {"step": got.step if got else None,
@@ -75,6 +78,15 @@ def main() -> None:
             (out / f"rank{rank}.json").write_text(json.dumps(res))
             return
         ck.save(1, st).wait()
+        if args.phase == "enospc":  # one rank's write fails; training goes on
+            if rank == args.kill_rank:
+                _self_strace(args.syscall, args.when, "error=ENOSPC")
+            set_weights(st.model, 2)
+            ck.save(2, st).durable.exception(timeout=60)  # let it fail everywhere first
+            set_weights(st.model, 3)
+            ck.save(3, st)  # logs step 2's SaveError (on_save_error="continue")
+            ck.wait()
+            return
         (out / f"snap{rank}.json").write_text(json.dumps(
             {str(k): v for k, v in snapshot(root).items()}))
         if rank == args.kill_rank:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._launch import read_jsonl
 from tests.faults import _sweep
 from tests.faults._oracle import TALLY, check_root, newest_valid
 
@@ -104,3 +105,23 @@ def test_rank_killed_mid_save(tmp_path: Path, rank: int, syscall: str, n: int,
               lost=lost)
     print(f"\nkilled rank {rank} at {syscall} #{n}: survivor: {report['error'][:100]!r}; "
           f"restored step {agreed} on both ranks")
+
+
+def test_enospc_on_one_rank_fails_the_save_on_every_rank(tmp_path: Path) -> None:
+    """F9 across ranks: rank 1's shard write gets ENOSPC; both ranks record the failure
+    (``save_failed``), nothing of step 2 is committed anywhere, and with
+    ``on_save_error="continue"`` both go on to commit step 3."""
+    tier1, out = tmp_path / "tier1", tmp_path / "out"
+    out.mkdir()
+    codes = _launch("--tier1", str(tier1), "--out", str(out), "--phase", "enospc",
+                    "--kill-rank", "1", "--syscall", "write", "--when", "3")
+    assert codes == [0, 0], codes
+    evs = read_jsonl(tier1 / "events.jsonl")
+    failed = {e["rank"]: e["error"] for e in evs if e["event"] == "save_failed"}
+    assert sorted(failed) == [0, 1], failed  # loud on every rank
+    assert "No space left on device" in failed[1]
+    committed_by = {(e["rank"], e["step"]) for e in evs if e["event"] == "save_committed"}
+    assert committed_by == {(r, s) for r in (0, 1) for s in (1, 3)}
+    assert not (tier1 / "step-00000002").exists()
+    assert newest_valid(tier1) == 3
+    TALLY.add("ENOSPC on one of 2 ranks")
