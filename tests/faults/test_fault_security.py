@@ -222,3 +222,36 @@ def test_cleanup_never_follows_symlinks(tmp_path: Path, kind: str) -> None:
     assert (precious / "data.bin").read_bytes() == b"keep me"
     assert sorted(os.listdir(precious)) == ["data.bin"]
     assert restore_step(root) == (1, 1.0)
+
+
+def test_verified_but_poisoned_rank_state_loads_weights_only(tmp_path: Path) -> None:
+    """A forger without a signing key can commit a checkpoint whose every checksum is right
+    (F31). The per-rank state blob inside it is a pickle; it loads with
+    ``weights_only=True``, so the trap in it is refused with a loud error, never run."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from tierckpt import _writer, commit
+    from tierckpt.errors import CheckpointError
+
+    root, fired = tmp_path / "tier1", tmp_path / "FIRED"
+    save_steps(root, [1])
+    st = make_state(2)
+    sd = st.state_dict()
+    (rank,) = sd["rank_state"]
+    sd["rank_state"][rank] = torch.frombuffer(bytearray(_trap_bytes(fired)), dtype=torch.uint8)
+    tmp = root / layout.tmp_dirname(2, "forged")
+    tmp.mkdir()
+    w = _writer.ShardWriter(tmp)
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    assert w.metadata_entry is not None
+    m = mf.Manifest(step=2, world_size=1, save_id="forged", files=(*w.files, w.metadata_entry),
+                    domains=((0,),))
+    mbytes = m.to_bytes()
+    commit.commit_domain(tmp, root / layout.step_dirname(2), manifest_bytes=mbytes,
+                         marker_bytes=mf.marker_bytes(mbytes, 2, "forged"), metadata_bytes=None)
+    with tierckpt.CheckpointManager(tier1=root, verify="full") as ck, \
+            pytest.raises(CheckpointError, match="weights_only"):
+        ck.restore(make_state(-1))
+    TALLY.add("verified checkpoint with a poisoned rank-state pickle")
+    assert not fired.exists()
