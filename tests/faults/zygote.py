@@ -27,6 +27,19 @@ from tests.faults._oracle import make_state, set_weights  # noqa: E402
 from tierckpt.errors import SaveError  # noqa: E402
 
 
+def _restore(cmd: dict) -> int:
+    """``action="restore"``: wait for the fifo, then restore ``root`` (fetching from
+    ``tier2`` what tier 1 lacks); write ``{"step"}`` to ``result``."""
+    with open(cmd["fifo"], "rb") as f:
+        f.read()
+    with tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
+                                    tier2=cmd["tier2"], start_uploader=False,
+                                    verify="full") as ck:
+        info = ck.restore(make_state(-1))
+    Path(cmd["result"]).write_text(json.dumps({"step": info.step if info else None}))
+    return 0
+
+
 def _child(cmd: dict) -> int:
     """Wait for the fifo, open a manager on ``root`` and save each of ``steps`` (with
     ``after_open``: open the manager, touch ``<fifo>.ready``, then wait for the fifo).
@@ -86,7 +99,7 @@ def main() -> None:
         if pid == 0:
             code = 1
             try:
-                code = _child(cmd)
+                code = _restore(cmd) if cmd.get("action") == "restore" else _child(cmd)
             except BaseException:
                 traceback.print_exc()
             finally:
