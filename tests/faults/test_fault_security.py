@@ -224,6 +224,7 @@ def test_cleanup_never_follows_symlinks(tmp_path: Path, kind: str) -> None:
     assert restore_step(root) == (1, 1.0)
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_verified_but_poisoned_rank_state_loads_weights_only(tmp_path: Path) -> None:
     """A forger without a signing key can commit a checkpoint whose every checksum is right
     (F31). The per-rank state blob inside it is a pickle; it loads with
