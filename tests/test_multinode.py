@@ -21,7 +21,7 @@ import pytest
 from tests._launch import WORKLOADS, read_jsonl
 from tierckpt import layout
 from tierckpt import manifest as mf
-from tierckpt.uploader import main as uploader_main
+from tierckpt.uploader import Uploader, UploaderConfig
 
 TRAIN = WORKLOADS / "fsdp_train.py"
 
@@ -56,7 +56,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     tier2 = f"file://{base / 'tier2'}"
     _two_nodes(str(base / "node{node}"), base / "losses.jsonl", tier2, steps=12)
     for node in (0, 1):  # finish what the background uploaders had not yet copied
-        assert uploader_main([str(base / f"node{node}"), tier2]) == 0
+        with Uploader(UploaderConfig(tier1=base / f"node{node}", tier2=tier2)) as up:
+            assert all(r.status in ("verified", "files_verified") for r in up.drain())
     return base, tier2
 
 

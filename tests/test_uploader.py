@@ -333,3 +333,38 @@ def test_uploads_a_real_checkpoint_manager_checkpoint(tmp_path: Path) -> None:
         remote.get_file(f"step-00000006/{f.name}", tmp_path / "dl" / f.name, crc32c=f.crc32c)
         assert (tmp_path / "dl" / f.name).read_bytes() == (t1 / "step-00000006" /
                                                          f.name).read_bytes()
+
+
+def test_uploader_process_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    """A SIGKILLed rank must not leave its uploader running (PR_SET_PDEATHSIG/watcher)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from tierckpt.uploader import UploaderConfig, UploaderProcess\n"
+        "p = UploaderProcess(UploaderConfig(tier1=Path(sys.argv[1]), tier2=sys.argv[2])).start()\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "t1"),
+                               f"file://{tmp_path / 't2'}"], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split()[2] == "Z":  # exited, waiting to be reaped by init
+                return
+        time.sleep(0.2)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("uploader outlived its parent")

@@ -444,7 +444,7 @@ class UploaderProcess:
         return [sys.executable, "-m", "tierckpt.uploader", str(c.tier1), c.tier2, "--watch",
                 "--every", str(c.upload_every), "--keep-last", str(c.keep_last),
                 "--keep-every", str(c.keep_every), "--poll", str(c.poll_s),
-                "--s3-options", json.dumps(dict(c.s3_options))]
+                "--s3-options", json.dumps(dict(c.s3_options)), "--parent", str(os.getpid())]
 
     def start(self) -> UploaderProcess:
         if self._proc is not None:
@@ -519,6 +519,24 @@ class UploaderProcess:
         self.stop()
 
 
+def _exit_with_parent(parent: int, stop: threading.Event) -> None:
+    """Stop the uploader when ``parent`` (the rank that started it) dies — a SIGKILLed
+    rank must not leave an orphan uploading behind the restarted job's back. Linux sends
+    SIGTERM on the parent's death (PR_SET_PDEATHSIG); a watcher thread covers the window
+    before prctl and other platforms."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            if os.getppid() != parent:
+                stop.set()
+    if os.getppid() != parent:
+        stop.set()
+    threading.Thread(target=watch, name="tierckpt-parent-watch", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tierckpt.uploader TIER1 TIER2 [--watch]``: drain once (default) or
     watch until SIGTERM/SIGINT (exit 0), or until SIGUSR1 and nothing left to upload (exit 0;
@@ -533,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--poll", type=float, default=2.0)
     ap.add_argument("--s3-options", default="{}")
     ap.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--parent", type=int, default=0,
+                    help="stop (as on SIGTERM) when this process dies, e.g. a killed rank")
     a = ap.parse_args(argv)
     config = UploaderConfig(tier1=a.tier1, tier2=a.tier2, upload_every=a.every,
                             keep_last=a.keep_last, keep_every=a.keep_every, poll_s=a.poll,
@@ -542,6 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: finish.set())
+    if a.parent:
+        _exit_with_parent(a.parent, stop)
     if a.ready_fd >= 0:
         os.write(a.ready_fd, b"1")
         os.close(a.ready_fd)
