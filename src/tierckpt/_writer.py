@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierckpt import _crc, layout
+from tierckpt._directio import DirectFile
 from tierckpt._fs import DEFAULT_FILE_MODE
 from tierckpt.manifest import FileEntry
 
@@ -122,12 +123,14 @@ class ShardWriter(StorageWriter):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
-                 file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True) -> None:
+                 file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
+                 direct_io: bool = True) -> None:
         super().__init__()
         self.path = Path(path)
         self.thread_count = max(1, thread_count)
         self.file_mode = file_mode
         self.fsync = fsync
+        self.direct_io = direct_io
         self.rank = 0
         self.files: list[FileEntry] = []
         self.metadata_entry: FileEntry | None = None
@@ -199,34 +202,30 @@ class ShardWriter(StorageWriter):
     def _write_file(self, name: str, items: list[WriteItem],
                     planner: SavePlanner) -> list[WriteResult]:
         path = self.path / layout.safe_member_name(name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
         out: list[WriteResult] = []
+        f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync)
         try:
-            f = _CrcFile(fd)
-            try:
-                # bytes items first (as DCP does), then tensors largest first
-                for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
-                    offset = f.size
-                    data = planner.resolve_data(item)
-                    if item.type == WriteItemType.BYTE_IO:
-                        assert isinstance(data, io.BytesIO)
-                        f.write(data.getbuffer())
-                    else:
-                        assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
-                        torch.save(data, f)  # type: ignore[arg-type]
-                    length = f.size - offset
-                    out.append(WriteResult(index=item.index, size_in_bytes=length,
-                                           storage_data=_StorageInfo(name, offset, length)))
-            except Exception as e:
-                # torch.save swallows the OSError raised by our write (e.g. ENOSPC, EDQUOT)
-                # and fails later with an opaque zip error; report the real cause.
-                if f.error is not None and f.error is not e:
-                    raise f.error from e
-                raise
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+            # bytes items first (as DCP does), then tensors largest first
+            for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
+                offset = f.size
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    assert isinstance(data, io.BytesIO)
+                    f.write(data.getbuffer())
+                else:
+                    assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
+                    torch.save(data, f)  # type: ignore[arg-type]
+                length = f.size - offset
+                out.append(WriteResult(index=item.index, size_in_bytes=length,
+                                       storage_data=_StorageInfo(name, offset, length)))
+            f.close()  # flush, truncate, fsync
+        except Exception as e:
+            f.abort()
+            # torch.save swallows the OSError raised by our write (e.g. ENOSPC, EDQUOT)
+            # and fails later with an opaque zip error; report the real cause.
+            if f.error is not None and f.error is not e:
+                raise f.error from e
+            raise
         with self._lock:
             self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank))
         return out

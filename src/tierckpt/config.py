@@ -46,7 +46,10 @@ class ManagerConfig:
     ``wait_timeout_s``: how long ``save()``/``wait()`` wait for a previous save to finish.
     ``file_mode``/``dir_mode``: permissions of created files and directories.
     ``fsync``: fsync files and directories (turning it off voids the durability promise;
-    for tests of throughput only). ``on_save_error``: see :class:`OnSaveError`.
+    for tests of throughput only). ``direct_io``: write shards with O_DIRECT (falls back to
+    buffered I/O where the file system refuses it). ``background_nice``: niceness added to
+    the background writer threads (Linux), so a save yields the CPU to training; 0 keeps
+    them at the training thread's priority. ``on_save_error``: see :class:`OnSaveError`.
     ``tier2``: ``s3://bucket/prefix`` or ``file:///path``; restore falls back to it, and
     (with ``start_uploader``) one low-priority uploader process per tier-1 root copies every
     ``upload_every``-th committed step there. ``tier2_keep_last``/``tier2_keep_every``:
@@ -64,6 +67,8 @@ class ManagerConfig:
     file_mode: int = 0o640
     dir_mode: int = 0o750
     fsync: bool = True
+    direct_io: bool = True
+    background_nice: int = 10
     on_save_error: OnSaveError = OnSaveError.RAISE
     tier2: str | None = None
     upload_every: int = 1
@@ -88,6 +93,9 @@ class ManagerConfig:
                               f"got {self.on_save_error!r}") from None
         _positive_int("keep_last", self.keep_last)
         _positive_int("write_threads", self.write_threads)
+        if not isinstance(self.background_nice, int) or not 0 <= self.background_nice <= 19:
+            raise ConfigError(f"background_nice must be an int in [0, 19], got "
+                              f"{self.background_nice!r}")
         _positive_int("upload_every", self.upload_every)
         _positive_int("tier2_keep_last", self.tier2_keep_last)
         if not isinstance(self.tier2_keep_every, int) or self.tier2_keep_every < 0:

@@ -13,7 +13,10 @@ Errors never escape the thread: they complete the handle's ``durable`` future wi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +33,15 @@ from tierckpt._writer import ShardWriter
 from tierckpt.commit import commit_domain
 from tierckpt.config import ManagerConfig
 from tierckpt.errors import SaveError
+
+
+def _lower_thread_priority(nice: int) -> None:
+    """Raise this thread's niceness by ``nice`` (Linux threads have their own; threads it
+    creates — the shard writers — inherit it), so background writing yields to training."""
+    if nice > 0:
+        with contextlib.suppress(OSError, AttributeError):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +96,9 @@ class AsyncSaver:
         self.cfg, self.comm, self.domains, self.log = cfg, comm, domains, log
         self.on_committed = on_committed
         self.is_owner = any(d[0] == comm.rank for d in domains)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
+                                        initializer=_lower_thread_priority,
+                                        initargs=(cfg.background_nice,))
 
     def submit(self, job: _Job, handle: SaveHandle) -> None:
         def run() -> None:
@@ -109,7 +123,7 @@ class AsyncSaver:
         final = cfg.tier1 / layout.step_dirname(job.step)
         tmp.mkdir(mode=cfg.dir_mode, exist_ok=True)  # ranks of one domain share it
         writer = ShardWriter(tmp, thread_count=cfg.write_threads, file_mode=cfg.file_mode,
-                             fsync=cfg.fsync)
+                             fsync=cfg.fsync, direct_io=cfg.direct_io)
         dcp.save(job.staged, storage_writer=writer, process_group=comm.group,
                  no_dist=comm.group is None)
         durable_at = time.monotonic()

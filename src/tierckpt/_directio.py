@@ -1,0 +1,157 @@
+"""Write a file once, fast and durably: CRC32C on the same pass, O_DIRECT, double-buffered.
+
+``DirectFile`` is what shard files are written through. Each ``write`` updates the CRC32C
+from the caller's bytes and copies them into one of two page-aligned buffers; a full
+buffer is handed to a writer thread (``os.write`` on an ``O_DIRECT`` descriptor, GIL
+released) while the caller fills the other, so checksumming, copying and device I/O
+overlap. Writing around the page cache is what lets a save approach the device's
+sequential write limit, and it keeps a 1 GiB checkpoint from evicting training data
+from the cache. The tail is written padded to the block size and the file truncated to
+its true length; ``close`` fsyncs (O_DIRECT does not make size or metadata durable).
+
+File systems without O_DIRECT (tmpfs, some FUSE and network mounts) get the same class
+with plain buffered writes: the contract — bytes, size, CRC32C, fsync — is identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from tierckpt import _crc
+
+ALIGN = 4096
+DEFAULT_BUFFER = 16 * 1024 * 1024
+
+
+class DirectFile(io.RawIOBase):
+    """Create ``path`` exclusively and write it sequentially (see the module docstring).
+
+    ``crc`` and ``size`` describe everything written so far. Errors from the writer thread
+    (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
+                 direct: bool = True, fsync: bool = True,
+                 buffer_size: int = DEFAULT_BUFFER) -> None:
+        super().__init__()
+        if buffer_size % ALIGN:
+            raise ValueError(f"buffer_size must be a multiple of {ALIGN}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        self.direct = False
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self._fd = os.open(path, flags | os.O_DIRECT, mode)
+                self.direct = True
+            except OSError:  # EINVAL: the file system does not do O_DIRECT
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        if not self.direct:
+            self._fd = os.open(path, flags, mode)
+        self._fsync = fsync
+        self.crc = 0
+        self.size = 0
+        self._bufsize = buffer_size
+        self._maps = [mmap.mmap(-1, buffer_size) for _ in range(2)]
+        self._views = [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
+        self._cur = 0
+        self._fill = 0
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-io")
+        self._pending: Future[None] | None = None
+        self._closed_fd = False
+        self.error: OSError | None = None  # first I/O error (torch.save hides what we raise)
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.size
+
+    def write(self, b: Any) -> int:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        total = len(mv)
+        if total == 0:
+            return 0
+        self.crc = _crc.extend(self.crc, mv)
+        src = np.frombuffer(mv, dtype=np.uint8)
+        done = 0
+        while done < total:
+            take = min(self._bufsize - self._fill, total - done)
+            self._views[self._cur][self._fill:self._fill + take] = src[done:done + take]
+            self._fill += take
+            done += take
+            if self._fill == self._bufsize:
+                self._submit(self._bufsize)
+        self.size += total
+        return total
+
+    def _submit(self, nbytes: int) -> None:
+        self._wait()
+        buf = memoryview(self._maps[self._cur])[:nbytes]
+        self._pending = self._pool.submit(self._write_all, buf)
+        self._cur ^= 1
+        self._fill = 0
+
+    def _write_all(self, buf: memoryview) -> None:
+        done = 0
+        while done < len(buf):
+            done += os.write(self._fd, buf[done:])
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            p, self._pending = self._pending, None
+            try:
+                p.result()
+            except OSError as e:
+                self.error = self.error or e
+                raise
+
+    def abort(self) -> None:
+        """Close without flushing (after a failure); the partial file stays for cleanup."""
+        self._closed_fd = True
+        self._pool.shutdown(wait=True)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if not self._closed_fd:
+                self._finish()
+        finally:
+            self._pool.shutdown(wait=True)
+            if not self._closed_fd:
+                os.close(self._fd)
+                self._closed_fd = True
+            for m in self._maps:
+                with contextlib.suppress(BufferError):
+                    m.close()
+            super().close()
+
+    def _finish(self) -> None:
+        tail = self._fill
+        if tail:
+            padded = -(-tail // ALIGN) * ALIGN if self.direct else tail
+            if padded > tail:
+                self._views[self._cur][tail:padded] = 0
+            self._submit(padded)
+        self._wait()
+        try:
+            if self.direct and tail:
+                os.ftruncate(self._fd, self.size)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self.error = self.error or e
+            raise
