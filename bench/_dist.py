@@ -1,8 +1,14 @@
 """Run one function on W spawned gloo ranks and collect what each rank returns.
 
-Each rank gets ``MASTER_ADDR=127.0.0.1``, a free port, ``torch.set_num_threads(cores // W)``,
-a gloo process group, and returns a JSON-able dict; the parent receives the list ordered by
-rank. A rank's exception fails the whole call (``torch.multiprocessing`` re-raises it).
+Each rank gets ``MASTER_ADDR=127.0.0.1``, a free port, one intra-op thread, a gloo process
+group, and returns a JSON-able dict; the parent receives the list ordered by rank. A rank's
+exception fails the whole call (``torch.multiprocessing`` re-raises it).
+
+One torch thread per rank at every world size (torchrun's default for multi-rank jobs): with
+two OpenMP threads the training loop's step rate swung 10× between consecutive seconds on a
+shared 2-core machine (spinning threads descheduled), which made throughput ratios noise.
+Parallel staging therefore has to come from the library's own threads, as the 2-thread
+copy limit assumes.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def _free_port() -> int:
 def _entry(rank: int, world: int, port: int, fn: RankFn[J], job: J, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, job)

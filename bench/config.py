@@ -75,4 +75,4 @@ def make_config(*, size: str | None, quick: bool, world: str | None, out: Path,
     worlds = parse_worlds(world) if world else (1, 2)
     return BenchConfig(size_bytes=size_bytes, quick=quick, worlds=worlds, out_dir=out,
                        target_dir=target, repeats=1 if quick else 2, saves=3 if quick else 10,
-                       loop_seconds=0.3 if quick else 3.0)
+                       loop_seconds=0.3 if quick else 2.0)

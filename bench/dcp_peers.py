@@ -15,7 +15,8 @@ slowest rank). Measured, per world size:
   into one file and fsyncs it.
 - ``load_cold``: ``dcp.load`` of the ``save_t1`` checkpoint into existing tensors after the
   page cache dropped its files.
-- ``throughput``: steps/s of ``training.Loop`` idle and while ``dcp.async_save`` runs.
+- ``throughput``: steps/s of ``training.Loop`` idle, then while ``dcp.async_save`` runs,
+  in pairs (see ``training.summarize_throughput``).
 - ``ram_thread`` / ``ram_process``: peak extra PSS (process tree) over ``saves`` async saves,
   each on a clean heap: thread mode first thing in ``peer_rank``, process mode in fresh rank
   processes (``ram_rank``; skipped when ``PeerJob.process_mode`` is off).
@@ -47,7 +48,7 @@ from bench.measure import best_of, slowest_rank
 from bench.memory import PeakSampler, tree_pss
 from bench.pagecache import evict, files_under
 from bench.state import build_state, empty_like_state, make_specs, shard_specs, state_bytes
-from bench.training import Loop
+from bench.training import Loop, summarize_throughput
 
 State = dict[str, torch.Tensor]
 
@@ -188,14 +189,13 @@ def _load_cold(state: State, root: Path, repeats: int) -> dict[str, Any]:
 
 def _throughput(state: State, root: Path, job: PeerJob) -> dict[str, Any]:
     loop = Loop(seed=dist.get_rank())
-    dist.barrier()
-    idle = loop.idle_rate(job.loop_seconds)
-    during = []
+    idle, during = [], []
     for i in range(job.repeats):
+        dist.barrier()
+        idle.append(loop.idle_rate(job.loop_seconds))  # right before: same background load
         path = _fresh(root, f"tput-{i}")
         start = time.perf_counter()
-        result = dcp.async_save(state, checkpoint_id=path)
-        future = _upload_future(result)
+        future = _upload_future(dcp.async_save(state, checkpoint_id=path))
         steps, elapsed = loop.run(future.done, start=start)
         future.result()
         during.append(steps / elapsed)
@@ -291,8 +291,6 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     load = best("load_cold", "runs", "dcp.load into existing tensors, page cache dropped")
     load["cold"] = all(e["honoured"] for e in ranks[0]["load_cold"]["evictions"])
     load["evictions"] = ranks[0]["load_cold"]["evictions"]
-    idle = [r["throughput"]["idle"] for r in ranks]
-    during = [max(r["throughput"]["during"]) for r in ranks]
     out: dict[str, Any] = {
         "bytes": total,
         "phase_seconds": ranks[0]["phase_seconds"],
@@ -304,9 +302,7 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "save_t4": best("save_t4", note="dcp.save thread_count=4 sync_files=True"),
         "torch_save_rank0": best("torch_save_rank0", note="gather to rank 0, torch.save, fsync"),
         "load_cold": load,
-        "throughput": {"idle_steps_s": sum(idle) / len(idle),
-                       "during_steps_s": sum(during) / len(during),
-                       "ratio": min(d / i for d, i in zip(during, idle, strict=True))},
+        "throughput": summarize_throughput([r["throughput"] for r in ranks]),
     }
     return out
 

@@ -43,7 +43,7 @@ from bench.state import (
     shard_specs,
     state_bytes,
 )
-from bench.training import Loop
+from bench.training import Loop, summarize_throughput
 
 
 def available() -> str | None:
@@ -95,11 +95,10 @@ def _save(ckpt: Any, ts: Any, first_step: int, repeats: int) -> dict[str, list[f
 
 def _throughput(ckpt: Any, ts: Any, first_step: int, job: PeerJob) -> dict[str, Any]:
     loop = Loop(seed=dist.get_rank())
-    dist.barrier()
-    idle = loop.idle_rate(job.loop_seconds)
-    during = []
+    idle, during = [], []
     for step in range(first_step, first_step + job.repeats):
         dist.barrier()
+        idle.append(loop.idle_rate(job.loop_seconds))  # right before: same background load
         start = time.perf_counter()
         handle = ckpt.save(step, ts)
         steps, elapsed = loop.run(handle.done, start=start)
@@ -171,17 +170,13 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     restore["cold"] = all(e["honoured"] for e in ranks[0]["restore"]["evictions"])
     restore["evictions"] = ranks[0]["restore"]["evictions"]
     restore["bytes_read"] = sum(r["restore"]["bytes_read"] for r in ranks)
-    idle = [r["throughput"]["idle"] for r in ranks]
-    during = [max(r["throughput"]["during"]) for r in ranks]
     return {
         "bytes": total,
         "phase_seconds": ranks[0]["phase_seconds"],
         "blocking": best([r["blocking"] for r in ranks], "save() blocking time (C)"),
         "durable": best([r["durable"] for r in ranks], "save() → committed on every rank"),
         "restore_cold": restore,
-        "throughput": {"idle_steps_s": sum(idle) / len(idle),
-                       "during_steps_s": sum(during) / len(during),
-                       "ratio": min(d / i for d, i in zip(during, idle, strict=True))},
+        "throughput": summarize_throughput([r["throughput"] for r in ranks]),
         "ram": summarize_ram([{"bytes": r["bytes"], **r["ram"]} for r in ranks]),
     }
 

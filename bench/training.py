@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,3 +50,21 @@ class Loop:
         """Steps per second with nothing else running."""
         steps, elapsed = self.run(lambda: True, min_seconds=seconds)
         return steps / elapsed
+
+
+def summarize_throughput(ranks: list[dict[str, list[float]]]) -> dict[str, Any]:
+    """Per-rank paired rates → the run's figures.
+
+    Each repeat measures the loop idle and then during a save, back to back, so both see
+    the same background load; a repeat's ratio is during ÷ idle. Per rank the best repeat
+    counts (noise only lowers it); the run's ratio is the worst rank's. The steps/s shown
+    are means over ranks of that best pair.
+    """
+    best = []
+    for r in ranks:
+        pairs = list(zip(r["idle"], r["during"], strict=True))
+        best.append(max(pairs, key=lambda p: p[1] / p[0]))
+    return {"idle_steps_s": sum(i for i, _ in best) / len(best),
+            "during_steps_s": sum(d for _, d in best) / len(best),
+            "ratio": min(d / i for i, d in best),
+            "pairs": [list(zip(r["idle"], r["during"], strict=True)) for r in ranks]}
