@@ -221,6 +221,9 @@ class ShardWriter(StorageWriter):
             f.close()  # flush, truncate, fsync
         except Exception as e:
             f.abort()
+            # free the space now (a full disk is the usual cause); the tmp dir goes at start-up
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             # torch.save swallows the OSError raised by our write (e.g. ENOSPC, EDQUOT)
             # and fails later with an opaque zip error; report the real cause.
             if f.error is not None and f.error is not e:

@@ -28,13 +28,17 @@ import torch
 
 import tierckpt
 from tests.faults._oracle import make_state, set_weights, snapshot, weights_step
+from tierckpt import layout
 from tierckpt.distributed import init_distributed
 from tierckpt.errors import SaveError
 
 
-def _self_strace(syscall: str, when: int, action: str = "signal=KILL") -> subprocess.Popen:
+def _self_strace(syscall: str, when: int, action: str = "signal=KILL",
+                 path: Path | None = None) -> subprocess.Popen:
     pid = os.getpid()
-    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscall}",
+    only = ["-P", str(path)] if path is not None else []  # count only calls on this file
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", *only,
+                               "-e", f"trace={syscall}",
                                "-e", f"inject={syscall}:{action}:when={when}", "-p", str(pid)])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -79,8 +83,9 @@ def main() -> None:
             return
         ck.save(1, st).wait()
         if args.phase == "enospc":  # one rank's write fails; training goes on
-            if rank == args.kill_rank:
-                _self_strace(args.syscall, args.when, "error=ENOSPC")
+            if rank == args.kill_rank:  # the shard data write of step 2 fails
+                shard = root / layout.tmp_dirname(2, f"{ck.run_id}-2") / f"__{rank}_0.distcp"
+                _self_strace(args.syscall, args.when, "error=ENOSPC", path=shard)
             set_weights(st.model, 2)
             ck.save(2, st).durable.exception(timeout=60)  # let it fail everywhere first
             set_weights(st.model, 3)

@@ -114,7 +114,7 @@ def test_enospc_on_one_rank_fails_the_save_on_every_rank(tmp_path: Path) -> None
     tier1, out = tmp_path / "tier1", tmp_path / "out"
     out.mkdir()
     codes = _launch("--tier1", str(tier1), "--out", str(out), "--phase", "enospc",
-                    "--kill-rank", "1", "--syscall", "write", "--when", "3")
+                    "--kill-rank", "1", "--syscall", "write", "--when", "1")
     assert codes == [0, 0], codes
     evs = read_jsonl(tier1 / "events.jsonl")
     failed = {e["rank"]: e["error"] for e in evs if e["event"] == "save_failed"}
