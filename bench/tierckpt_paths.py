@@ -12,7 +12,7 @@ DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 the
 - ``durable``: ``save()`` call → ``handle.durable`` resolved (committed on every rank).
 - ``restore_cold``: ``restore()`` of the newest checkpoint by a fresh manager after the page
   cache dropped the shard files.
-- ``throughput``: steps/s of the loop idle and while a save is in flight.
+- ``throughput``: steps/s of the loop idle, then while a save is in flight, in pairs.
 - ``ram``: peak extra PSS over ``saves`` saves, first thing in a fresh process.
 
 ``available()`` says whether tierckpt's manager can be imported; the bench skips this
