@@ -28,7 +28,9 @@ checkpoint chosen, state loaded, first step, saves, hangs) go to ``--events`` (d
 ``<tier1>/events.jsonl``, next to the manager's own).
 
 ``--kill-at STEP [--kill-rank R]`` is fault injection for drills and tests: on the first
-attempt only, rank R SIGKILLs itself right after completing STEP.
+attempt only, rank R SIGKILLs itself right after completing STEP, once its newest save has
+committed (so the resume point is deterministic; ``tierckpt drill`` kills from outside at
+arbitrary times).
 """
 
 from __future__ import annotations
@@ -249,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     watchdog.step_completed(step)
                     if (step == args.kill_at and info.restart_count == 0
                             and info.rank == args.kill_rank):
+                        ckpt.wait()  # a deterministic resume point: the last save committed
                         os.kill(os.getpid(), signal.SIGKILL)
     finally:
         if losses is not None:
