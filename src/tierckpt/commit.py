@@ -55,11 +55,18 @@ def clean_stale(root: Path) -> list[Path]:
     return removed
 
 
-def delete_checkpoint(root: Path, step: int, token: str) -> None:
-    """Delete a committed checkpoint: rename it out of its final name first, so a crash
-    mid-delete never leaves a half-deleted directory that looks committed."""
+def unpublish_checkpoint(root: Path, step: int, token: str) -> Path:
+    """First half of a deletion: rename the checkpoint out of its final name (atomic, and
+    fsync'd), so it no longer exists for resume. Returns the path to reclaim with
+    :func:`tierckpt._fs.remove_tree` (start-up cleanup reclaims it after a crash)."""
     src = root / layout.step_dirname(step)
     dst = root / layout.deleting_dirname(step, token)
     os.rename(src, dst)
     _fs.fsync_dir(root)
-    _fs.remove_tree(dst)
+    return dst
+
+
+def delete_checkpoint(root: Path, step: int, token: str) -> None:
+    """Delete a committed checkpoint: rename it out of its final name first, so a crash
+    mid-delete never leaves a half-deleted directory that looks committed."""
+    _fs.remove_tree(unpublish_checkpoint(root, step, token))

@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from tierckpt import _fs, commit, events, layout, retention
@@ -219,7 +220,8 @@ class CheckpointManager:
         self.last_committed = max(self.last_committed or -1, result.step)
         return result
 
-    def _apply_retention(self, result: SaveResult) -> None:
+    def _apply_retention(self, result: SaveResult) -> list[Path]:
+        """Unpublish what tier-1 retention drops; return the directories to reclaim."""
         root = self.config.tier1
         pins_dir = root / layout.PINS
         pinned = {s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
@@ -228,9 +230,9 @@ class CheckpointManager:
         if self.config.tier2:  # keep what the uploader has yet to copy
             pinned |= retention.tier1_upload_holds(complete, upload_every=self.config.upload_every,
                                                    done=uploaded_steps(root))
-        for step in retention.tier1_deletions(complete, keep_last=self.config.keep_last,
-                                              pinned=pinned):
-            commit.delete_checkpoint(root, step, uuid.uuid4().hex[:8])
+        return [commit.unpublish_checkpoint(root, step, uuid.uuid4().hex[:8])
+                for step in retention.tier1_deletions(complete, keep_last=self.config.keep_last,
+                                                      pinned=pinned)]
 
     def _start_uploader(self) -> UploaderProcess | None:
         cfg = self.config

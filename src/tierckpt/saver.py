@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -28,11 +29,14 @@ import torch.distributed.checkpoint as dcp
 
 from tierckpt import __version__, events, layout
 from tierckpt import manifest as mf
+from tierckpt._fs import remove_tree
 from tierckpt._topology import Comm
 from tierckpt._writer import ShardWriter
 from tierckpt.commit import commit_domain
 from tierckpt.config import ManagerConfig
 from tierckpt.errors import SaveError
+
+_log = logging.getLogger("tierckpt")
 
 
 def _lower_thread_priority(nice: int) -> None:
@@ -88,11 +92,13 @@ class _Job:
 class AsyncSaver:
     """One worker thread; the caller guarantees one job at a time (the manager waits for the
     previous handle before submitting). ``on_committed(result)`` runs on the worker thread of
-    domain owners after a successful commit (retention)."""
+    domain owners after a successful commit (retention): it unpublishes what it drops and
+    returns those directories, which are removed after the handle resolved. A failure there
+    is logged, never turned into a failed save."""
 
     def __init__(self, cfg: ManagerConfig, comm: Comm, domains: tuple[tuple[int, ...], ...],
                  log: events.EventLog,
-                 on_committed: Callable[[SaveResult], None] | None = None) -> None:
+                 on_committed: Callable[[SaveResult], list[Path]] | None = None) -> None:
         self.cfg, self.comm, self.domains, self.log = cfg, comm, domains, log
         self.on_committed = on_committed
         self.is_owner = any(d[0] == comm.rank for d in domains)
@@ -103,7 +109,7 @@ class AsyncSaver:
     def submit(self, job: _Job, handle: SaveHandle) -> None:
         def run() -> None:
             try:
-                handle.durable.set_result(self._run(job))
+                result = self._run(job)
             except BaseException as e:  # DCP's CheckpointException is a BaseException
                 err = e if isinstance(e, SaveError) else SaveError(
                     f"rank {self.comm.rank}: save of step {job.step} failed: "
@@ -111,6 +117,19 @@ class AsyncSaver:
                 err.__cause__ = e if err is not e else e.__cause__
                 self.log.emit(events.SAVE_FAILED, step=job.step, error=str(err))
                 handle.durable.set_exception(err)
+                return
+            reclaim: list[Path] = []
+            if self.is_owner and self.on_committed is not None:
+                try:  # retention: old checkpoints leave their final names before we resolve
+                    reclaim = self.on_committed(result)
+                except Exception as e:  # never fail a committed save over retention
+                    _log.warning("retention after step %d failed: %s", job.step, e)
+            handle.durable.set_result(result)
+            for path in reclaim:  # freeing the space is housekeeping, after the handle
+                try:
+                    remove_tree(path)
+                except OSError as e:
+                    _log.warning("could not remove %s (start-up cleanup will): %s", path, e)
         self._pool.submit(run)
 
     def close(self) -> None:
@@ -162,6 +181,4 @@ class AsyncSaver:
                             manifest=manifest)
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
                       write_seconds=result.write_seconds, bytes=result.bytes_total)
-        if self.is_owner and self.on_committed is not None:
-            self.on_committed(result)
         return result
