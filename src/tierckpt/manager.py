@@ -185,6 +185,7 @@ class CheckpointManager:
             self._finish_inflight(record_overlap=False)
         finally:
             self._saver.close()
+            self._stager.close()
             self._release()
 
     def __enter__(self) -> CheckpointManager:
