@@ -12,11 +12,13 @@ read in file order, so each file is read sequentially once.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,6 +31,8 @@ from torch.futures import Future
 from tierckpt import layout
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
+_PIECE = 8 * 1024 * 1024
+_READ_THREADS = 4
 
 
 class _Slice(io.RawIOBase):
@@ -118,40 +122,66 @@ class DirectReader(FileSystemReader):
         for rel, items in per_file.items():
             items.sort(key=lambda i: self.storage_data[i.storage_index].offset)
             with open(Path(self.path) / rel, "rb") as f:
+                with contextlib.suppress(OSError, AttributeError):
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                in_place: list[tuple[ReadItem, torch.Tensor, int]] = []
                 for item in items:
                     info = self.storage_data[item.storage_index]
                     self.bytes_read += info.length
-                    if not (self.direct and self._read_in_place(f, item, info, planner)):
+                    job = self._plan_in_place(f, item, info, planner) if self.direct else None
+                    if job is None:
                         self._read_dcp(f, item, info, planner)
+                    else:
+                        in_place.append((item, *job))
+                self._read_pieces(f, [(t, off) for _, t, off in in_place])
+                for item, target, _ in in_place:
+                    planner.commit_tensor(item, target)
+                    self.direct_items += 1
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_in_place(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
-                       planner: LoadPlanner) -> bool:
+    def _plan_in_place(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
+                       planner: LoadPlanner) -> tuple[torch.Tensor, int] | None:
+        """``(destination, file offset of its raw bytes)`` when the item can be read in
+        place, else None (DCP's path)."""
         if item.type != LoadItemType.TENSOR or info.transform_descriptors:
-            return False
+            return None
         if any(o != 0 for o in item.storage_offsets):
-            return False
+            return None
         target = planner.resolve_tensor(item).detach()
         if (target.device.type != "cpu" or not target.is_contiguous()
                 or tuple(target.shape) != tuple(item.lengths)
                 or self._md_props.get(item.storage_index.fqn) != target.dtype):
-            return False
+            return None
         loc = _raw_data_offset(f, info)
-        nbytes = target.numel() * target.element_size()
-        if loc is None or loc[1] != nbytes:
-            return False
-        buf = target.reshape(-1).view(torch.uint8).numpy().data.cast("B")
-        done = 0
-        while done < nbytes:
-            n = os.preadv(f.fileno(), [buf[done:]], loc[0] + done)
-            if n <= 0:
-                raise OSError(f"short read of {info.relative_path} at {loc[0] + done}")
-            done += n
-        planner.commit_tensor(item, target)
-        self.direct_items += 1
-        return True
+        if loc is None or loc[1] != target.numel() * target.element_size():
+            return None
+        return target, loc[0]
+
+    def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]) -> None:
+        """Read every destination's bytes, in ~8 MiB pieces on several threads (preadv
+        releases the GIL; a device serves parallel requests faster than one stream)."""
+        pieces: list[tuple[memoryview, int]] = []
+        for target, offset in jobs:
+            buf = target.reshape(-1).view(torch.uint8).numpy().data.cast("B")
+            pieces.extend((buf[i:i + _PIECE], offset + i) for i in range(0, len(buf), _PIECE))
+        if not pieces:
+            return
+        fd = f.fileno()
+
+        def read(piece: tuple[memoryview, int]) -> None:
+            buf, off = piece
+            done = 0
+            while done < len(buf):
+                n = os.preadv(fd, [buf[done:]], off + done)
+                if n <= 0:
+                    raise OSError(f"short read of {f.name} at {off + done}")
+                done += n
+
+        with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
+            for _ in pool.map(read, pieces):
+                pass
 
     def _read_dcp(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
                   planner: LoadPlanner) -> None:
