@@ -4,7 +4,6 @@ real kill -9 of the uploader process mid-upload against SeaweedFS."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 from faultproxy import UPLOAD_PART, FaultProxy
 from s3server import S3Env
 
-from tierckpt import _crc, _fs, events, layout, retention
+from tests._synthetic import make_checkpoint
+from tierckpt import events, layout, retention
 from tierckpt import manifest as mf
 from tierckpt.errors import ConfigError, LockError
 from tierckpt.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
@@ -30,30 +30,6 @@ from tierckpt.uploader import (
 )
 
 MiB = 1024 * 1024
-
-
-def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
-                    domains: tuple[tuple[int, ...], ...] = (), world_size: int = 1,
-                    only_ranks: set[int] | None = None) -> mf.Manifest:
-    """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
-    ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node)."""
-    rng = random.Random(step)
-    d = root / layout.step_dirname(step)
-    d.mkdir(parents=True)
-    entries = []
-    for name, (size, rank) in sizes.items():
-        data = rng.randbytes(size)
-        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
-                                    rank=rank))
-        if only_ranks is None or rank is None or rank in only_ranks:
-            _fs.write_durably(d / name, data)
-    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
-                    files=tuple(entries), domains=domains)
-    mb = m.to_bytes()
-    _fs.write_durably(d / layout.MANIFEST, mb)
-    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
-                      exclusive=True)
-    return m
 
 
 SMALL = {".metadata": (300, None), "__0_0.distcp": (5000, 0), "__0_1.distcp": (7000, 0)}

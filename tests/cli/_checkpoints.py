@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,8 @@ import torch
 from torch import nn
 
 import tierckpt
-from tierckpt import _crc, _fs, layout
+from tests._synthetic import make_checkpoint
+from tierckpt import layout
 from tierckpt import manifest as mf
 from tierckpt.uploader import Uploader, UploaderConfig, UploadResult
 
@@ -76,20 +76,5 @@ def node_local_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int
                           only_ranks: set[int]) -> mf.Manifest:
     """A committed checkpoint of random files ``{name: (size, rank)}`` of which this root
     holds only ``only_ranks``' files plus the shared ones (one node of several)."""
-    rng = random.Random(step)
-    d = root / layout.step_dirname(step)
-    d.mkdir(parents=True)
-    entries = []
-    for name, (size, rank) in sizes.items():
-        data = rng.randbytes(size)
-        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
-                                    rank=rank))
-        if rank is None or rank in only_ranks:
-            _fs.write_durably(d / name, data)
-    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
-                    files=tuple(entries), domains=domains)
-    mb = m.to_bytes()
-    _fs.write_durably(d / layout.MANIFEST, mb)
-    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
-                      exclusive=True)
-    return m
+    return make_checkpoint(root, step, sizes, domains=domains, world_size=world_size,
+                           only_ranks=only_ranks)

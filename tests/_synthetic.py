@@ -1,0 +1,34 @@
+"""Synthetic committed tier-1 checkpoints (random files + manifest + marker) for tests of
+the layers above the saver: uploader, inventory, CLI."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tierckpt import _crc, _fs, layout
+from tierckpt import manifest as mf
+
+
+def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
+                    domains: tuple[tuple[int, ...], ...] = (), world_size: int = 1,
+                    only_ranks: set[int] | None = None) -> mf.Manifest:
+    """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
+    ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node)."""
+    rng = random.Random(step)
+    d = root / layout.step_dirname(step)
+    d.mkdir(parents=True)
+    entries = []
+    for name, (size, rank) in sizes.items():
+        data = rng.randbytes(size)
+        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
+                                    rank=rank))
+        if only_ranks is None or rank is None or rank in only_ranks:
+            _fs.write_durably(d / name, data)
+    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
+                    files=tuple(entries), domains=domains)
+    mb = m.to_bytes()
+    _fs.write_durably(d / layout.MANIFEST, mb)
+    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
+                      exclusive=True)
+    return m
