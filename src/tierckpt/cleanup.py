@@ -27,9 +27,9 @@ from typing import Any
 
 from tierckpt import commit, layout, retention
 from tierckpt._topology import RootLock
+from tierckpt.commit import complete_steps
 from tierckpt.errors import ConfigError
 from tierckpt.inventory import tier1_pins
-from tierckpt.resume import complete_steps
 from tierckpt.storage import Storage
 from tierckpt.uploader import delete_remote, remote_complete_steps, uploaded_steps
 

@@ -40,6 +40,21 @@ def commit_domain(tmp_dir: Path, final_dir: Path, *, manifest_bytes: bytes, mark
     _fs.write_durably(final_dir / layout.COMPLETE, marker_bytes, mode=file_mode, exclusive=True)
 
 
+def complete_steps(root: Path) -> list[int]:
+    """Steps of final-named directories under ``root`` that have a COMPLETE file, newest
+    first; [] when ``root`` does not exist. No verification: for retention, the uploader's
+    policy and ``ls`` (resume verifies each candidate itself)."""
+    if not root.is_dir():
+        return []
+    out = []
+    for e in os.scandir(root):
+        step = layout.parse_step_dirname(e.name)
+        if step is not None and e.is_dir(follow_symlinks=False) and \
+                os.path.exists(os.path.join(e.path, layout.COMPLETE)):
+            out.append(step)
+    return sorted(out, reverse=True)
+
+
 def clean_stale(root: Path) -> list[Path]:
     """Remove leftover tmp and half-deleted directories under ``root`` (crashed saves and
     deletions). Complete checkpoints are never touched. Call only while holding the root's

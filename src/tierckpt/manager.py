@@ -27,7 +27,7 @@ from tierckpt import _fs, commit, events, layout, retention
 from tierckpt._topology import Comm, RootLock, discover_domains
 from tierckpt.config import ManagerConfig, OnSaveError, Verify
 from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
-from tierckpt.resume import Chooser, RestoreInfo, complete_steps, load_into
+from tierckpt.resume import Chooser, RestoreInfo, load_into
 from tierckpt.saver import AsyncSaver, SaveHandle, SaveResult, _Job
 from tierckpt.staging import HostStager
 from tierckpt.state import TrainState
@@ -67,7 +67,7 @@ class CheckpointManager:
             self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
                                        mode=cfg.file_mode)
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
-            existing = complete_steps(cfg.tier1) if self.is_owner else []
+            existing = commit.complete_steps(cfg.tier1) if self.is_owner else []
             newest = max(self.comm.all_gather(existing[0] if existing else -1))
             self.last_committed: int | None = None if newest < 0 else newest
             self._uploader = self._start_uploader()
@@ -227,7 +227,7 @@ class CheckpointManager:
         pins_dir = root / layout.PINS
         pinned = {s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
                   if s is not None} if pins_dir.is_dir() else set()
-        complete = complete_steps(root)
+        complete = commit.complete_steps(root)
         if self.config.tier2:  # keep what the uploader has yet to copy
             pinned |= retention.tier1_upload_holds(complete, upload_every=self.config.upload_every,
                                                    done=uploaded_steps(root))

@@ -52,18 +52,6 @@ class RestoreInfo:
         return self.world_size != self.saved_world_size
 
 
-def complete_steps(root: Path) -> list[int]:
-    """Steps of final-named directories under ``root`` that have a COMPLETE file, newest
-    first (no verification: for retention and ``ls``)."""
-    out = []
-    for e in os.scandir(root):
-        step = layout.parse_step_dirname(e.name)
-        if step is not None and e.is_dir(follow_symlinks=False) and \
-                os.path.exists(os.path.join(e.path, layout.COMPLETE)):
-            out.append(step)
-    return sorted(out, reverse=True)
-
-
 def candidate_steps(root: Path) -> list[int]:
     """Every final-named entry under ``root``, newest first (complete or not)."""
     steps = [layout.parse_step_dirname(n) for n in os.listdir(root)]

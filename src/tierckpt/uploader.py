@@ -55,6 +55,7 @@ from typing import Any
 
 from tierckpt import _fs, events, layout, retention
 from tierckpt import manifest as mf
+from tierckpt.commit import complete_steps
 from tierckpt.errors import CheckpointError, ConfigError, IntegrityError, LockError
 from tierckpt.storage import ObjectExistsError, ObjectInfo, Storage, open_storage
 
@@ -150,13 +151,6 @@ def uploaded_steps(tier1: Path) -> set[int]:
     """Steps whose upload is done (verified, files_verified or conflict): tier-1 retention
     may delete them as far as the uploader is concerned."""
     return {s for s, st in upload_states(tier1).items() if st.get("status") in DONE}
-
-
-def _complete_steps(tier1: Path) -> list[int]:
-    if not tier1.is_dir():
-        return []
-    return [s for s in (layout.parse_step_dirname(n) for n in os.listdir(tier1))
-            if s is not None and (tier1 / layout.step_dirname(s) / layout.COMPLETE).exists()]
 
 
 # -- tier 2 helpers ---------------------------------------------------------------------------
@@ -272,7 +266,7 @@ class Uploader:
     # -- policy ---------------------------------------------------------------------------
     def next_step(self) -> int | None:
         """The step to upload next (see :func:`tierckpt.retention.next_upload`)."""
-        return retention.next_upload(_complete_steps(self.config.tier1),
+        return retention.next_upload(complete_steps(self.config.tier1),
                                      upload_every=self.config.upload_every,
                                      done=uploaded_steps(self.config.tier1))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import tierckpt
 import tierckpt.cli.gc  # registers the command
 from tierckpt import layout
-from tierckpt.resume import complete_steps
+from tierckpt.commit import complete_steps
 from tierckpt.storage import LocalStorage
 from tierckpt.uploader import remote_complete_steps
 

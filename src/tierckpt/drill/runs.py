@@ -16,11 +16,11 @@ from typing import Any
 
 from tierckpt import events as ev
 from tierckpt import layout
+from tierckpt.commit import complete_steps
 from tierckpt.drill.inject import KillRecord, kill_at_step, read_jsonl
 from tierckpt.drill.launch import Job, JobSpec
 from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
-from tierckpt.resume import complete_steps
 from tierckpt.storage import open_storage
 from tierckpt.uploader import remote_complete_steps
 
