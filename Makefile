@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m tierckpt.demo
+	$(BIN)/python -m tierckpt.cli.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider

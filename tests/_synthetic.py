@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tierckpt import _crc, _fs, layout
-from tierckpt import manifest as mf
+from tierckpt.format import checksum, layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier1 import fs
 
 
 def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
@@ -21,14 +22,14 @@ def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | Non
     entries = []
     for name, (size, rank) in sizes.items():
         data = rng.randbytes(size)
-        entries.append(mf.FileEntry(name=name, size=size, crc32c=_crc.extend(0, data),
+        entries.append(mf.FileEntry(name=name, size=size, crc32c=checksum.extend(0, data),
                                     rank=rank))
         if only_ranks is None or rank is None or rank in only_ranks:
-            _fs.write_durably(d / name, data)
+            fs.write_durably(d / name, data)
     m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
                     files=tuple(entries), domains=domains)
     mb = m.to_bytes()
-    _fs.write_durably(d / layout.MANIFEST, mb)
-    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
+    fs.write_durably(d / layout.MANIFEST, mb)
+    fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
                       exclusive=True)
     return m

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tierckpt.cleanup import GcPolicy, plan_gc
 from tierckpt.errors import ConfigError
+from tierckpt.ops.gc import GcPolicy, plan_gc
 
 
 def test_keep_last_pins_and_newest() -> None:

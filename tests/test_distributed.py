@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from tierckpt.distributed import (
+from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.runtime.distributed import (
     DistInfo,
     _agree_incarnation,
     init_distributed,
     timeout_env_recipe,
 )
-from tierckpt.errors import CheckpointError, ConfigError
-from tierckpt.events import read_events
+from tierckpt.runtime.events import read_events
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -109,7 +109,7 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     code = (
         "import json, torch, torch.distributed as dist\n"
-        "from tierckpt.distributed import init_distributed\n"
+        "from tierckpt.runtime.distributed import init_distributed\n"
         f"info = init_distributed(event_log={str(events)!r})\n"
         "x = torch.ones(2); dist.all_reduce(x)\n"
         "print(json.dumps({'rank': info.rank, 'world': info.world_size, 'backend': info.backend,"

@@ -17,13 +17,13 @@ import tierckpt.cli.drill
 import tierckpt.cli.plan  # registers its command
 from tests.cli._helpers import flags
 from tierckpt.cli._app import app
-from tierckpt.demo import demo_plan
+from tierckpt.cli.demo import demo_plan
 from tierckpt.drill import DrillConfig, render_markdown, run_drills
 from tierckpt.drill import verdicts as vd
 from tierckpt.drill.launch import agent_argv, training_argv
 from tierckpt.drill.report import SCHEMA, timeline_marks, verdicts
 from tierckpt.errors import ConfigError
-from tierckpt.storage.local import LocalStorage
+from tierckpt.tier2.storage.local import LocalStorage
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
 SMALL = ["--layers", "1", "--dim", "32", "--samples", "256", "--save-every", "3",

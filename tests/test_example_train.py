@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tierckpt.events import read_events
+from tierckpt.runtime.events import read_events
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
 SMALL = ["--steps", "10", "--save-every", "4", "--layers", "1", "--dim", "32",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tierckpt import _crc, _fs, layout
-from tierckpt import manifest as mf
-from tierckpt.inventory import Observed, classify, inventory, observe_tier1, tier1_pins
-from tierckpt.storage import LocalStorage
+from tierckpt.format import checksum, layout
+from tierckpt.format import manifest as mf
+from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1, tier1_pins
+from tierckpt.tier1 import fs
+from tierckpt.tier2.storage import LocalStorage
 
 NOW = 1_000_000.0
 
@@ -63,14 +64,14 @@ def _commit(root: Path, step: int, *, payload: bytes = b"abc", manifest_step: in
             ) -> None:
     d = root / layout.step_dirname(step)
     d.mkdir(parents=True)
-    _fs.write_durably(d / "__0_0.distcp", payload)
+    fs.write_durably(d / "__0_0.distcp", payload)
     m = mf.Manifest(step=step if manifest_step is None else manifest_step, world_size=1,
                     save_id=f"s{step}", created_unix=NOW,
                     files=(mf.FileEntry(name="__0_0.distcp", size=len(payload),
-                                        crc32c=_crc.extend(0, payload), rank=0),))
+                                        crc32c=checksum.extend(0, payload), rank=0),))
     mb = m.to_bytes()
-    _fs.write_durably(d / layout.MANIFEST, mb)
-    _fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, m.step, m.save_id))
+    fs.write_durably(d / layout.MANIFEST, mb)
+    fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, m.step, m.save_id))
 
 
 def test_observe_tier1_reads_markers_not_shards(tmp_path: Path) -> None:

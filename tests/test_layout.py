@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierckpt import layout
+from tierckpt.format import layout
 
 
 def test_names_roundtrip() -> None:

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import tierckpt
-from tierckpt import events, layout
 from tierckpt.errors import ConfigError, LockError, SaveError
+from tierckpt.format import layout
+from tierckpt.runtime import events
 
 
 def _state(seed: int = 0, width: int = 16) -> tuple[tierckpt.TrainState, nn.Module]:

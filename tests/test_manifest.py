@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tierckpt import manifest as mf
 from tierckpt.errors import IntegrityError, SignatureError
+from tierckpt.format import manifest as mf
 
 
 def _m(**kw: object) -> mf.Manifest:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tierckpt import events as ev
-from tierckpt import measure
 from tierckpt.errors import ConfigError
+from tierckpt.runtime import events as ev
+from tierckpt.runtime import measure
 
 
 def _log(path: Path, rank: int, rows: list[tuple[str, int | None, dict[str, object]]]) -> None:

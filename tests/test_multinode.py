@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests._launch import WORKLOADS, read_jsonl
-from tierckpt import layout
-from tierckpt import manifest as mf
-from tierckpt.uploader import Uploader, UploaderConfig
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
 TRAIN = WORKLOADS / "fsdp_train.py"
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from tierckpt import plan
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan
 
 H = 3600.0
 MIN = 60.0

@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 import tierckpt
-from tierckpt._reader import DirectReader
+from tierckpt.restore.reader import DirectReader
 
 
 class _Holder(torch.nn.Module):

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import tierckpt
-from tierckpt import events, layout
+from tierckpt.format import layout
+from tierckpt.runtime import events
 
 
 def _state() -> tierckpt.TrainState:

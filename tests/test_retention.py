@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierckpt.retention import tier1_deletions
+from tierckpt.policy.retention import tier1_deletions
 
 
 def test_keeps_last_and_pinned() -> None:

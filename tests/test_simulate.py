@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from tierckpt import plan
 from tierckpt.errors import ConfigError
-from tierckpt.simulate import Failures, JobModel, simulate, sweep
+from tierckpt.policy import plan
+from tierckpt.policy.simulate import Failures, JobModel, simulate, sweep
 
 H = 3600.0
 DAY = 86400.0

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tierckpt._units import (
+from tierckpt.errors import ConfigError
+from tierckpt.policy.units import (
     format_bytes,
     format_duration,
     parse_count,
     parse_duration,
     parse_size,
 )
-from tierckpt.errors import ConfigError
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

@@ -14,11 +14,13 @@ from faultproxy import UPLOAD_PART, FaultProxy
 from s3server import S3Env
 
 from tests._synthetic import make_checkpoint
-from tierckpt import events, layout, retention
-from tierckpt import manifest as mf
 from tierckpt.errors import ConfigError, LockError
-from tierckpt.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
-from tierckpt.uploader import (
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.policy import retention
+from tierckpt.runtime import events
+from tierckpt.tier2.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
+from tierckpt.tier2.uploader import (
     IOPRIO_IDLE,
     Uploader,
     UploaderConfig,
@@ -321,7 +323,7 @@ def test_uploader_process_exits_when_its_parent_dies(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from tierckpt.uploader import UploaderConfig, UploaderProcess\n"
+        "from tierckpt.tier2.uploader import UploaderConfig, UploaderProcess\n"
         "p = UploaderProcess(UploaderConfig(tier1=Path(sys.argv[1]), tier2=sys.argv[2])).start()\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"

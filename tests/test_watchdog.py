@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tierckpt.errors import ConfigError
-from tierckpt.events import read_events
-from tierckpt.watchdog import EXIT_CODE, StepWatchdog
+from tierckpt.runtime.events import read_events
+from tierckpt.runtime.watchdog import EXIT_CODE, StepWatchdog
 
 SCRIPT = Path(__file__).parent / "scripts" / "hang_worker.py"
 

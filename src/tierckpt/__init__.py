@@ -24,28 +24,28 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CheckpointManager": "tierckpt.manager",
-    "DistInfo": "tierckpt.distributed",
+    "DistInfo": "tierckpt.runtime.distributed",
     "ManagerConfig": "tierckpt.config",
     "OnSaveError": "tierckpt.config",
-    "RestoreInfo": "tierckpt.resume",
+    "RestoreInfo": "tierckpt.restore.resume",
     "ResumableSampler": "tierckpt.data",
-    "SaveHandle": "tierckpt.saver",
-    "SaveResult": "tierckpt.saver",
-    "StepWatchdog": "tierckpt.watchdog",
+    "SaveHandle": "tierckpt.save.saver",
+    "SaveResult": "tierckpt.save.saver",
+    "StepWatchdog": "tierckpt.runtime.watchdog",
     "TrainState": "tierckpt.state",
     "Verify": "tierckpt.config",
-    "init_distributed": "tierckpt.distributed",
+    "init_distributed": "tierckpt.runtime.distributed",
 }
 
 if TYPE_CHECKING:
     from tierckpt.config import ManagerConfig, OnSaveError, Verify
     from tierckpt.data import ResumableSampler
-    from tierckpt.distributed import DistInfo, init_distributed
     from tierckpt.manager import CheckpointManager
-    from tierckpt.resume import RestoreInfo
-    from tierckpt.saver import SaveHandle, SaveResult
+    from tierckpt.restore.resume import RestoreInfo
+    from tierckpt.runtime.distributed import DistInfo, init_distributed
+    from tierckpt.runtime.watchdog import StepWatchdog
+    from tierckpt.save.saver import SaveHandle, SaveResult
     from tierckpt.state import TrainState
-    from tierckpt.watchdog import StepWatchdog
 
 
 def __getattr__(name: str) -> Any:

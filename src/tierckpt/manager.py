@@ -23,16 +23,19 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from tierckpt import _fs, commit, events, layout, retention
-from tierckpt._topology import Comm, RootLock, discover_domains
 from tierckpt.config import ManagerConfig, OnSaveError, Verify
 from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
-from tierckpt.resume import Chooser, RestoreInfo, load_into
-from tierckpt.saver import AsyncSaver, SaveHandle, SaveResult, _Job
-from tierckpt.staging import HostStager
+from tierckpt.format import layout
+from tierckpt.policy import retention
+from tierckpt.restore.resume import Chooser, RestoreInfo, load_into
+from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm, RootLock, discover_domains
+from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveResult, _Job
+from tierckpt.save.staging import HostStager
 from tierckpt.state import TrainState
-from tierckpt.storage import open_storage
-from tierckpt.uploader import UploaderConfig, UploaderProcess, uploaded_steps
+from tierckpt.tier1 import commit, fs
+from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.uploader import UploaderConfig, UploaderProcess, uploaded_steps
 
 _log = logging.getLogger("tierckpt")
 
@@ -248,7 +251,7 @@ class CheckpointManager:
         try:
             root.mkdir(mode=self.config.dir_mode, parents=True, exist_ok=True)
             probe = root / f".writable-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-            _fs.write_durably(probe, b"", mode=self.config.file_mode)
+            fs.write_durably(probe, b"", mode=self.config.file_mode)
             probe.unlink()
         except OSError as e:
             raise ConfigError(f"tier1={root} is not a writable directory ({e}); point tier1 at "

@@ -11,9 +11,9 @@ from torch import nn
 
 import tierckpt
 from tests._synthetic import make_checkpoint
-from tierckpt import layout
-from tierckpt import manifest as mf
-from tierckpt.uploader import Uploader, UploaderConfig, UploadResult
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploadResult
 
 
 def train_state(seed: int = 0) -> tierckpt.TrainState:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import tierckpt
 import tierckpt.cli.gc  # registers the command
-from tierckpt import layout
-from tierckpt.commit import complete_steps
-from tierckpt.storage import LocalStorage
-from tierckpt.uploader import remote_complete_steps
+from tierckpt.format import layout
+from tierckpt.tier1.commit import complete_steps
+from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.uploader import remote_complete_steps
 
 from ._checkpoints import clone, save_steps, upload
 from ._helpers import flags, invoke, invoke_json

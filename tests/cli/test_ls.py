@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import tierckpt.cli.ls  # noqa: F401  (registers the command)
-from tierckpt import layout
-from tierckpt.storage import LocalStorage
+from tierckpt.format import layout
+from tierckpt.tier2.storage import LocalStorage
 
 from ._checkpoints import clone, manifest, upload
 from ._helpers import flags, invoke, invoke_json

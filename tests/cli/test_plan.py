@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tierckpt import events as ev
+from tierckpt.runtime import events as ev
 
 from ._helpers import RUNNER, app, flags, invoke, invoke_json
 

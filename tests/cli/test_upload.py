@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tierckpt.cli.upload  # noqa: F401  (registers the command)
-from tierckpt import layout
-from tierckpt.fetch import remote_manifest
-from tierckpt.storage import LocalStorage
-from tierckpt.uploader import Uploader, UploaderConfig, read_state, remote_complete_steps
+from tierckpt.format import layout
+from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.uploader import Uploader, UploaderConfig, read_state, remote_complete_steps
 
 from ._checkpoints import clone, manifest, save_steps, shard
 from ._helpers import flags, invoke, invoke_json

@@ -10,8 +10,8 @@ from s3server import S3Env
 
 import tierckpt.cli.ls
 import tierckpt.cli.verify  # noqa: F401  (register the commands)
-from tierckpt import layout
-from tierckpt.resume import MissingFilesError, verify_checkpoint
+from tierckpt.format import layout
+from tierckpt.restore.resume import MissingFilesError, verify_checkpoint
 
 from ._checkpoints import (
     clone,

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 import tierckpt
-from tierckpt import _crc, layout
 from tierckpt.errors import IntegrityError
-from tierckpt.resume import verify_checkpoint
+from tierckpt.format import checksum, layout
+from tierckpt.restore.resume import verify_checkpoint
 
 WIDTH = 48
 
@@ -70,7 +70,7 @@ def snapshot(root: Path) -> dict[int, dict[str, int]]:
     snap = {}
     for step in committed(root):
         d = root / layout.step_dirname(step)
-        snap[step] = {p.name: _crc.of_file(p)[0] for p in sorted(d.iterdir()) if p.is_file()}
+        snap[step] = {p.name: checksum.of_file(p)[0] for p in sorted(d.iterdir()) if p.is_file()}
     return snap
 
 

@@ -28,9 +28,9 @@ import torch
 
 import tierckpt
 from tests.faults._oracle import make_state, set_weights, snapshot, weights_step
-from tierckpt import layout
-from tierckpt.distributed import init_distributed
 from tierckpt.errors import SaveError
+from tierckpt.format import layout
+from tierckpt.runtime.distributed import init_distributed
 
 
 def _self_strace(syscall: str, when: int, action: str = "signal=KILL",

@@ -20,7 +20,7 @@ import pytest
 
 import tierckpt
 from tests.faults._oracle import TALLY, committed, make_state, restore_step, set_weights
-from tierckpt import layout
+from tierckpt.format import layout
 
 YEAR = 365 * 24 * 3600.0
 

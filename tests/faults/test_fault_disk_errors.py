@@ -29,8 +29,9 @@ from tests.faults._oracle import (
     set_weights,
     snapshot,
 )
-from tierckpt import events, layout
 from tierckpt.errors import SaveError
+from tierckpt.format import layout
+from tierckpt.runtime import events
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from tests.faults._oracle import (
     save_steps,
     snapshot,
 )
-from tierckpt import layout
+from tierckpt.format import layout
 
 pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
                                 reason="needs strace allowed to attach (root)")

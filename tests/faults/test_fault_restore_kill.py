@@ -29,8 +29,8 @@ from tests.faults._oracle import (
     save_steps,
     weights_step,
 )
-from tierckpt import layout
-from tierckpt.uploader import Uploader, UploaderConfig
+from tierckpt.format import layout
+from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
 pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
                                 reason="needs strace allowed to attach (root)")

@@ -4,7 +4,7 @@ Rules interleave saves, restarts (close, reopen, restore), crash debris (a tmp d
 of a killed save, or a final-named directory whose ``COMPLETE`` was never written), damage
 to committed checkpoints (truncated or flipped shard, missing marker, wrong digest),
 deletions by hand, pins (``pins/step-XXXXXXXX.<holder>``) and tier-2 uploads by the real
-in-process :class:`tierckpt.uploader.Uploader` to a ``file://`` tier 2 (its upload state
+in-process :class:`tierckpt.tier2.uploader.Uploader` to a ``file://`` tier 2 (its upload state
 and pins are what tier-1 retention must honour: ``upload_every=2``).
 
 Properties:
@@ -31,11 +31,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import tierckpt
 from tests.faults._oracle import TALLY, committed, make_state, set_weights, weights_step
-from tierckpt import layout, retention
 from tierckpt.errors import IntegrityError
-from tierckpt.resume import verify_checkpoint
-from tierckpt.storage import open_storage
-from tierckpt.uploader import Uploader, UploaderConfig, remote_complete_steps, uploaded_steps
+from tierckpt.format import layout
+from tierckpt.policy import retention
+from tierckpt.restore.resume import verify_checkpoint
+from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.uploader import Uploader, UploaderConfig, remote_complete_steps, uploaded_steps
 
 KEEP = 2
 UPLOAD_EVERY = 2

@@ -26,9 +26,9 @@ from tests.faults._oracle import (
     save_steps,
     snapshot,
 )
-from tierckpt import layout
-from tierckpt import manifest as mf
 from tierckpt.errors import SignatureError
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
 
 KEY_ENV = mf.SIGNING_KEY_ENV
 
@@ -115,10 +115,10 @@ def test_forged_checkpoint_refused_when_signing(tmp_path: Path,
     (d / layout.METADATA).write_bytes(trap)
 
     def edit(body: dict) -> None:
-        from tierckpt import _crc
+        from tierckpt.format import checksum
         for f in body["files"]:
             if f["name"] == layout.METADATA:
-                f["size"], f["crc32c"] = len(trap), _crc.to_hex(_crc.extend(0, trap))
+                f["size"], f["crc32c"] = len(trap), checksum.to_hex(checksum.extend(0, trap))
     _rewrite_manifest(d, edit, key=None)
     with tierckpt.CheckpointManager(tier1=root) as ck, \
             pytest.raises(SignatureError, match=r"refusing to restore .*unsigned"):
@@ -232,8 +232,9 @@ def test_verified_but_poisoned_rank_state_loads_weights_only(tmp_path: Path) -> 
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from tierckpt import _writer, commit
     from tierckpt.errors import CheckpointError
+    from tierckpt.save import writer
+    from tierckpt.tier1 import commit
 
     root, fired = tmp_path / "tier1", tmp_path / "FIRED"
     save_steps(root, [1])
@@ -243,7 +244,7 @@ def test_verified_but_poisoned_rank_state_loads_weights_only(tmp_path: Path) -> 
     sd["rank_state"][rank] = torch.frombuffer(bytearray(_trap_bytes(fired)), dtype=torch.uint8)
     tmp = root / layout.tmp_dirname(2, "forged")
     tmp.mkdir()
-    w = _writer.ShardWriter(tmp)
+    w = writer.ShardWriter(tmp)
     dcp.save(sd, storage_writer=w, no_dist=True)
     assert w.metadata_entry is not None
     m = mf.Manifest(step=2, world_size=1, save_id="forged", files=(*w.files, w.metadata_entry),

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tierckpt.distributed import init_distributed
+from tierckpt.runtime.distributed import init_distributed
 
 
 def main() -> int:

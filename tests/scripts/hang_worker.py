@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--hang-timeout", type=float, default=1.0)
     args = p.parse_args()
 
-    from tierckpt.watchdog import StepWatchdog
+    from tierckpt.runtime.watchdog import StepWatchdog
 
     if args.mode in ("single", "steady"):
         with StepWatchdog(args.hang_timeout, event_log=args.events) as wd:
@@ -47,7 +47,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from tierckpt.distributed import init_distributed
+    from tierckpt.runtime.distributed import init_distributed
 
     info = init_distributed("gloo", timeout=timedelta(seconds=120), event_log=args.events)
     hang = info.restart_count == 0

@@ -46,7 +46,7 @@ def _count_kills(out: str) -> int:
 
 def _init(mode: str, timeout: timedelta, events: str | None) -> None:
     if mode == "tierckpt":
-        from tierckpt.distributed import init_distributed
+        from tierckpt.runtime.distributed import init_distributed
 
         init_distributed("gloo", timeout=timeout, event_log=events)
     elif mode == "plain":

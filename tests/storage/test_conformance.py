@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tierckpt import _crc
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
-from tierckpt.storage import (
+from tierckpt.format import checksum
+from tierckpt.tier2.storage import (
     BadDigestError,
     LocalStorage,
     MemoryStorage,
@@ -24,7 +24,7 @@ from tierckpt.storage import (
     Storage,
     open_storage,
 )
-from tierckpt.storage.base import TMP_MARK
+from tierckpt.tier2.storage.base import TMP_MARK
 
 MiB = 1024 * 1024
 S3_TEST_OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_concurrency": 4,
@@ -45,7 +45,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
 
 def write(path: Path, data: bytes) -> tuple[Path, int]:
     path.write_bytes(data)
-    return path, _crc.extend(0, data)
+    return path, checksum.extend(0, data)
 
 
 def test_is_a_storage(storage: Storage) -> None:
@@ -106,7 +106,7 @@ def test_put_file_replaces_atomically(storage: Storage, tmp_path: Path) -> None:
 
 def test_put_bytes_get_bytes(storage: Storage) -> None:
     info = storage.put_bytes("a/manifest.json", b'{"x": 1}\n')
-    assert info.crc32c == _crc.extend(0, b'{"x": 1}\n') and info.size == 9
+    assert info.crc32c == checksum.extend(0, b'{"x": 1}\n') and info.size == 9
     assert storage.get_bytes("a/manifest.json") == b'{"x": 1}\n'
     head = storage.head("a/manifest.json")
     assert head is not None and head.size == 9

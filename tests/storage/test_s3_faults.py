@@ -15,10 +15,10 @@ import pytest
 from faultproxy import COMPLETE, GET, PUT_OBJECT, UPLOAD_PART, FaultProxy
 from s3server import S3Env
 
-from tierckpt import _crc
 from tierckpt.errors import StorageError
-from tierckpt.storage import BadDigestError, open_storage
-from tierckpt.storage.s3 import S3Storage
+from tierckpt.format import checksum
+from tierckpt.tier2.storage import BadDigestError, open_storage
+from tierckpt.tier2.storage.s3 import S3Storage
 
 MiB = 1024 * 1024
 OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_concurrency": 2,
@@ -38,7 +38,7 @@ def make_file(tmp_path: Path, size: int) -> tuple[Path, bytes, int]:
     data = os.urandom(size)
     p = tmp_path / f"src-{size}"
     p.write_bytes(data)
-    return p, data, _crc.extend(0, data)
+    return p, data, checksum.extend(0, data)
 
 
 def assert_stored(env: S3Env, key: str, data: bytes, crc: int) -> None:
@@ -47,7 +47,7 @@ def assert_stored(env: S3Env, key: str, data: bytes, crc: int) -> None:
     full = f"{env.prefix}/{key}"
     assert c.get_object(Bucket=env.bucket, Key=full)["Body"].read() == data
     h = c.head_object(Bucket=env.bucket, Key=full, ChecksumMode="ENABLED")
-    assert h["ChecksumCRC32C"] == _crc.to_b64(crc)
+    assert h["ChecksumCRC32C"] == checksum.to_b64(crc)
     assert env.pending_uploads() == []
 
 
@@ -143,9 +143,9 @@ def test_persistent_corrupt_marker_put_fails_without_marker(
 def big_object(s3_env: S3Env, tmp_path: Path) -> tuple[str, bytes, int]:
     """An 11 MiB object (3 ranges of <= 5 MiB) uploaded directly, not through the proxy."""
     data = os.urandom(11 * MiB)
-    crc = _crc.extend(0, data)
+    crc = checksum.extend(0, data)
     s3_env.client().put_object(Bucket=s3_env.bucket, Key=f"{s3_env.prefix}/obj", Body=data,
-                               ChecksumCRC32C=_crc.to_b64(crc))
+                               ChecksumCRC32C=checksum.to_b64(crc))
     return "obj", data, crc
 
 

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import tierckpt
-from tierckpt.distributed import init_distributed
+from tierckpt.runtime.distributed import init_distributed
 
 VOCAB, SEQ, DIM = 64, 16, 32
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierckpt import measure, plan
-from tierckpt._units import format_duration, parse_duration
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan
+from tierckpt.policy.units import format_duration, parse_duration
+from tierckpt.runtime import measure
 
 GIVEN = "given"
 

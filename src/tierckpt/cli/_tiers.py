@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tierckpt._units import format_duration
 from tierckpt.cli._render import config_errors
 from tierckpt.errors import CheckpointError
-from tierckpt.storage import Storage, open_storage
+from tierckpt.policy.units import format_duration
+from tierckpt.tier2.storage import Storage, open_storage
 
 EXIT_FAILED = 1
 """Exit status when the operation ran and failed (or found damage)."""

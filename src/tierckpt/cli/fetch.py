@@ -7,15 +7,15 @@ from typing import Annotated
 
 import typer
 
-from tierckpt import layout
-from tierckpt._topology import RootLock
-from tierckpt._units import format_bytes
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError, NoCheckpointError
-from tierckpt.fetch import fetch_into_tier1
-from tierckpt.uploader import remote_complete_steps
+from tierckpt.format import layout
+from tierckpt.policy.units import format_bytes
+from tierckpt.runtime.topology import RootLock
+from tierckpt.tier2.fetch import fetch_into_tier1
+from tierckpt.tier2.uploader import remote_complete_steps
 
 
 @app.command()

@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tierckpt import cleanup
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
+from tierckpt.ops import gc as gclib
 
 
 @app.command()
@@ -36,11 +36,11 @@ def gc(
     holds it."""
     root = tier1_dir(tier1)
     with failures():
-        policy = cleanup.GcPolicy(keep_last=keep_last, upload_every=upload_every,
+        policy = gclib.GcPolicy(keep_last=keep_last, upload_every=upload_every,
                                   tier2_keep_last=tier2_keep_last,
                                   tier2_keep_every=tier2_keep_every)
         with tier2(tier2_url) as storage:
-            plan = cleanup.collect(root, policy, storage=storage, apply=yes)
+            plan = gclib.collect(root, policy, storage=storage, apply=yes)
     if as_json:
         emit_json({"tier1_root": str(root), "tier2_url": tier2_url, **plan.to_json()})
         return

@@ -8,11 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tierckpt import inventory, layout
-from tierckpt._units import format_bytes
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import age, failures, tier1_dir, tier2
+from tierckpt.format import layout
+from tierckpt.ops import inventory
+from tierckpt.policy.units import format_bytes
 
 _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
           "uploading": "magenta", "verified": "green", "conflict": "bold red"}

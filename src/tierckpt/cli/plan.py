@@ -10,12 +10,12 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from tierckpt import plan as planlib
-from tierckpt._units import format_duration, parse_duration
 from tierckpt.cli import _planinputs
 from tierckpt.cli._app import app
 from tierckpt.cli._render import Curve, config_errors, console, emit_json, pct, plot_waste
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan as planlib
+from tierckpt.policy.units import format_duration, parse_duration
 
 
 @app.command()

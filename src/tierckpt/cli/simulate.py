@@ -10,9 +10,6 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from tierckpt import plan as planlib
-from tierckpt import simulate as simlib
-from tierckpt._units import format_duration, parse_duration
 from tierckpt.cli import _planinputs
 from tierckpt.cli._app import app
 from tierckpt.cli._render import (
@@ -25,6 +22,9 @@ from tierckpt.cli._render import (
     plot_waste,
 )
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan as planlib
+from tierckpt.policy import simulate as simlib
+from tierckpt.policy.units import format_duration, parse_duration
 
 DEFAULT_WEIBULL_SHAPE = 0.7
 """Weibull shape used when --failures weibull is given without --shape (failures cluster)."""

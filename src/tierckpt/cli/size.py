@@ -8,11 +8,11 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tierckpt import plan
-from tierckpt._units import format_bytes, parse_count, parse_size
 from tierckpt.cli._app import app
 from tierckpt.cli._render import config_errors, console, emit_json
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan
+from tierckpt.policy.units import format_bytes, parse_count, parse_size
 
 DEFAULT_RESERVE_FRACTION = 0.25
 """Host RAM kept for data loaders and everything else when --reserve is not given."""

@@ -1,7 +1,7 @@
 """``tierckpt upload``: copy committed tier-1 checkpoints to tier 2 in the foreground, with
 a progress bar per checkpoint; ``--watch`` keeps going until Ctrl-C / SIGTERM.
 
-The same :class:`tierckpt.uploader.Uploader` a job starts in the background: same order,
+The same :class:`tierckpt.tier2.uploader.Uploader` a job starts in the background: same order,
 verification, upload state and tier-2 retention, and the same per-root lock (a job's
 background uploader and this command cannot both serve one root).
 """
@@ -28,12 +28,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tierckpt._units import format_bytes
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
 from tierckpt.errors import ConfigError
-from tierckpt.uploader import DONE, Uploader, UploaderConfig, UploadResult
+from tierckpt.policy.units import format_bytes
+from tierckpt.tier2.uploader import DONE, Uploader, UploaderConfig, UploadResult
 
 _OK = ("verified", "files_verified")
 """Results that count as success (``conflict`` is done, but a failure for the user)."""

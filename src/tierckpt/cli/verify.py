@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from tierckpt import check
-from tierckpt._units import format_bytes
 from tierckpt.cli._app import app
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
+from tierckpt.ops import check
+from tierckpt.policy.units import format_bytes
 
 
 @app.command()

@@ -25,8 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tierckpt import events as ev
-from tierckpt import measure
 from tierckpt.drill import verdicts as vd
 from tierckpt.drill.launch import JobSpec
 from tierckpt.drill.report import build_report, write_report
@@ -39,8 +37,10 @@ from tierckpt.drill.runs import (
     seed_root,
 )
 from tierckpt.errors import CheckpointError, ConfigError
-from tierckpt.storage import open_storage
-from tierckpt.uploader import remote_complete_steps
+from tierckpt.runtime import events as ev
+from tierckpt.runtime import measure
+from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.uploader import remote_complete_steps
 
 __all__ = ["DRILLS", "DrillConfig", "Progress", "run_drills"]
 

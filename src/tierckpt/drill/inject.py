@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tierckpt import events as ev
 from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
+from tierckpt.runtime import events as ev
 
 __all__ = ["KillRecord", "kill_at_step", "last_step", "read_jsonl"]
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import tierckpt
-from tierckpt import events as ev
+from tierckpt.runtime import events as ev
 
 if TYPE_CHECKING:
     from tierckpt.drill.drills import DrillConfig

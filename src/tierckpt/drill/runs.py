@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tierckpt import events as ev
-from tierckpt import layout
-from tierckpt.commit import complete_steps
 from tierckpt.drill.inject import KillRecord, kill_at_step, read_jsonl
 from tierckpt.drill.launch import Job, JobSpec
 from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
-from tierckpt.storage import open_storage
-from tierckpt.uploader import remote_complete_steps
+from tierckpt.format import layout
+from tierckpt.runtime import events as ev
+from tierckpt.tier1.commit import complete_steps
+from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.uploader import remote_complete_steps
 
 __all__ = ["RunResult", "choose_mid_checkpoint", "drain_and_wipe", "restore_summary", "run_job",
            "seed_root"]

@@ -3,7 +3,7 @@
 Functions of values only (loss rows, event records, numbers): no files, no processes, so
 they are tested with hand-written values. A *loss row* is one line of the training script's
 losses file (rank 0): ``{"step", "loss", "loss_hex"?, "attempt"?, "world_size"?, "epoch"?,
-"position"?}``; an *event* is a record of :mod:`tierckpt.events`.
+"position"?}``; an *event* is a record of :mod:`tierckpt.runtime.events`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tierckpt import events as ev
 from tierckpt.errors import ConfigError
+from tierckpt.runtime import events as ev
 
 __all__ = [
     "GPU_RTOL",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tierckpt import _crc
+from tierckpt.format import checksum
 
 ALIGN = 4096
 DEFAULT_BUFFER = 16 * 1024 * 1024
@@ -81,7 +81,7 @@ class DirectFile(io.RawIOBase):
         total = len(mv)
         if total == 0:
             return 0
-        self.crc = _crc.extend(self.crc, mv)
+        self.crc = checksum.extend(self.crc, mv)
         src = np.frombuffer(mv, dtype=np.uint8)
         done = 0
         while done < total:

@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tierckpt import layout
-from tierckpt import manifest as mf
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
-from tierckpt.fetch import remote_manifest
-from tierckpt.resume import MissingFilesError, verify_checkpoint
-from tierckpt.storage import ObjectNotFoundError, Storage
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.restore.resume import MissingFilesError, verify_checkpoint
+from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

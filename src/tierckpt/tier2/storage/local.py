@@ -17,10 +17,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tierckpt import _crc
-from tierckpt._fs import fsync_dir
 from tierckpt.errors import StorageError
-from tierckpt.storage.base import (
+from tierckpt.format import checksum
+from tierckpt.tier1.fs import fsync_dir
+from tierckpt.tier2.storage.base import (
     TMP_MARK,
     BadDigestError,
     ObjectExistsError,
@@ -42,12 +42,12 @@ def _tmp_name(final: Path) -> Path:
 
 def _set_crc(path: Path, crc: int) -> None:
     with contextlib.suppress(OSError):  # filesystems without user xattrs: head reports None
-        os.setxattr(path, XATTR, _crc.to_hex(crc).encode("ascii"))
+        os.setxattr(path, XATTR, checksum.to_hex(crc).encode("ascii"))
 
 
 def _get_crc(path: Path) -> int | None:
     try:
-        return _crc.from_hex(os.getxattr(path, XATTR).decode("ascii"))
+        return checksum.from_hex(os.getxattr(path, XATTR).decode("ascii"))
     except (OSError, ValueError):
         return None
 
@@ -62,21 +62,21 @@ def _copy_verified(src: Path, dst_fd: int, crc32c: int | None, size: int | None,
             data = f.read(_CHUNK)
             if not data:
                 break
-            crc = _crc.extend(crc, data)
+            crc = checksum.extend(crc, data)
             n += len(data)
             view = memoryview(data)
             while view:
                 view = view[os.write(dst_fd, view):]
     if (size is not None and n != size) or (crc32c is not None and crc != crc32c):
         raise BadDigestError(
-            f"{what}: got {n} bytes crc32c {_crc.to_hex(crc)}, expected "
+            f"{what}: got {n} bytes crc32c {checksum.to_hex(crc)}, expected "
             f"{size if size is not None else '?'} bytes crc32c "
-            f"{_crc.to_hex(crc32c) if crc32c is not None else '?'}")
+            f"{checksum.to_hex(crc32c) if crc32c is not None else '?'}")
     return crc, n
 
 
 class LocalStorage:
-    """A :class:`~tierckpt.storage.base.Storage` over a local directory (created if missing).
+    """A :class:`~tierckpt.tier2.storage.base.Storage` over a local directory (created if missing).
 
     Atomicity comes from rename/link within one directory plus fsync of file and
     directory; it holds on any POSIX filesystem with atomic rename (not on some network
@@ -135,7 +135,7 @@ class LocalStorage:
 
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> ObjectInfo:
         final = self._path(key)
-        crc = _crc.extend(0, data)
+        crc = checksum.extend(0, data)
 
         def fill(fd: int) -> None:
             view = memoryview(data)
@@ -173,7 +173,7 @@ class LocalStorage:
             tmp = self._write_tmp(dest, lambda fd: _copy_verified(
                 src, fd, want, None, f"get {self.url}/{key}"))
             size = os.stat(tmp).st_size
-            got = want if want is not None else _crc.of_file(tmp)[0]
+            got = want if want is not None else checksum.of_file(tmp)[0]
             os.replace(tmp, dest)
             fsync_dir(dest.parent)
         except StorageError:
@@ -195,7 +195,7 @@ class LocalStorage:
         except OSError as e:
             raise self._err("get", key, e) from e
         want = _get_crc(src)
-        if want is not None and _crc.extend(0, data) != want:
+        if want is not None and checksum.extend(0, data) != want:
             raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")
         return data
 

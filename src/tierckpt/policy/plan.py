@@ -16,7 +16,7 @@ First-order model (Young 1974): ``waste ≈ C/tau + (tau/2 + W)/M + R/M`` (for t
 optimum ``tau = sqrt(2·C·M)``; ``W`` is zero in the classic form and adds to the rework because a
 failure before the latest save is durable rolls back one interval further. Daly (2006) gives
 a higher-order optimum. :func:`exact_waste` is the exact long-run waste for exponential
-failures with failures during saves and restarts (the model ``tierckpt.simulate`` simulates);
+failures with failures during saves and restarts (the model ``tierckpt.policy.simulate`` simulates);
 it shows where the first-order formula stops being accurate (C, R or tau not small against M).
 """
 
@@ -253,7 +253,7 @@ def exact_waste(C: float, tau: float, M: float, R: float = 0.0, *, W: float = 0.
     A failure rolls back to the newest *durable* checkpoint (staged and then written for W);
     a failure during a restart starts the restart again; when W > tau a save waits for the
     previous write (period P). With W = 0 this is Daly's (2006) complete model. It is what
-    ``tierckpt.simulate`` should reproduce for long exponential jobs.
+    ``tierckpt.policy.simulate`` should reproduce for long exponential jobs.
     """
     _check_cm(C, M, allow_large=True)
     _positive(tau, "tau")

@@ -20,9 +20,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tierckpt import _crc
 from tierckpt.errors import IntegrityError, SignatureError
-from tierckpt.layout import safe_member_name
+from tierckpt.format import checksum
+from tierckpt.format.layout import safe_member_name
 
 FORMAT_VERSION = 1
 SIGNING_KEY_ENV = "TIERCKPT_SIGNING_KEY"
@@ -39,7 +39,7 @@ class FileEntry:
     rank: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "crc32c": _crc.to_hex(self.crc32c),
+        return {"name": self.name, "size": self.size, "crc32c": checksum.to_hex(self.crc32c),
                 "rank": self.rank}
 
     @classmethod
@@ -50,7 +50,7 @@ class FileEntry:
         if rank is not None and (not isinstance(rank, int) or rank < 0):
             raise IntegrityError(f"manifest file rank must be a non-negative int, got {rank!r}")
         return cls(name=safe_member_name(str(d["name"])), size=size,
-                   crc32c=_crc.from_hex(str(d["crc32c"])), rank=rank)
+                   crc32c=checksum.from_hex(str(d["crc32c"])), rank=rank)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Garbage collection of both tiers outside a running job: what ``tierckpt gc`` does.
 
 :func:`plan_gc` is pure: from the steps on each tier, the pins and the uploader's progress
-it decides what retention would delete, using :mod:`tierckpt.retention`, so it inherits
+it decides what retention would delete, using :mod:`tierckpt.policy.retention`, so it inherits
 its guarantees: the newest complete checkpoint of a tier is never deleted, nor a pinned
 one, nor a tier-1 checkpoint the uploader still has to copy (when the root has an
 uploader: ``<tier1>/upload-state/`` exists, or a tier 2 is given).
@@ -10,9 +10,9 @@ uploader: ``<tier1>/upload-state/`` exists, or a tier 2 is given).
 job holds for its lifetime, so gc can never race a job's saves or retention; a held lock
 raises :class:`~tierckpt.errors.LockError`), reads both tiers, plans, and, only with
 ``apply=True``, deletes: tier-1 checkpoints by rename-then-remove
-(:func:`tierckpt.commit.delete_checkpoint`), leftover tmp/half-deleted directories of
-crashed saves (:func:`tierckpt.commit.clean_stale`), and tier-2 checkpoints marker first
-(:func:`tierckpt.uploader.delete_remote`). Directories without a marker under a final name
+(:func:`tierckpt.tier1.commit.delete_checkpoint`), leftover tmp/half-deleted directories of
+crashed saves (:func:`tierckpt.tier1.commit.clean_stale`), and tier-2 checkpoints marker first
+(:func:`tierckpt.tier2.uploader.delete_remote`). Directories without a marker under a final name
 and quarantined checkpoints are never touched: they are evidence, for a person to look at.
 """
 
@@ -25,13 +25,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tierckpt import commit, layout, retention
-from tierckpt._topology import RootLock
-from tierckpt.commit import complete_steps
 from tierckpt.errors import ConfigError
-from tierckpt.inventory import tier1_pins
-from tierckpt.storage import Storage
-from tierckpt.uploader import delete_remote, remote_complete_steps, uploaded_steps
+from tierckpt.format import layout
+from tierckpt.ops.inventory import tier1_pins
+from tierckpt.policy import retention
+from tierckpt.runtime.topology import RootLock
+from tierckpt.tier1 import commit
+from tierckpt.tier1.commit import complete_steps
+from tierckpt.tier2.storage import Storage
+from tierckpt.tier2.uploader import delete_remote, remote_complete_steps, uploaded_steps
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

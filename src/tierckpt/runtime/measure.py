@@ -1,10 +1,11 @@
 """Measured planning inputs (C, W, R) from an event log or a drill report.
 
-This is the only planning module that reads files; the arithmetic stays in :mod:`tierckpt.plan`.
+This is the only planning module that reads files; the arithmetic stays in
+:mod:`tierckpt.policy.plan`.
 Each measured value comes with a one-line ``source`` saying how it was obtained, so the CLI
 can say which inputs were measured and which were given.
 
-From an event log (``tierckpt.events``; several ranks may write to one file):
+From an event log (``tierckpt.runtime.events``; several ranks may write to one file):
 
 - **C** — per step, the largest ``save_staged.seconds`` over ranks (the slowest rank gates
   the step), then the median over steps.
@@ -33,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierckpt import events as ev
 from tierckpt.errors import ConfigError
+from tierckpt.runtime import events as ev
 
 __all__ = ["Measured", "Measurements", "from_drill_report", "from_event_log", "from_events"]
 

@@ -38,10 +38,10 @@ import urllib3.exceptions
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from tierckpt import _crc
-from tierckpt._fs import fsync_dir
 from tierckpt.errors import ConfigError, StorageError
-from tierckpt.storage.base import (
+from tierckpt.format import checksum
+from tierckpt.tier1.fs import fsync_dir
+from tierckpt.tier2.storage.base import (
     TMP_MARK,
     BadDigestError,
     ObjectExistsError,
@@ -121,7 +121,7 @@ def _crc_of(value: object) -> int | None:
     if not isinstance(value, str) or "-" in value:
         return None
     try:
-        return _crc.from_b64(value)
+        return checksum.from_b64(value)
     except ValueError:
         return None
 
@@ -162,7 +162,7 @@ def _make_client(config: S3Config, session: boto3.session.Session | None) -> Any
 
 
 class S3Storage:
-    """A :class:`~tierckpt.storage.base.Storage` over ``s3://bucket/prefix``."""
+    """A :class:`~tierckpt.tier2.storage.base.Storage` over ``s3://bucket/prefix``."""
 
     def __init__(self, bucket: str, prefix: str = "", *, config: S3Config | None = None,
                  session: boto3.session.Session | None = None) -> None:
@@ -206,9 +206,9 @@ class S3Storage:
     # -- puts ---------------------------------------------------------------------------
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> ObjectInfo:
         full = self._key(key)
-        crc = _crc.extend(0, data)
+        crc = checksum.extend(0, data)
         kw: dict[str, Any] = {"Key": full, "Body": bytes(data), "ContentLength": len(data),
-                              "ChecksumCRC32C": _crc.to_b64(crc)}
+                              "ChecksumCRC32C": checksum.to_b64(crc)}
         if if_none_match:
             kw["IfNoneMatch"] = "*"
         for attempt in range(self.config.digest_attempts + self.config.max_attempts):
@@ -253,7 +253,8 @@ class S3Storage:
                                f"CRC32C; it cannot be verified end to end")
         if info.crc32c != crc32c:
             raise BadDigestError(f"put {self.url}/{key}: store reports crc32c "
-                                 f"{_crc.to_hex(info.crc32c)}, expected {_crc.to_hex(crc32c)}")
+                                 f"{checksum.to_hex(info.crc32c)}, expected "
+                                 f"{checksum.to_hex(crc32c)}")
         return info
 
     def _put_single(self, key: str, full: str, path: str | os.PathLike[str], crc32c: int,
@@ -264,7 +265,7 @@ class S3Storage:
                 try:
                     self._client.put_object(Bucket=self.bucket, Key=full, Body=f,
                                             ContentLength=size,
-                                            ChecksumCRC32C=_crc.to_b64(crc32c))
+                                            ChecksumCRC32C=checksum.to_b64(crc32c))
                     return
                 except ClientError as e:
                     if _code(e) not in DIGEST_CODES or attempt + 1 == self.config.digest_attempts:
@@ -276,7 +277,7 @@ class S3Storage:
                      offset: int, length: int) -> dict[str, Any]:
         for attempt in range(self.config.digest_attempts):
             data = _pread_full(fd, length, offset)
-            b64 = _crc.to_b64(_crc.extend(0, data))
+            b64 = checksum.to_b64(checksum.extend(0, data))
             try:
                 r = self._client.upload_part(
                     Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
@@ -317,7 +318,7 @@ class S3Storage:
         try:
             self._client.complete_multipart_upload(
                 Bucket=self.bucket, Key=full, UploadId=upload_id,
-                MultipartUpload={"Parts": parts}, ChecksumCRC32C=_crc.to_b64(crc32c),
+                MultipartUpload={"Parts": parts}, ChecksumCRC32C=checksum.to_b64(crc32c),
                 ChecksumType="FULL_OBJECT")
         except ClientError as e:
             # A retried Complete whose first attempt succeeded (response lost) finds no
@@ -413,13 +414,14 @@ class S3Storage:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                got, n = _crc.of_file(tmp)
+                got, n = checksum.of_file(tmp)
                 if n == size and (want is None or got == want):
                     os.replace(tmp, dest)
                     fsync_dir(dest.parent)
                     return ObjectInfo(key=key, size=size, crc32c=got)
             raise BadDigestError(f"get {self.url}/{key}: downloaded bytes do not match crc32c "
-                                 f"{_crc.to_hex(want or 0)} ({self.config.digest_attempts} tries)")
+                                 f"{checksum.to_hex(want or 0)} "
+                                 f"({self.config.digest_attempts} tries)")
         except OSError as e:
             if isinstance(e, StorageError):
                 raise
@@ -438,7 +440,7 @@ class S3Storage:
                 _backoff(attempt)
                 continue
             want = _crc_of(r.get("ChecksumCRC32C"))
-            if want is None or _crc.extend(0, data) == want:
+            if want is None or checksum.extend(0, data) == want:
                 return bytes(data)
             if attempt + 1 >= self.config.digest_attempts:
                 raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")

@@ -1,6 +1,6 @@
 """An in-memory object store for tests, with deterministic fault injection.
 
-It honours the whole :class:`~tierckpt.storage.base.Storage` contract (one lock makes
+It honours the whole :class:`~tierckpt.tier2.storage.base.Storage` contract (one lock makes
 every operation atomic) and adds two test hooks: :meth:`MemoryStorage.inject` makes the
 next N calls of an operation fail (before or after taking effect, the latter being "stored
 but the caller saw an error"), and :meth:`MemoryStorage.corrupt` flips a stored byte while
@@ -14,10 +14,10 @@ import os
 import threading
 from pathlib import Path
 
-from tierckpt import _crc
-from tierckpt._fs import write_durably
 from tierckpt.errors import StorageError
-from tierckpt.storage.base import (
+from tierckpt.format import checksum
+from tierckpt.tier1.fs import write_durably
+from tierckpt.tier2.storage.base import (
     BadDigestError,
     ObjectExistsError,
     ObjectInfo,
@@ -39,7 +39,7 @@ class _Fault:
 
 
 class MemoryStorage:
-    """A :class:`~tierckpt.storage.base.Storage` holding objects in a dict (per instance)."""
+    """A :class:`~tierckpt.tier2.storage.base.Storage` holding objects in a dict (per instance)."""
 
     def __init__(self, name: str = "mem") -> None:
         self.url = f"memory://{name}"
@@ -98,11 +98,12 @@ class MemoryStorage:
             data = Path(path).read_bytes()
         except OSError as e:
             raise StorageError(f"put {self.url}/{key}: cannot read {path}: {e.strerror}") from e
-        crc = _crc.extend(0, data)
+        crc = checksum.extend(0, data)
         if len(data) != size or crc != crc32c:
             raise BadDigestError(
-                f"put {self.url}/{key}: {path} has {len(data)} bytes crc32c {_crc.to_hex(crc)}, "
-                f"expected {size} bytes crc32c {_crc.to_hex(crc32c)}")
+                f"put {self.url}/{key}: {path} has {len(data)} bytes crc32c "
+                f"{checksum.to_hex(crc)}, "
+                f"expected {size} bytes crc32c {checksum.to_hex(crc32c)}")
         self._store(key, data, crc, if_none_match=False)
         self._fault("put_file", key, after=True)
         return ObjectInfo(key=key, size=size, crc32c=crc)
@@ -111,7 +112,7 @@ class MemoryStorage:
         validate_key(key)
         self._fault("put_bytes", key, after=False)
         data = bytes(data)
-        crc = _crc.extend(0, data)
+        crc = checksum.extend(0, data)
         self._store(key, data, crc, if_none_match)
         self._fault("put_bytes", key, after=True)
         return ObjectInfo(key=key, size=len(data), crc32c=crc)
@@ -129,9 +130,9 @@ class MemoryStorage:
                  crc32c: int | None = None) -> ObjectInfo:
         data, stored = self._read("get_file", key)
         want = stored if crc32c is None else crc32c
-        if _crc.extend(0, data) != want:
+        if checksum.extend(0, data) != want:
             raise BadDigestError(f"get {self.url}/{key}: bytes do not match crc32c "
-                                 f"{_crc.to_hex(want)}")
+                                 f"{checksum.to_hex(want)}")
         dest = Path(path)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,7 @@ class MemoryStorage:
 
     def get_bytes(self, key: str) -> bytes:
         data, stored = self._read("get_bytes", key)
-        if _crc.extend(0, data) != stored:
+        if checksum.extend(0, data) != stored:
             raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")
         self._fault("get_bytes", key, after=True)
         return data

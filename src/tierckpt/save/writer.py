@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from tierckpt import _crc, layout
-from tierckpt._directio import DirectFile
-from tierckpt._fs import DEFAULT_FILE_MODE
-from tierckpt.manifest import FileEntry
+from tierckpt.format import checksum, layout
+from tierckpt.format.manifest import FileEntry
+from tierckpt.save.directio import DirectFile
+from tierckpt.tier1.fs import DEFAULT_FILE_MODE
 
 _WRITE_BLOCK = 16 * 1024 * 1024
 _CURRENT_DCP_VERSION = "1.0.0"
@@ -59,7 +59,7 @@ class _CrcFile(io.RawIOBase):
 
     def write(self, b: Any) -> int:  # type: ignore[override]
         mv = memoryview(b).cast("B")
-        self.crc = _crc.extend(self.crc, mv)
+        self.crc = checksum.extend(self.crc, mv)
         n, total = 0, len(mv)
         while n < total:
             try:

@@ -17,11 +17,12 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tierckpt import _crc, _fs, layout
-from tierckpt import manifest as mf
-from tierckpt.commit import commit_domain
 from tierckpt.errors import IntegrityError
-from tierckpt.storage import Storage
+from tierckpt.format import checksum, layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier1 import fs
+from tierckpt.tier1.commit import commit_domain
+from tierckpt.tier2.storage import Storage
 
 
 def remote_manifest(storage: Storage, step: int) -> tuple[mf.Manifest, bytes, bytes]:
@@ -44,7 +45,7 @@ def _local_ok(p: Path, f: mf.FileEntry, full: bool) -> bool:
         return False
     if not os.path.isfile(p) or os.path.islink(p) or st.st_size != f.size:
         return False
-    return not full or _crc.of_file(p)[0] == f.crc32c
+    return not full or checksum.of_file(p)[0] == f.crc32c
 
 
 def fetch_into_tier1(storage: Storage, root: Path, step: int, *, names: Iterable[str] | None,
@@ -79,7 +80,7 @@ def fetch_into_tier1(storage: Storage, root: Path, step: int, *, names: Iterable
     with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="tierckpt-fetch") as pool:
         downloaded = sum(pool.map(get, to_get))
     if final.exists() or final.is_symlink():
-        _fs.move_aside(final, root / layout.QUARANTINE, f"{final.name}.replaced-by-fetch")
+        fs.move_aside(final, root / layout.QUARANTINE, f"{final.name}.replaced-by-fetch")
     commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker, metadata_bytes=None,
                   file_mode=file_mode)
     return downloaded, reused

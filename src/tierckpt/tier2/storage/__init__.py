@@ -1,12 +1,12 @@
 """The tier-2 storage seam: the :class:`Storage` protocol and its backends.
 
-``open_storage(url)`` is the usual entry point. The S3 backend (``tierckpt.storage.s3``)
+``open_storage(url)`` is the usual entry point. The S3 backend (``tierckpt.tier2.storage.s3``)
 imports boto3 and is loaded only for ``s3://`` URLs.
 """
 
 from __future__ import annotations
 
-from tierckpt.storage.base import (
+from tierckpt.tier2.storage.base import (
     BadDigestError,
     ObjectExistsError,
     ObjectInfo,
@@ -14,9 +14,9 @@ from tierckpt.storage.base import (
     Storage,
     validate_key,
 )
-from tierckpt.storage.local import LocalStorage
-from tierckpt.storage.memory import MemoryStorage
-from tierckpt.storage.url import open_storage
+from tierckpt.tier2.storage.local import LocalStorage
+from tierckpt.tier2.storage.memory import MemoryStorage
+from tierckpt.tier2.storage.url import open_storage
 
 __all__ = [
     "BadDigestError",

@@ -34,12 +34,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tierckpt import layout
-from tierckpt import manifest as mf
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
-from tierckpt.fetch import remote_manifest
-from tierckpt.storage import ObjectNotFoundError, Storage
-from tierckpt.uploader import upload_states
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.tier2.storage import ObjectNotFoundError, Storage
+from tierckpt.tier2.uploader import upload_states
 
 STATES = ("partial", "invalid", "complete", "uploading", "verified", "conflict")
 _UPLOAD_STATE = {"uploading": "uploading", "failed": "uploading",
@@ -92,7 +92,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
     """Entries for ``observed``, newest step first and tier 1 before tier 2.
 
     ``upload`` maps step → recorded upload state (``{"status": ..., "error": ...}``, as
-    :func:`tierckpt.uploader.upload_states` returns); ``pins`` maps step → pin holders
+    :func:`tierckpt.tier2.uploader.upload_states` returns); ``pins`` maps step → pin holders
     (tier 1 only); ``now`` is the reference time for ages (seconds since the epoch).
     """
     out = []

@@ -74,7 +74,7 @@ import torch
 import torch.distributed as dist
 
 from tierckpt.errors import CheckpointError, ConfigError
-from tierckpt.events import PG_READY, PROCESS_START, EventLog
+from tierckpt.runtime.events import PG_READY, PROCESS_START, EventLog
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -10,14 +10,14 @@ from __future__ import annotations
 import urllib.parse
 
 from tierckpt.errors import ConfigError
-from tierckpt.storage.base import Storage
-from tierckpt.storage.local import LocalStorage
-from tierckpt.storage.memory import MemoryStorage
+from tierckpt.tier2.storage.base import Storage
+from tierckpt.tier2.storage.local import LocalStorage
+from tierckpt.tier2.storage.memory import MemoryStorage
 
 
 def open_storage(url: str, **s3_options: object) -> Storage:
     """Return the backend for ``url``; ``s3_options`` become an
-    :class:`~tierckpt.storage.s3.S3Config` (e.g. ``part_size=...``) for ``s3://`` URLs.
+    :class:`~tierckpt.tier2.storage.s3.S3Config` (e.g. ``part_size=...``) for ``s3://`` URLs.
 
     Raises :class:`ConfigError` naming what to fix for an unknown scheme, a URL with a
     host or credentials where none belong, or S3 without boto3 installed.
@@ -41,7 +41,7 @@ def open_storage(url: str, **s3_options: object) -> Storage:
                 "S3 URL must be s3://bucket/prefix; put the endpoint in AWS_ENDPOINT_URL and "
                 "credentials in the AWS environment or config, never in the URL")
         try:
-            from tierckpt.storage.s3 import S3Config, S3Storage
+            from tierckpt.tier2.storage.s3 import S3Config, S3Storage
         except ImportError as e:
             raise ConfigError("s3:// storage needs boto3: install tierckpt[s3]") from e
         try:

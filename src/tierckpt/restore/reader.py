@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from tierckpt import layout
+from tierckpt.format import layout
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _PIECE = 8 * 1024 * 1024

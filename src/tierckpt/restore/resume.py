@@ -22,15 +22,17 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
-from tierckpt import _crc, _fs, events, layout
-from tierckpt import manifest as mf
-from tierckpt._reader import DirectReader
-from tierckpt._topology import Comm
 from tierckpt.errors import CheckpointError, IntegrityError, SignatureError, StorageError
-from tierckpt.fetch import fetch_into_tier1, remote_manifest
+from tierckpt.format import checksum, layout
+from tierckpt.format import manifest as mf
+from tierckpt.restore.reader import DirectReader
+from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm
 from tierckpt.state import RANK_STATE, TrainState
-from tierckpt.storage import Storage
-from tierckpt.uploader import remote_complete_steps
+from tierckpt.tier1 import fs
+from tierckpt.tier2.fetch import fetch_into_tier1, remote_manifest
+from tierckpt.tier2.storage import Storage
+from tierckpt.tier2.uploader import remote_complete_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,10 +117,10 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
         if fst.st_size != f.size:
             raise IntegrityError(f"{f.name} has {fst.st_size} bytes, manifest says {f.size}")
         if full or f.name == layout.METADATA:  # the pickle is CRC-checked in every mode
-            crc, _ = _crc.of_file(p)
+            crc, _ = checksum.of_file(p)
             if crc != f.crc32c:
-                raise IntegrityError(f"{f.name} CRC32C {_crc.to_hex(crc)} != manifest "
-                                     f"{_crc.to_hex(f.crc32c)}")
+                raise IntegrityError(f"{f.name} CRC32C {checksum.to_hex(crc)} != manifest "
+                                     f"{checksum.to_hex(f.crc32c)}")
     if missing:
         _raise_missing(ckpt_dir, m, missing)
     return m
@@ -195,7 +197,7 @@ class Chooser:
                 self.refused = f"{d}: {e}"
                 return
             except (IntegrityError, OSError) as e:
-                moved = _fs.move_aside(d, self.root / layout.QUARANTINE, d.name)
+                moved = fs.move_aside(d, self.root / layout.QUARANTINE, d.name)
                 (moved / "QUARANTINE_REASON").write_text(f"{e}\n")
                 self._skip(step, str(e), moved)
         if step in self.remote_steps():

@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tierckpt.distributed import process_started_at
 from tierckpt.errors import ConfigError
-from tierckpt.events import FAILURE_DETECTED, FIRST_STEP, HANG_DETECTED, EventLog
+from tierckpt.runtime.distributed import process_started_at
+from tierckpt.runtime.events import FAILURE_DETECTED, FIRST_STEP, HANG_DETECTED, EventLog
 
 __all__ = ["EXIT_CODE", "HangInfo", "StepWatchdog"]
 

@@ -27,14 +27,16 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tierckpt import __version__, events, layout
-from tierckpt import manifest as mf
-from tierckpt._fs import remove_tree
-from tierckpt._topology import Comm
-from tierckpt._writer import ShardWriter
-from tierckpt.commit import commit_domain
+from tierckpt import __version__
 from tierckpt.config import ManagerConfig
 from tierckpt.errors import SaveError
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm
+from tierckpt.save.writer import ShardWriter
+from tierckpt.tier1.commit import commit_domain
+from tierckpt.tier1.fs import remove_tree
 
 _log = logging.getLogger("tierckpt")
 

@@ -35,8 +35,8 @@ from statistics import NormalDist
 import numpy as np
 from numpy.typing import NDArray
 
-from tierckpt import plan
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan
 
 __all__ = ["Failures", "JobModel", "SimResult", "Sweep", "simulate", "sweep"]
 
@@ -81,7 +81,7 @@ class JobModel:
 class SimResult:
     """Simulated waste at one interval, with its confidence interval and the analytic values
     (``analytic_first_order`` = C/tau + (tau/2 + W)/M + R/M; ``analytic_exact`` = the exact
-    long-run value for exponential failures, :func:`tierckpt.plan.exact_waste`)."""
+    long-run value for exponential failures, :func:`tierckpt.policy.plan.exact_waste`)."""
 
     interval_s: float
     replicas: int

@@ -20,24 +20,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tierckpt import _fs, layout
 from tierckpt.errors import CheckpointError
+from tierckpt.format import layout
+from tierckpt.tier1 import fs
 
 
 def commit_domain(tmp_dir: Path, final_dir: Path, *, manifest_bytes: bytes, marker_bytes: bytes,
-                  metadata_bytes: bytes | None, file_mode: int = _fs.DEFAULT_FILE_MODE) -> None:
+                  metadata_bytes: bytes | None, file_mode: int = fs.DEFAULT_FILE_MODE) -> None:
     """Run steps 1–4 above for one domain. Raises ``CheckpointError`` if ``final_dir``
     already exists (a step is committed once) or OSError from the file system."""
     if final_dir.exists():
         raise CheckpointError(f"{final_dir} already exists; refusing to overwrite a checkpoint")
     meta = tmp_dir / layout.METADATA
     if metadata_bytes is not None and not meta.exists():
-        _fs.write_durably(meta, metadata_bytes, mode=file_mode)
-    _fs.write_durably(tmp_dir / layout.MANIFEST, manifest_bytes, mode=file_mode)
-    _fs.fsync_dir(tmp_dir)
+        fs.write_durably(meta, metadata_bytes, mode=file_mode)
+    fs.write_durably(tmp_dir / layout.MANIFEST, manifest_bytes, mode=file_mode)
+    fs.fsync_dir(tmp_dir)
     os.rename(tmp_dir, final_dir)
-    _fs.fsync_dir(final_dir.parent)
-    _fs.write_durably(final_dir / layout.COMPLETE, marker_bytes, mode=file_mode, exclusive=True)
+    fs.fsync_dir(final_dir.parent)
+    fs.write_durably(final_dir / layout.COMPLETE, marker_bytes, mode=file_mode, exclusive=True)
 
 
 def complete_steps(root: Path) -> list[int]:
@@ -63,25 +64,25 @@ def clean_stale(root: Path) -> list[Path]:
     for entry in os.scandir(root):
         if entry.is_dir(follow_symlinks=False) and (
                 layout.parse_tmp_dirname(entry.name) or layout.is_deleting_dirname(entry.name)):
-            _fs.remove_tree(entry.path)
+            fs.remove_tree(entry.path)
             removed.append(Path(entry.path))
     if removed:
-        _fs.fsync_dir(root)
+        fs.fsync_dir(root)
     return removed
 
 
 def unpublish_checkpoint(root: Path, step: int, token: str) -> Path:
     """First half of a deletion: rename the checkpoint out of its final name (atomic, and
     fsync'd), so it no longer exists for resume. Returns the path to reclaim with
-    :func:`tierckpt._fs.remove_tree` (start-up cleanup reclaims it after a crash)."""
+    :func:`tierckpt.tier1.fs.remove_tree` (start-up cleanup reclaims it after a crash)."""
     src = root / layout.step_dirname(step)
     dst = root / layout.deleting_dirname(step, token)
     os.rename(src, dst)
-    _fs.fsync_dir(root)
+    fs.fsync_dir(root)
     return dst
 
 
 def delete_checkpoint(root: Path, step: int, token: str) -> None:
     """Delete a committed checkpoint: rename it out of its final name first, so a crash
     mid-delete never leaves a half-deleted directory that looks committed."""
-    _fs.remove_tree(unpublish_checkpoint(root, step, token))
+    fs.remove_tree(unpublish_checkpoint(root, step, token))

@@ -1,9 +1,10 @@
-"""``make demo`` (``python -m tierckpt.demo``): the drills on the reference trainer, then the plan.
+"""``make demo`` (``python -m tierckpt.cli.demo``): the drills on the reference trainer,
+then the plan.
 
 Runs :func:`tierckpt.drill.run_drills` on ``examples/train.py`` with 2 ranks on CPU and the
 embedded ``file://`` tier 2, into ``./demo-out`` (a few minutes on 2 cores), and ends with
 one table: measured C, W and R, the continuity and reshard verdicts, the tier-2-only restore
-time, and the checkpoint interval ``tierckpt.plan`` recommends for a stated cluster (64
+time, and the checkpoint interval ``tierckpt.policy.plan`` recommends for a stated cluster (64
 nodes, node MTBF 32 days) from the measured C, W and R. Exit status 1 when a drill fails.
 """
 
@@ -17,12 +18,12 @@ from typing import Any
 
 from rich.table import Table
 
-from tierckpt import plan as planlib
-from tierckpt._units import format_duration
 from tierckpt.cli._render import console, pct
 from tierckpt.cli.drill import live_progress
 from tierckpt.drill import DrillConfig, run_drills
 from tierckpt.errors import ConfigError
+from tierckpt.policy import plan as planlib
+from tierckpt.policy.units import format_duration
 
 __all__ = ["CLUSTER_NODES", "NODE_MTBF_S", "TRAIN_FLAGS", "demo_plan", "main", "result_table"]
 
@@ -83,7 +84,7 @@ def result_table(doc: Mapping[str, Any], p: planlib.IntervalPlan | None) -> Tabl
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; 0 when every drill passed."""
-    ap = argparse.ArgumentParser(prog="python -m tierckpt.demo", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tierckpt.cli.demo", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("demo-out"))
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--seed", type=int, default=0)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tierckpt import layout
 from tierckpt.errors import LockError
+from tierckpt.format import layout
 
 
 @dataclasses.dataclass

@@ -1,0 +1,1 @@
+"""What the CLI does to checkpoints at rest: inventory, full checks, garbage collection."""

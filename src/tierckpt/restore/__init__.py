@@ -1,0 +1,1 @@
+"""The restore path: verify before unpickling, agree on a step, load (resharding)."""

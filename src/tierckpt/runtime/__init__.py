@@ -1,0 +1,1 @@
+"""The running job: process groups, hang detection, the event log, topology, measurements."""

@@ -1,0 +1,1 @@
+"""The save path: host staging, the one background save, shard files (O_DIRECT)."""

@@ -1,0 +1,1 @@
+"""Tier 2 (object storage): backends, the catalogue, the uploader, fetch. Torch-free."""
