@@ -7,8 +7,9 @@ from pathlib import Path
 
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
-from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1, tier1_pins
+from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1
 from tierckpt.tier1 import fs
+from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.storage import LocalStorage
 
 NOW = 1_000_000.0
@@ -93,7 +94,7 @@ def test_observe_tier1_reads_markers_not_shards(tmp_path: Path) -> None:
     assert "step 7" in (got["step-00000002"].marker_error or "")
     assert "malformed" in (got["step-00000003"].marker_error or "")
     assert not got["step-00000004"].committed and not got["step-00000005.tmp-x"].committed
-    assert tier1_pins(tmp_path) == {1: ["upload"]}
+    assert Tier1Catalog(tmp_path).pins() == {1: ["upload"]}
     states = {e.name: e.state for e in inventory(tmp_path, now=NOW + 1)}
     assert states == {"step-00000001": "complete", "step-00000002": "invalid",
                       "step-00000003": "invalid", "step-00000004": "partial",

@@ -19,17 +19,11 @@ from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
 from tierckpt.runtime import events
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage, MemoryStorage, ObjectInfo, open_storage
-from tierckpt.tier2.uploader import (
-    IOPRIO_IDLE,
-    Uploader,
-    UploaderConfig,
-    UploaderProcess,
-    io_priority,
-    read_state,
-    remote_complete_steps,
-    uploaded_steps,
-)
+from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploaderProcess
+from tierckpt.tier2.uploader.priority import IOPRIO_IDLE, io_priority
 
 MiB = 1024 * 1024
 
@@ -99,9 +93,9 @@ def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
     for name in SMALL:
         assert store.get_bytes(f"step-00000010/{name}") == (tmp_path / "step-00000010" /
                                                            name).read_bytes()
-    state = read_state(tmp_path, 10)
+    state = Tier1Catalog(tmp_path).upload_record(10)
     assert state is not None and state["status"] == "verified" and state["save_id"] == "save10"
-    assert uploaded_steps(tmp_path) == {10}
+    assert Tier1Catalog(tmp_path).uploaded_steps() == {10}
     assert os.listdir(tmp_path / layout.PINS) == []
     kinds = [e["event"] for e in events.read_events(tmp_path / layout.EVENTS)]
     assert kinds == [events.UPLOAD_STARTED, events.UPLOAD_VERIFIED]
@@ -116,7 +110,7 @@ def test_failure_mid_upload_leaves_no_marker_then_restart_resumes(tmp_path: Path
     assert r is not None and r.status == "failed" and "disk on fire" in (r.error or "")
     assert store.head("step-00000004/COMPLETE") is None
     assert store.head("step-00000004/manifest.json") is None
-    assert read_state(tmp_path, 4)["status"] == "failed"  # type: ignore[index]
+    assert Tier1Catalog(tmp_path).upload_record(4)["status"] == "failed"  # type: ignore[index]
     assert os.listdir(tmp_path / layout.PINS) == []
     assert events.UPLOAD_FAILED in [e["event"] for e in
                                     events.read_events(tmp_path / layout.EVENTS)]
@@ -175,7 +169,7 @@ def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
             make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
             assert [r.step for r in up.drain()] == [step]
         # keep last 2 (12, 14) and every 4th forever (8, 12).
-        assert remote_complete_steps(up.storage) == [8, 12, 14]
+        assert Tier2Catalog(up.storage).complete_steps() == [8, 12, 14]
         assert [i.key for i in up.storage.list("step-00000010/")] == []
 
 
@@ -201,7 +195,7 @@ def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
         assert r.bytes == 4000 + 200 or r.bytes == 4000  # .metadata may already be there
     assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
         *files, "manifest.json", "COMPLETE"}
-    assert uploaded_steps(a) == {5} and uploaded_steps(b) == {5}
+    assert Tier1Catalog(a).uploaded_steps() == {5} and Tier1Catalog(b).uploaded_steps() == {5}
 
 
 # -- real S3 and a real kill -9 --------------------------------------------------------------
@@ -229,7 +223,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
         assert os.getpriority(os.PRIO_PROCESS, pid) == 19
         assert io_priority(pid) in (IOPRIO_IDLE, None)  # None: no ioprio syscall here
         assert (tmp_path / layout.PINS / layout.pin_filename(7, "upload")).exists()
-        assert read_state(tmp_path, 7)["status"] == "uploading"  # type: ignore[index]
+        assert Tier1Catalog(tmp_path).upload_record(7)["status"] == "uploading"  # type: ignore[index]
         os.kill(pid, signal.SIGKILL)
         proc.stop()
     finally:
@@ -266,7 +260,7 @@ def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3
     assert r is not None and r.status == "failed" and "SlowDown" in (r.error or "")
     assert not [k for k in s3_env.keys() if  # noqa: SIM118
                  k.endswith(("COMPLETE", "manifest.json"))]
-    assert read_state(tmp_path, 9)["status"] == "failed"  # type: ignore[index]
+    assert Tier1Catalog(tmp_path).upload_record(9)["status"] == "failed"  # type: ignore[index]
 
 
 def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
@@ -275,16 +269,17 @@ def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
     (tmp_path / "t1").mkdir()
     with UploaderProcess(config) as proc:
         make_checkpoint(tmp_path / "t1", 3, SMALL)
-        _wait_for(lambda: uploaded_steps(tmp_path / "t1") == {3} or proc.poll() is not None,
+        local = Tier1Catalog(tmp_path / "t1")
+        _wait_for(lambda: local.uploaded_steps() == {3} or proc.poll() is not None,
                   "the watcher to upload step 3")
         assert proc.poll() is None
     assert proc.poll() == 0  # SIGTERM → clean exit
-    assert remote_complete_steps(LocalStorage(t2)) == [3]
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [3]
     # finish(): everything due when it is asked is uploaded before the child exits.
     proc = UploaderProcess(config).start()
     make_checkpoint(tmp_path / "t1", 4, SMALL)
     assert proc.finish(timeout_s=120) == 0
-    assert remote_complete_steps(LocalStorage(t2)) == [3, 4]
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [3, 4]
 
 
 

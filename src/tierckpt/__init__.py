@@ -25,9 +25,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "CheckpointManager": "tierckpt.manager",
     "DistInfo": "tierckpt.runtime.distributed",
+    "HangInfo": "tierckpt.runtime.watchdog",
     "ManagerConfig": "tierckpt.config",
     "OnSaveError": "tierckpt.config",
-    "RestoreInfo": "tierckpt.restore.resume",
+    "RestoreInfo": "tierckpt.restore.loader",
     "ResumableSampler": "tierckpt.data",
     "SaveHandle": "tierckpt.save.saver",
     "SaveResult": "tierckpt.save.saver",
@@ -41,9 +42,9 @@ if TYPE_CHECKING:
     from tierckpt.config import ManagerConfig, OnSaveError, Verify
     from tierckpt.data import ResumableSampler
     from tierckpt.manager import CheckpointManager
-    from tierckpt.restore.resume import RestoreInfo
+    from tierckpt.restore.loader import RestoreInfo
     from tierckpt.runtime.distributed import DistInfo, init_distributed
-    from tierckpt.runtime.watchdog import StepWatchdog
+    from tierckpt.runtime.watchdog import HangInfo, StepWatchdog
     from tierckpt.save.saver import SaveHandle, SaveResult
     from tierckpt.state import TrainState
 
@@ -66,6 +67,7 @@ __all__ = [
     "CheckpointManager",
     "ConfigError",
     "DistInfo",
+    "HangInfo",
     "IntegrityError",
     "LockError",
     "ManagerConfig",

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from tierckpt.errors import ConfigError
+from tierckpt.policy.retention import RetentionPolicy
+from tierckpt.policy.units import check_count
 
 
 class OnSaveError(str, enum.Enum):
@@ -91,16 +93,11 @@ class ManagerConfig:
         except ValueError:
             raise ConfigError(f"on_save_error must be one of {[v.value for v in OnSaveError]}, "
                               f"got {self.on_save_error!r}") from None
-        _positive_int("keep_last", self.keep_last)
-        _positive_int("write_threads", self.write_threads)
+        _ = self.retention  # a RetentionPolicy: validates its knobs (one place for all)
+        check_count("write_threads", self.write_threads)
         if not isinstance(self.background_nice, int) or not 0 <= self.background_nice <= 19:
             raise ConfigError(f"background_nice must be an int in [0, 19], got "
                               f"{self.background_nice!r}")
-        _positive_int("upload_every", self.upload_every)
-        _positive_int("tier2_keep_last", self.tier2_keep_last)
-        if not isinstance(self.tier2_keep_every, int) or self.tier2_keep_every < 0:
-            raise ConfigError(f"tier2_keep_every must be an int >= 0, got "
-                              f"{self.tier2_keep_every!r}")
         if self.tier2 is not None and (not isinstance(self.tier2, str) or not any(
                 self.tier2.startswith(s) for s in ("s3://", "file://", "memory://"))):
             raise ConfigError(f"tier2 must be an s3://bucket/prefix or file:///path URL, got "
@@ -117,7 +114,9 @@ class ManagerConfig:
                 raise ConfigError(f"{name} must be an int mode that is not world-writable, "
                                   f"got {mode!r}")
 
-
-def _positive_int(name: str, v: object) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {v!r}")
+    @property
+    def retention(self) -> RetentionPolicy:
+        """What each tier keeps (``keep_last``, ``upload_every``, ``tier2_keep_*``)."""
+        return RetentionPolicy(keep_last=self.keep_last, upload_every=self.upload_every,
+                               tier2_keep_last=self.tier2_keep_last,
+                               tier2_keep_every=self.tier2_keep_every)

@@ -4,11 +4,18 @@
     ├── ConfigError(CheckpointError, ValueError)     bad arguments or configuration: fix the call
     ├── NoCheckpointError(CheckpointError, FileNotFoundError)   nothing complete to restore
     ├── IntegrityError(CheckpointError)      bytes or metadata do not match what was committed
-    │   └── SignatureError(IntegrityError)   manifest signature missing or wrong
-    ├── LockError(CheckpointError)           another job holds the tier-1 root
+    │   ├── SignatureError(IntegrityError)   manifest signature missing or wrong
+    │   └── MissingFilesError(IntegrityError)    intact, but files this node needs are
+    │                                        elsewhere (fetchable from tier 2; not damage)
+    ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root
     ├── SaveError(CheckpointError)           a background save failed (raised at the next
     │                                        save()/wait()/close() on every rank)
     └── StorageError(CheckpointError, OSError)   a storage backend failed after its retries
+        ├── ObjectNotFoundError(StorageError, FileNotFoundError)   a read of a missing key
+        ├── ObjectExistsError(StorageError, FileExistsError)   a create-only put lost
+        └── BadDigestError(StorageError, IntegrityError)   bytes do not match their CRC32C
+
+``UploadStopped`` is internal control flow of the uploader (never escapes it).
 
 DCP's own ``CheckpointException`` derives from ``BaseException``; tierckpt converts it into
 ``SaveError``/``CheckpointError`` at the boundary so ``except Exception`` works for callers.
@@ -37,6 +44,16 @@ class SignatureError(IntegrityError):
     """A manifest is unsigned or its HMAC does not verify under the configured key."""
 
 
+class MissingFilesError(IntegrityError):
+    """A checkpoint is intact but lacks files this domain needs (node-local tier 1 after a
+    reshard, or a replaced node): fetchable from tier 2, not a reason to quarantine it.
+    ``missing`` names them."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 class LockError(CheckpointError):
     """Another job holds the tier-1 root; two writers must never share one."""
 
@@ -47,3 +64,20 @@ class SaveError(CheckpointError):
 
 class StorageError(CheckpointError, OSError):
     """A storage backend operation failed after retries."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The key does not exist (a read of a missing object)."""
+
+
+class ObjectExistsError(StorageError, FileExistsError):
+    """A create-only put (``if_none_match=True``) found the key holding different bytes."""
+
+
+class BadDigestError(StorageError, IntegrityError):
+    """Bytes do not match their CRC32C: the source changed since its checksum was taken,
+    or the data was corrupted in transit or at rest (after the backend's digest retries)."""
+
+
+class UploadStopped(Exception):
+    """Internal: the uploader was asked to stop between two files."""

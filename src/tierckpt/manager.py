@@ -26,16 +26,19 @@ from typing import Any
 from tierckpt.config import ManagerConfig, OnSaveError, Verify
 from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
 from tierckpt.format import layout
-from tierckpt.policy import retention
-from tierckpt.restore.resume import Chooser, RestoreInfo, load_into
+from tierckpt.restore.choose import Chooser
+from tierckpt.restore.loader import RestoreInfo, load_into
 from tierckpt.runtime import events
-from tierckpt.runtime.topology import Comm, RootLock, discover_domains
-from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveResult, _Job
+from tierckpt.runtime.topology import Comm, discover_domains
+from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
 from tierckpt.state import TrainState
-from tierckpt.tier1 import commit, fs
+from tierckpt.tier1 import fs
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.lock import FileLock
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.uploader import UploaderConfig, UploaderProcess, uploaded_steps
+from tierckpt.tier2.uploader import UploaderConfig, UploaderProcess
 
 _log = logging.getLogger("tierckpt")
 
@@ -57,7 +60,8 @@ class CheckpointManager:
             raise ConfigError("pass either config= or keyword arguments, not both")
         self.config = cfg = config
         self._closed = False
-        self._lock: RootLock | None = None
+        self.catalog = Tier1Catalog(cfg.tier1)
+        self._lock: FileLock | None = None
         self._inflight: SaveHandle | None = None
         self._uploader: UploaderProcess | None = None
         self.comm = Comm.create(cfg.collective_timeout_s)
@@ -70,7 +74,7 @@ class CheckpointManager:
             self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
                                        mode=cfg.file_mode)
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
-            existing = commit.complete_steps(cfg.tier1) if self.is_owner else []
+            existing = self.catalog.complete_steps() if self.is_owner else []
             newest = max(self.comm.all_gather(existing[0] if existing else -1))
             self.last_committed: int | None = None if newest < 0 else newest
             self._uploader = self._start_uploader()
@@ -93,10 +97,10 @@ class CheckpointManager:
         t0 = time.monotonic()
         self.log.emit(events.RESTORE_STARTED)
         cfg = self.config
-        storage = open_storage(cfg.tier2) if cfg.tier2 and self.is_owner else None
+        remote = Tier2Catalog(open_storage(cfg.tier2)) if cfg.tier2 and self.is_owner else None
         try:
-            chooser = Chooser(cfg.tier1, self.comm, self.domain, is_owner=self.is_owner,
-                              full=cfg.verify is Verify.FULL, log=self.log, storage=storage)
+            chooser = Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
+                              full=cfg.verify is Verify.FULL, log=self.log, remote=remote)
             step = chooser.choose()
             skipped = tuple(s for sk in self.comm.all_gather(chooser.skipped) for s in sk)
             if step is None:
@@ -121,8 +125,8 @@ class CheckpointManager:
             saved_world = self.comm.broadcast(
                 chooser.manifests[step].world_size if self.comm.rank == 0 else None)
         finally:
-            if storage is not None:
-                storage.close()
+            if remote is not None:
+                remote.storage.close()
         path = cfg.tier1 / layout.step_dirname(step)
         t_load = time.monotonic()
         nbytes = load_into(state, path, saved_world, self.comm)
@@ -168,7 +172,7 @@ class CheckpointManager:
         staged_f.set_result(staged_at - t0)
         handle = SaveHandle(step=step, staged=staged_f, durable=Future())
         self._inflight = handle
-        self._saver.submit(_Job(step=step, staged=staged, nbytes=nbytes,
+        self._saver.submit(SaveJob(step=step, staged=staged, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
                                 staged_at=staged_at), handle)
         return handle
@@ -225,18 +229,11 @@ class CheckpointManager:
         return result
 
     def _apply_retention(self, result: SaveResult) -> list[Path]:
-        """Unpublish what tier-1 retention drops; return the directories to reclaim."""
-        root = self.config.tier1
-        pins_dir = root / layout.PINS
-        pinned = {s for s in (layout.parse_pin_filename(n) for n in os.listdir(pins_dir))
-                  if s is not None} if pins_dir.is_dir() else set()
-        complete = commit.complete_steps(root)
-        if self.config.tier2:  # keep what the uploader has yet to copy
-            pinned |= retention.tier1_upload_holds(complete, upload_every=self.config.upload_every,
-                                                   done=uploaded_steps(root))
-        return [commit.unpublish_checkpoint(root, step, uuid.uuid4().hex[:8])
-                for step in retention.tier1_deletions(complete, keep_last=self.config.keep_last,
-                                                      pinned=pinned)]
+        """Unpublish what tier-1 retention drops; return the directories to reclaim. With a
+        tier 2 configured, what the uploader has yet to copy is kept."""
+        plan = self.catalog.retention_plan(self.config.retention,
+                                           uploader=self.config.tier2 is not None)
+        return [self.catalog.unpublish(step) for step in plan.delete]
 
     def _start_uploader(self) -> UploaderProcess | None:
         cfg = self.config
@@ -261,8 +258,8 @@ class CheckpointManager:
         err = None
         if self.is_owner:
             try:
-                self._lock = RootLock(self.config.tier1, self.config.file_mode)
-                commit.clean_stale(self.config.tier1)
+                self._lock = self.catalog.lock(self.config.file_mode)
+                self.catalog.clean_stale()
             except LockError as e:
                 err = str(e)
         errors = [e for e in self.comm.all_gather(err) if e]

@@ -92,24 +92,30 @@ class TrainState:
         self.extra = extra
         self.rng = rng
         self.step: int | None = None  # set by the manager before state_dict()/after restore
-        # Set by the manager before a load: which saved rank's blob this rank reads, the
-        # blob's size, and the saved world size.
-        self._load_source: tuple[int, int, int] | None = None
 
     # -- DCP Stateful ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state to save (or, during a load, the targets DCP fills in place)."""
+        """The state to save: model and optimizer (every key, for plain ``dcp.load``) and
+        this rank's per-rank blob (which also carries the small leaves)."""
+        out = self._model_optim()
+        _, small = _split_small(out)
+        out[RANK_STATE] = {str(_rank()): self._rank_blob(small)}
+        return out
+
+    def load_targets(self, *, source_rank: int, blob_bytes: int) -> dict[str, Any]:
+        """The dict a load fills in place (then passed to :meth:`load_state_dict`): the
+        model and optimizer tensors, and an empty ``blob_bytes``-byte buffer for the
+        per-rank blob saved by ``source_rank`` (small leaves come from that blob, not from
+        DCP). Which saved rank a rank reads after a reshard is the restorer's choice."""
+        rest, _ = _split_small(self._model_optim())
+        rest[RANK_STATE] = {str(source_rank): torch.empty(blob_bytes, dtype=torch.uint8)}
+        return rest
+
+    def _model_optim(self) -> dict[str, Any]:
         model_sd, optim_sd = self._model_optim_state()
         out: dict[str, Any] = {"model": model_sd}
         if self.optimizer is not None:
             out["optim"] = optim_sd
-        rest, small = _split_small(out)
-        if self._load_source is not None:  # small leaves come from the blob, not from DCP
-            src, nbytes, _ = self._load_source
-            out = rest
-            out[RANK_STATE] = {str(src): torch.empty(nbytes, dtype=torch.uint8)}
-        else:
-            out[RANK_STATE] = {str(_rank()): self._rank_blob(small)}
         return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import tierckpt
 import tierckpt.cli.fetch  # registers the command
 from tierckpt.format import layout
-from tierckpt.restore.resume import verify_checkpoint
+from tierckpt.restore.verify import verify_checkpoint
 
 from ._checkpoints import clone, flip_byte, manifest, shard, train_state, upload
 from ._helpers import flags, invoke, invoke_json

@@ -8,9 +8,9 @@ from pathlib import Path
 import tierckpt
 import tierckpt.cli.gc  # registers the command
 from tierckpt.format import layout
-from tierckpt.tier1.commit import complete_steps
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage
-from tierckpt.tier2.uploader import remote_complete_steps
 
 from ._checkpoints import clone, save_steps, upload
 from ._helpers import flags, invoke, invoke_json
@@ -34,14 +34,14 @@ def test_dry_run_then_yes(template: Path, tmp_path: Path) -> None:
     assert doc["tier1"]["keep"] == {"5": "newest", "4": "keep-last 2", "1": "pinned"}
     assert doc["tier2"] is None
     assert doc["tier1_root"] == str(t1) and doc["tier2_url"] is None
-    assert complete_steps(t1) == [5, 4, 3, 2, 1]  # a dry run deletes nothing
+    assert Tier1Catalog(t1).complete_steps() == [5, 4, 3, 2, 1]  # a dry run deletes nothing
     result = invoke("gc", str(t1), "--keep-last", "2")
     assert result.exit_code == 0 and "would delete" in result.stdout and "dry run" in result.stdout
 
     result = invoke("gc", str(t1), "--keep-last", "2", "--yes")
     assert result.exit_code == 0, result.output
     assert "deleted" in result.stdout
-    assert complete_steps(t1) == [5, 4, 1]
+    assert Tier1Catalog(t1).complete_steps() == [5, 4, 1]
     assert not (t1 / layout.tmp_dirname(6, "crashed")).exists()
     assert invoke_json("gc", str(t1), "--keep-last", "2")["tier1"]["delete"] == []
 
@@ -49,7 +49,7 @@ def test_dry_run_then_yes(template: Path, tmp_path: Path) -> None:
 def test_keep_last_1_never_deletes_the_newest(template: Path, tmp_path: Path) -> None:
     t1 = clone(template, tmp_path / "t1")
     assert invoke_json("gc", str(t1), "--keep-last", "1", "--yes")["tier1"]["delete"] == [1, 2]
-    assert complete_steps(t1) == [3]
+    assert Tier1Catalog(t1).complete_steps() == [3]
 
 
 def test_keeps_what_the_uploader_has_yet_to_copy(template: Path, tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_keeps_what_the_uploader_has_yet_to_copy(template: Path, tmp_path: Path)
     doc = invoke_json("gc", str(t1), "--keep-last", "1", "--yes")
     assert doc["tier1"]["delete"] == [1, 2, 3]
     assert doc["tier1"]["keep"] == {"5": "newest", "4": "not yet on tier 2"}
-    assert complete_steps(t1) == [5, 4]
+    assert Tier1Catalog(t1).complete_steps() == [5, 4]
     # the hold follows the upload policy: with --upload-every 5 step 4 is never due
     doc = invoke_json("gc", str(t1), "--keep-last", "1", "--upload-every", "5")
     assert doc["tier1"]["delete"] == [4]
@@ -72,11 +72,11 @@ def test_tier2_retention(template: Path, tmp_path: Path) -> None:
             "--tier2-keep-last", "2", "--tier2-keep-every", "2")
     doc = invoke_json(*args)
     assert doc["tier2"] == {"delete": [1, 3], "keep": [5, 4, 2]}
-    assert remote_complete_steps(LocalStorage(t2)) == [1, 2, 3, 4, 5]
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [1, 2, 3, 4, 5]
     assert invoke_json(*args, "--yes")["applied"] is True
-    assert remote_complete_steps(LocalStorage(t2)) == [2, 4, 5]
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [2, 4, 5]
     assert LocalStorage(t2).list("step-00000001/") == []  # every object, not just the marker
-    assert complete_steps(t1) == [5, 4, 3, 2, 1]  # --keep-last 5 kept tier 1 whole
+    assert Tier1Catalog(t1).complete_steps() == [5, 4, 3, 2, 1]  # --keep-last 5 kept tier 1 whole
 
 
 def test_refuses_while_a_job_holds_the_root(template: Path, tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_refuses_while_a_job_holds_the_root(template: Path, tmp_path: Path) -> N
         result = invoke("gc", str(t1), "--keep-last", "1", "--yes")
     assert result.exit_code == 1
     assert "another job" in result.stderr
-    assert complete_steps(t1) == [3, 2, 1]
+    assert Tier1Catalog(t1).complete_steps() == [3, 2, 1]
 
 
 def test_bad_input_exits_2(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import tierckpt.cli.upload  # noqa: F401  (registers the command)
 from tierckpt.format import layout
-from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage
-from tierckpt.tier2.uploader import Uploader, UploaderConfig, read_state, remote_complete_steps
+from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
 from ._checkpoints import clone, manifest, save_steps, shard
 from ._helpers import flags, invoke, invoke_json
@@ -28,8 +29,8 @@ def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Pat
     assert [(r["step"], r["status"]) for r in doc["results"]] == [(3, "verified")]
     m = manifest(t1, 3)
     assert doc["results"][0]["bytes"] == m.total_bytes
-    assert remote_manifest(LocalStorage(t2), 3)[0] == m
-    assert read_state(t1, 3)["status"] == "verified"  # type: ignore[index]
+    assert Tier2Catalog(LocalStorage(t2)).read_committed(3)[0] == m
+    assert Tier1Catalog(t1).upload_record(3)["status"] == "verified"  # type: ignore[index]
     again = invoke("upload", str(t1), t2.as_uri())
     assert again.exit_code == 0 and "nothing to upload" in again.stdout
 
@@ -45,7 +46,7 @@ def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
     bar = " ".join(result.stderr.split())  # the progress bar, on stderr, ends full
     total = manifest(t1, 6).total_bytes / 1000
     assert "step 6" in bar and f"{total:.1f}/{total:.1f} kB" in bar
-    assert remote_complete_steps(LocalStorage(t2)) == [6]  # keep-last 1 on tier 2
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [6]  # keep-last 1 on tier 2
 
 
 def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) -> None:
@@ -56,7 +57,7 @@ def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) ->
     result = invoke("upload", str(t1), t2.as_uri())
     assert result.exit_code == 1
     assert "failed" in result.stdout and bad.name in " ".join(result.stdout.split())
-    assert remote_complete_steps(LocalStorage(t2)) == []  # no marker over a damaged copy
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == []  # no marker over a damaged copy
     doc = invoke("upload", str(t1), t2.as_uri(), "--json")
     assert doc.exit_code == 1 and '"status": "failed"' in doc.stdout
 
@@ -66,7 +67,7 @@ def test_a_second_uploader_on_the_root_is_refused(template: Path, tmp_path: Path
     with Uploader(UploaderConfig(tier1=t1, tier2=t2.as_uri())):
         result = invoke("upload", str(t1), t2.as_uri())
     assert result.exit_code == 1 and "another uploader" in result.stderr
-    assert not t2.exists() or remote_complete_steps(LocalStorage(t2)) == []
+    assert not t2.exists() or Tier2Catalog(LocalStorage(t2)).complete_steps() == []
 
 
 def test_bad_input_exits_2(tmp_path: Path) -> None:
@@ -98,10 +99,10 @@ def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: P
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         storage = LocalStorage(t2)
-        _wait_for(lambda: (read_state(t1, 3) or {}).get("status") == "verified",
+        _wait_for(lambda: (Tier1Catalog(t1).upload_record(3) or {}).get("status") == "verified",
                   "step 3", proc)
         save_steps(t1, [4])  # a job saves while the watcher runs (different locks)
-        _wait_for(lambda: 4 in remote_complete_steps(storage), "step 4", proc)
+        _wait_for(lambda: 4 in Tier2Catalog(storage).complete_steps(), "step 4", proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -110,7 +111,7 @@ def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: P
             proc.wait()
     assert proc.returncode == 0, err.decode()
     assert b"step 3" in out + err and b"step 4" in out + err
-    assert remote_manifest(storage, 4)[0] == manifest(t1, 4)
+    assert Tier2Catalog(storage).read_committed(4)[0] == manifest(t1, 4)
     assert not any((t1 / layout.PINS).iterdir())  # unpinned after each verified upload
 
 

@@ -10,8 +10,9 @@ from s3server import S3Env
 
 import tierckpt.cli.ls
 import tierckpt.cli.verify  # noqa: F401  (register the commands)
+from tierckpt.errors import MissingFilesError
 from tierckpt.format import layout
-from tierckpt.restore.resume import MissingFilesError, verify_checkpoint
+from tierckpt.restore.verify import verify_checkpoint
 
 from ._checkpoints import (
     clone,

@@ -21,7 +21,7 @@ from torch import nn
 import tierckpt
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
-from tierckpt.restore.resume import verify_checkpoint
+from tierckpt.restore.verify import verify_checkpoint
 
 WIDTH = 48
 

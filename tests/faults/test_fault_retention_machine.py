@@ -34,9 +34,11 @@ from tests.faults._oracle import TALLY, committed, make_state, set_weights, weig
 from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.policy import retention
-from tierckpt.restore.resume import verify_checkpoint
+from tierckpt.restore.verify import verify_checkpoint
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.uploader import Uploader, UploaderConfig, remote_complete_steps, uploaded_steps
+from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
 KEEP = 2
 UPLOAD_EVERY = 2
@@ -60,7 +62,7 @@ class RetentionResume(RuleBasedStateMachine):
     # -- helpers ---------------------------------------------------------------------------
     def _remote(self) -> set[int]:
         with open_storage(self.tier2) as st:
-            return set(remote_complete_steps(st))
+            return set(Tier2Catalog(st).complete_steps())
 
     def _open(self) -> tierckpt.CheckpointManager:
         """(Re)start the job: open a manager and restore; check the oracle's choice."""
@@ -96,7 +98,7 @@ class RetentionResume(RuleBasedStateMachine):
         self.next_step += 1
         before = set(committed(self.root))
         held = retention.tier1_upload_holds(before | {step}, upload_every=UPLOAD_EVERY,
-                                            done=uploaded_steps(self.root))
+                                            done=Tier1Catalog(self.root).uploaded_steps())
         set_weights(self.state.model, step)
         ck.save(step, self.state).wait()
         self.intact.add(step)

@@ -13,9 +13,9 @@ from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError, NoCheckpointError
 from tierckpt.format import layout
 from tierckpt.policy.units import format_bytes
-from tierckpt.runtime.topology import RootLock
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
-from tierckpt.tier2.uploader import remote_complete_steps
 
 
 @app.command()
@@ -43,15 +43,17 @@ def fetch(
             raise ConfigError(f"--parallel must be >= 1, got {parallel}")
         with tier2(tier2_url) as storage:
             assert storage is not None
-            remote = remote_complete_steps(storage)
+            catalog = Tier2Catalog(storage)
+            remote = catalog.complete_steps()
             if step not in remote:
                 raise NoCheckpointError(
                     f"no complete step {step} on {storage.url} (complete there: "
                     f"{', '.join(map(str, reversed(remote))) or 'none'})")
             root.mkdir(parents=True, exist_ok=True)
-            lock = RootLock(root)
+            local = Tier1Catalog(root)
+            lock = local.lock()
             try:
-                downloaded, reused = fetch_into_tier1(storage, root, step, names=None,
+                downloaded, reused = fetch_into_tier1(catalog, local, step, names=None,
                                                       full=full, parallel=parallel)
             finally:
                 lock.release()

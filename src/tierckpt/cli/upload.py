@@ -1,16 +1,17 @@
 """``tierckpt upload``: copy committed tier-1 checkpoints to tier 2 in the foreground, with
 a progress bar per checkpoint; ``--watch`` keeps going until Ctrl-C / SIGTERM.
 
-The same :class:`tierckpt.tier2.uploader.Uploader` a job starts in the background: same order,
-verification, upload state and tier-2 retention, and the same per-root lock (a job's
-background uploader and this command cannot both serve one root).
+The same :class:`tierckpt.tier2.uploader.Uploader` and loop
+(:func:`tierckpt.tier2.uploader.watch.run`) a job starts in the background: same order,
+verification, upload state, back-off and tier-2 retention, and the same per-root lock (a
+job's background uploader and this command cannot both serve one root).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,7 +34,8 @@ from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
 from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes
-from tierckpt.tier2.uploader import DONE, Uploader, UploaderConfig, UploadResult
+from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploadResult
+from tierckpt.tier2.uploader import watch as watch_loop
 
 _OK = ("verified", "files_verified")
 """Results that count as success (``conflict`` is done, but a failure for the user)."""
@@ -80,7 +82,8 @@ def upload(
                 results.append(r)
                 if not as_json:
                     console().print(_line(r))
-            upload_loop(up, stop, watch=watch, started=started, finished=finished)
+            watch_loop.run(up, stop, poll_s=poll, watch=watch, started=started,
+                           finished=finished)
     ok = all(r.status in _OK for r in results)
     if as_json:
         emit_json({"tier1": str(config.tier1), "tier2": tier2,
@@ -89,27 +92,6 @@ def upload(
         console().print("nothing to upload")
     if not ok:
         raise typer.Exit(EXIT_FAILED)
-
-
-def upload_loop(up: Uploader, stop: threading.Event, *, watch: bool,
-                started: Callable[[int], None], finished: Callable[[UploadResult], None]) -> None:
-    """Upload due steps newest first (the uploader's policy). Without ``watch`` stop when
-    nothing is due or an upload does not finish (as :meth:`Uploader.drain`); with it, poll
-    every ``poll_s`` (also after a failure, as a back-off) until ``stop`` is set."""
-    while not stop.is_set():
-        step = up.next_step()
-        if step is None:
-            if not watch:
-                return
-            stop.wait(up.config.poll_s)
-            continue
-        started(step)
-        r = up.upload_step(step, stop=stop)
-        finished(r)
-        if r.status not in DONE:
-            if not watch:
-                return
-            stop.wait(up.config.poll_s)
 
 
 @contextmanager

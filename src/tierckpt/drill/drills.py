@@ -39,8 +39,8 @@ from tierckpt.drill.runs import (
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.runtime import events as ev
 from tierckpt.runtime import measure
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.uploader import remote_complete_steps
 
 __all__ = ["DRILLS", "DrillConfig", "Progress", "run_drills"]
 
@@ -166,7 +166,7 @@ def _require_empty_tier2(url: str) -> None:
     restored by it (and picked by the tier-2 drill)."""
     try:
         with open_storage(url) as storage:
-            steps = remote_complete_steps(storage)
+            steps = Tier2Catalog(storage).complete_steps()
     except (CheckpointError, OSError) as e:
         raise ConfigError(f"--tier2 {url}: cannot list it ({e})") from None
     if steps:

@@ -20,9 +20,9 @@ from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
-from tierckpt.tier1.commit import complete_steps
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.uploader import remote_complete_steps
 
 __all__ = ["RunResult", "choose_mid_checkpoint", "drain_and_wipe", "restore_summary", "run_job",
            "seed_root"]
@@ -82,7 +82,8 @@ def run_job(spec: JobSpec, *, timeout_s: float, kill: KillPlan | None = None) ->
 def choose_mid_checkpoint(roots: list[Path], *, steps: int, min_after: int = 2) -> int:
     """The newest step complete on every root that leaves ``min_after`` steps to train,
     else the oldest complete step. CheckpointError when the roots share none."""
-    common = set.intersection(*(set(complete_steps(r)) for r in roots)) if roots else set()
+    common = set.intersection(*(set(Tier1Catalog(r).complete_steps()) for r in roots)) \
+        if roots else set()
     if not common:
         raise CheckpointError(f"no checkpoint is complete on every tier-1 root {roots}")
     fits = [s for s in common if s <= steps - 1 - min_after]
@@ -114,7 +115,7 @@ def drain_and_wipe(roots: list[Path], tier2: str, *, timeout_s: float = 600.0) -
             raise CheckpointError(f"tier-2 drill: uploading {root} to {tier2} failed "
                                   f"(exit {proc.returncode}): {proc.stderr[-1500:]}")
     with open_storage(tier2) as storage:
-        remote = remote_complete_steps(storage)
+        remote = Tier2Catalog(storage).complete_steps()
     if not remote:
         raise CheckpointError(f"tier-2 drill: {tier2} holds no complete checkpoint after "
                               "draining the uploader")

@@ -18,7 +18,7 @@ import hmac
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from tierckpt.errors import IntegrityError, SignatureError
 from tierckpt.format import checksum
@@ -176,3 +176,23 @@ def verify_marker(marker: bytes, manifest_bytes: bytes, key: bytes | None = None
     if body.get("step") != m.step or body.get("save_id") != m.save_id:
         raise IntegrityError("COMPLETE marker step/save_id disagree with manifest.json")
     return m
+
+
+class Committed(NamedTuple):
+    """A checkpoint's manifest with the exact bytes its marker vouches for (both verified)."""
+
+    manifest: Manifest
+    manifest_bytes: bytes
+    marker_bytes: bytes
+
+
+def verify_committed(marker: bytes, manifest_bytes: bytes, *, step: int | None,
+                     name: str) -> Committed:
+    """:func:`verify_marker` with the configured signing key, plus the check that the
+    checkpoint called ``name`` on its tier really is ``step`` (not one renamed by hand;
+    None: not checked). Every tier's catalogue reads a committed checkpoint through this."""
+    m = verify_marker(marker, manifest_bytes, signing_key())
+    if step is not None and m.step != step:
+        raise IntegrityError(f"{name} is named for step {step} but its manifest is step "
+                             f"{m.step} (renamed by hand?)")
+    return Committed(m, manifest_bytes, marker)

@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tierckpt.errors import ConfigError, IntegrityError, StorageError
+from tierckpt.errors import ConfigError, IntegrityError, MissingFilesError, StorageError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
-from tierckpt.restore.resume import MissingFilesError, verify_checkpoint
-from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.restore.verify import verify_checkpoint
+from tierckpt.tier1.catalog import read_committed
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 
 
@@ -71,7 +72,7 @@ def check_tier1(root: Path, step: int) -> CheckReport:
         m = verify_checkpoint(d, step=step, full=True)
     except MissingFilesError as e:  # every file present passed; the rest is on other nodes
         elsewhere = tuple(e.missing)
-        m = mf.Manifest.from_bytes((d / layout.MANIFEST).read_bytes())
+        m = read_committed(d, step=step).manifest
     except (IntegrityError, OSError) as e:
         return report(ok=False, seconds=time.monotonic() - t0, error=str(e))
     held = [f for f in m.files if f.name not in elsewhere]
@@ -91,7 +92,7 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
                                location=f"{storage.url}/{layout.step_dirname(step)}")
     t0 = time.monotonic()
     try:
-        m, _, _ = remote_manifest(storage, step)
+        m = Tier2Catalog(storage).read_committed(step).manifest
     except ObjectNotFoundError:
         return report(ok=False, error=f"no complete {layout.step_dirname(step)} "
                            "on tier 2 (COMPLETE or manifest.json missing)")
@@ -101,7 +102,7 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
     def one(f: mf.FileEntry, tmp: str) -> str | None:
         dest = Path(tmp) / f.name
         try:
-            info = storage.get_file(layout.object_key("", step, f.name), dest, crc32c=f.crc32c)
+            info = storage.get_file(Tier2Catalog.key(step, f.name), dest, crc32c=f.crc32c)
         except ObjectNotFoundError:
             return f"{f.name} is missing on tier 2"
         except (IntegrityError, StorageError) as e:

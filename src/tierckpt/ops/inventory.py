@@ -36,10 +36,9 @@ from typing import Any
 
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
 from tierckpt.format import layout
-from tierckpt.format import manifest as mf
-from tierckpt.tier2.fetch import remote_manifest
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
-from tierckpt.tier2.uploader import upload_states
 
 STATES = ("partial", "invalid", "complete", "uploading", "verified", "conflict")
 _UPLOAD_STATE = {"uploading": "uploading", "failed": "uploading",
@@ -92,8 +91,9 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
     """Entries for ``observed``, newest step first and tier 1 before tier 2.
 
     ``upload`` maps step → recorded upload state (``{"status": ..., "error": ...}``, as
-    :func:`tierckpt.tier2.uploader.upload_states` returns); ``pins`` maps step → pin holders
-    (tier 1 only); ``now`` is the reference time for ages (seconds since the epoch).
+    :meth:`tierckpt.tier1.catalog.Tier1Catalog.upload_records` returns); ``pins`` maps
+    step → pin holders (tier 1 only); ``now`` is the reference time for ages (seconds since
+    the epoch).
     """
     out = []
     for o in observed:
@@ -124,7 +124,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
 
 
 # -- reading the tiers ------------------------------------------------------------------------
-def _dir_bytes(path: str) -> int:
+def _dir_bytes(path: str | os.PathLike[str]) -> int:
     total = 0
     for e in os.scandir(path):
         if e.is_file(follow_symlinks=False):
@@ -135,72 +135,42 @@ def _dir_bytes(path: str) -> int:
 def observe_tier1(root: Path) -> list[Observed]:
     """Every final-named checkpoint directory and every in-progress (tmp) directory under
     ``root``. Raises :class:`ConfigError` when ``root`` is not a directory."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ConfigError(f"tier-1 root {str(root)!r} is not a directory")
-    out = []
-    for e in os.scandir(root):
-        if not e.is_dir(follow_symlinks=False):
+    cat = Tier1Catalog(root)
+    if not cat.root.is_dir():
+        raise ConfigError(f"tier-1 root {str(cat.root)!r} is not a directory")
+    out = [Observed(tier=1, step=step, name=path.name, committed=False,
+                    bytes=_dir_bytes(path), created_unix=path.lstat().st_mtime)
+           for step, path in cat.in_progress()]
+    for step in cat.candidate_steps():
+        d = cat.step_dir(step)
+        if not d.is_dir() or d.is_symlink():
             continue
-        step = layout.parse_step_dirname(e.name)
-        tmp = layout.parse_tmp_dirname(e.name)
-        if step is None and tmp is None:
-            continue  # quarantine/, pins/, upload-state/, directories being deleted
-        mtime = e.stat(follow_symlinks=False).st_mtime
-        if step is None:
-            assert tmp is not None
-            out.append(Observed(tier=1, step=tmp[0], name=e.name, committed=False,
-                                bytes=_dir_bytes(e.path), created_unix=mtime))
-            continue
-        marker_path = os.path.join(e.path, layout.COMPLETE)
-        committed = os.path.lexists(marker_path)
+        mtime = d.lstat().st_mtime
+        committed = os.path.lexists(d / layout.COMPLETE)
         created, err, save_id = mtime, None, None
         if committed:
             try:
-                with open(marker_path, "rb") as f:
-                    marker = f.read(1 << 20)
-                with open(os.path.join(e.path, layout.MANIFEST), "rb") as f:
-                    mbytes = f.read(64 << 20)
-                m = mf.verify_marker(marker, mbytes, mf.signing_key())
+                m = cat.read_committed(step).manifest
                 created, save_id = m.created_unix or mtime, m.save_id
-                if m.step != step:
-                    err = f"directory is named for step {step} but its manifest is step {m.step}"
             except (IntegrityError, OSError) as x:
                 err = f"{type(x).__name__}: {x}"
-        out.append(Observed(tier=1, step=step, name=e.name, committed=committed,
-                            bytes=_dir_bytes(e.path), created_unix=created, marker_error=err,
+        out.append(Observed(tier=1, step=step, name=d.name, committed=committed,
+                            bytes=_dir_bytes(d), created_unix=created, marker_error=err,
                             save_id=save_id))
-    return out
-
-
-def tier1_pins(root: Path) -> dict[int, list[str]]:
-    """Pin holders by step, from ``<root>/pins/step-XXXXXXXX.<holder>`` files."""
-    out: dict[int, list[str]] = {}
-    d = Path(root) / layout.PINS
-    if d.is_dir():
-        for name in os.listdir(d):
-            step = layout.parse_pin_filename(name)
-            if step is not None and "." in name:
-                out.setdefault(step, []).append(name.split(".", 1)[1])
     return out
 
 
 def observe_tier2(storage: Storage) -> list[Observed]:
     """Every checkpoint prefix in ``storage``: committed ones have their marker checked
     against their manifest (two small reads each); sizes come from one listing."""
-    by_step: dict[int, dict[str, int]] = {}
-    for info in storage.list("step-"):
-        head, _, tail = info.key.partition("/")
-        step = layout.parse_step_dirname(head)
-        if step is not None and tail:
-            by_step.setdefault(step, {})[tail] = info.size
+    cat = Tier2Catalog(storage)
     out = []
-    for step, objects in by_step.items():
+    for step, objects in cat.objects().items():
         committed = layout.COMPLETE in objects
         created, err, save_id = None, None, None
         if committed:
             try:
-                m, _, _ = remote_manifest(storage, step)
+                m = cat.read_committed(step).manifest
                 created, save_id = m.created_unix or None, m.save_id
             except ObjectNotFoundError:
                 err = "COMPLETE present but manifest.json missing"
@@ -219,5 +189,6 @@ def inventory(tier1: Path, storage: Storage | None = None, *,
     observed = observe_tier1(tier1)
     if storage is not None:
         observed += observe_tier2(storage)
-    return classify(observed, upload=upload_states(tier1), pins=tier1_pins(tier1),
+    cat = Tier1Catalog(tier1)
+    return classify(observed, upload=cat.upload_records(), pins=cat.pins(),
                     now=time.time() if now is None else now)

@@ -29,6 +29,7 @@ from enum import Enum
 from typing import TypeVar
 
 from tierckpt.errors import ConfigError
+from tierckpt.policy.units import check_count
 
 _E = TypeVar("_E", bound=Enum)
 
@@ -116,9 +117,9 @@ def checkpoint_size(params: int, *, optimizer: Optimizer | str = Optimizer.ADAM,
     """Size of a checkpoint of ``params`` parameters plus ``extra_bytes`` of other state
     (data loader, RNG, scheduler), split evenly over ``nodes × gpus_per_node`` ranks
     (shares rounded up). 70e9 params with the defaults → 980 GB."""
-    _positive_int(params, "params")
-    _positive_int(nodes, "nodes")
-    _positive_int(gpus_per_node, "gpus_per_node")
+    check_count("params", params)
+    check_count("nodes", nodes)
+    check_count("gpus_per_node", gpus_per_node)
     if extra_bytes < 0:
         raise ConfigError(f"extra_bytes must be >= 0, got {extra_bytes}")
     bpp = bytes_per_param(optimizer=optimizer, weights=weights, master_fp32=master_fp32)
@@ -148,7 +149,7 @@ class RamFit:
 
 def staging_fit(per_node_bytes: int, node_ram_bytes: int, reserve_bytes: int) -> RamFit:
     """Staging holds one copy of the node's share (one save in flight, reused buffers)."""
-    _positive_int(node_ram_bytes, "node_ram_bytes")
+    check_count("node_ram_bytes", node_ram_bytes)
     if reserve_bytes < 0 or per_node_bytes < 0:
         raise ConfigError("per_node_bytes and reserve_bytes must be >= 0")
     margin = node_ram_bytes - reserve_bytes - per_node_bytes
@@ -169,7 +170,7 @@ def write_time(nbytes: int, bytes_per_s: float) -> float:
 def job_mtbf(node_mtbf: float, nodes: int) -> float:
     """Job MTBF in seconds: a job fails when any of its ``nodes`` fails."""
     _positive(node_mtbf, "node_mtbf")
-    _positive_int(nodes, "nodes")
+    check_count("nodes", nodes)
     return node_mtbf / nodes
 
 
@@ -375,12 +376,6 @@ def _nonneg(x: float, name: str) -> float:
     if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
         raise ConfigError(f"{name} must be zero or a positive number of seconds, got {x!r}")
     return float(x)
-
-
-def _positive_int(x: int, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {x!r}")
-    return x
 
 
 def _check_cm(C: float, M: float, *, allow_large: bool = False) -> None:

@@ -6,7 +6,31 @@ and a pinned checkpoint is never deleted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+
+from tierckpt.policy.units import check_count
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetentionPolicy:
+    """What each tier keeps, validated once: the job's config, ``tierckpt gc`` and the
+    uploader all hold one of these."""
+
+    keep_last: int = 3
+    """Tier 1: newest complete checkpoints kept (pinned ones are kept in addition)."""
+    upload_every: int = 1
+    """Every Nth step is due for tier 2 (kept on tier 1 until copied); 1 = every step."""
+    tier2_keep_last: int = 3
+    """Tier 2: newest complete checkpoints kept."""
+    tier2_keep_every: int = 0
+    """Tier 2: steps that are multiples of this are kept forever (0: none)."""
+
+    def __post_init__(self) -> None:
+        check_count("keep_last", self.keep_last)
+        check_count("upload_every", self.upload_every)
+        check_count("tier2_keep_last", self.tier2_keep_last)
+        check_count("tier2_keep_every", self.tier2_keep_every, minimum=0)
 
 
 def tier1_deletions(complete_steps: Iterable[int], *, keep_last: int,
@@ -17,8 +41,7 @@ def tier1_deletions(complete_steps: Iterable[int], *, keep_last: int,
     tier-2 uploader still has to copy). Never returns the newest complete step, whatever
     ``keep_last`` is, so one complete checkpoint always remains once one existed.
     """
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    check_count("keep_last", keep_last)
     steps = sorted(set(complete_steps), reverse=True)
     keep = set(steps[:keep_last]) | set(pinned)
     return sorted(s for s in steps[1:] if s not in keep)
@@ -32,10 +55,8 @@ def tier2_deletions(complete_steps: Iterable[int], *, keep_last: int, keep_every
     ``keep_every`` forever (0 = none), and every pinned step. Like tier 1, never returns the
     newest complete step.
     """
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    if keep_every < 0:
-        raise ValueError(f"keep_every must be >= 0 (0 = keep none forever), got {keep_every}")
+    check_count("keep_last", keep_last)
+    check_count("keep_every", keep_every, minimum=0)
     steps = sorted(set(complete_steps), reverse=True)
     keep = set(steps[:keep_last]) | set(pinned)
     if keep_every:
@@ -45,8 +66,7 @@ def tier2_deletions(complete_steps: Iterable[int], *, keep_last: int, keep_every
 
 def upload_due(step: int, *, upload_every: int) -> bool:
     """Whether the tier-2 policy uploads ``step`` (every ``upload_every``-th step; 1 = all)."""
-    if upload_every < 1:
-        raise ValueError(f"upload_every must be >= 1, got {upload_every}")
+    check_count("upload_every", upload_every)
     return step % upload_every == 0
 
 
@@ -74,3 +94,31 @@ def tier1_upload_holds(complete_steps: Iterable[int], *, upload_every: int,
     floor = max(done_set, default=-1)
     return {s for s in complete_steps if upload_due(s, upload_every=upload_every)
             and s not in done_set and s > floor}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier1Plan:
+    """What tier-1 retention deletes (oldest first) and why each other step stays:
+    ``"newest"``, ``"pinned"``, ``"not yet on tier 2"`` or ``"keep-last N"``."""
+
+    delete: tuple[int, ...]
+    kept: dict[int, str]
+
+
+def tier1_plan(complete_steps: Iterable[int], *, policy: RetentionPolicy,
+               pinned: Iterable[int] = (), uploaded: Iterable[int] | None) -> Tier1Plan:
+    """Tier-1 retention as the job and ``tierckpt gc`` both apply it: keep-last, pins, and
+    — when the root has an uploader (``uploaded`` is its set of done steps; None: no
+    uploader, nothing is held for it) — every step it may still copy
+    (:func:`tier1_upload_holds`)."""
+    complete = sorted(set(complete_steps), reverse=True)
+    pins = set(pinned)
+    holds = set() if uploaded is None else tier1_upload_holds(
+        complete, upload_every=policy.upload_every, done=uploaded)
+    doomed = tier1_deletions(complete, keep_last=policy.keep_last, pinned=pins | holds)
+    kept: dict[int, str] = {}
+    for i, s in enumerate(complete):
+        if s not in doomed:
+            kept[s] = ("newest" if i == 0 else "pinned" if s in pins
+                       else "not yet on tier 2" if s in holds else f"keep-last {policy.keep_last}")
+    return Tier1Plan(delete=tuple(doomed), kept=kept)

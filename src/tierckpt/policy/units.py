@@ -121,6 +121,17 @@ def parse_count(text: str | float, name: str) -> int:
     return round(total)
 
 
+def check_count(name: str, value: object, *, minimum: int = 1) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``, else :class:`ConfigError`
+    naming the knob both as a keyword (``keep_last``) and as a flag (``keep-last``). The
+    one validator of retention and cadence counts, wherever they come from."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        off = " (0 = off)" if minimum == 0 else ""
+        raise ConfigError(f"{name} ({name.replace('_', '-')}) must be an int >= {minimum}"
+                          f"{off}, got {value!r}")
+    return value
+
+
 def format_duration(seconds: float) -> str:
     """A short human form: ``"45.0 s"``, ``"37.9 min"``, ``"12.0 h"``, ``"3.2 d"``."""
     s = abs(seconds)

@@ -1,4 +1,4 @@
-"""Who shares which tier-1 root, the checkpoint process group, and the root lock.
+"""Who shares which tier-1 root, and the checkpoint process group.
 
 Ranks that see the same tier-1 directory form a *domain* (one node with node-local disks,
 or the whole job on a shared file system); the lowest rank of a domain is its *owner* and
@@ -14,9 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import fcntl
-import os
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,6 @@ from typing import Any
 import torch.distributed as dist
 
 from tierckpt.errors import LockError
-from tierckpt.format import layout
 
 
 @dataclasses.dataclass
@@ -87,31 +83,3 @@ def discover_domains(root: Path, comm: Comm) -> tuple[tuple[int, ...], ...]:
         raise LockError(f"ranks disagree on which tier-1 roots they share: {views}")
     return domains
 
-
-class RootLock:
-    """An exclusive ``flock`` on ``<root>/.lock`` held for a job's lifetime.
-
-    ``flock`` is released by the kernel when the holder dies, so a crashed job never leaves
-    a stale lock behind; a live second job gets :class:`LockError` naming the holder.
-    """
-
-    def __init__(self, root: Path, file_mode: int = 0o640) -> None:
-        self.path = root / layout.LOCK
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, file_mode)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._fd, 256, 0).decode(errors="replace").strip()
-            os.close(self._fd)
-            self._fd = -1
-            raise LockError(
-                f"another job is writing checkpoints to {root} ({holder or 'unknown holder'}); "
-                "give each job its own tier1 directory, or stop the other job first") from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = -1

@@ -82,7 +82,10 @@ class SaveHandle:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Job:
+class SaveJob:
+    """One save handed to :class:`AsyncSaver`: what was staged (host buffers, ``nbytes``),
+    under which ``save_id``, and when staging started and ended (monotonic seconds)."""
+
     step: int
     staged: Any
     nbytes: int
@@ -108,7 +111,7 @@ class AsyncSaver:
                                         initializer=_lower_thread_priority,
                                         initargs=(cfg.background_nice,))
 
-    def submit(self, job: _Job, handle: SaveHandle) -> None:
+    def submit(self, job: SaveJob, handle: SaveHandle) -> None:
         def run() -> None:
             try:
                 result = self._run(job)
@@ -138,7 +141,7 @@ class AsyncSaver:
         self._pool.shutdown(wait=True)
 
     # -- the background job ---------------------------------------------------------------
-    def _run(self, job: _Job) -> SaveResult:
+    def _run(self, job: SaveJob) -> SaveResult:
         cfg, comm = self.cfg, self.comm
         tmp = cfg.tier1 / layout.tmp_dirname(job.step, job.save_id)
         final = cfg.tier1 / layout.step_dirname(job.step)

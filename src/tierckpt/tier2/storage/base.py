@@ -22,23 +22,19 @@ import dataclasses
 import os
 from typing import Protocol, runtime_checkable
 
-from tierckpt.errors import ConfigError, IntegrityError, StorageError
+from tierckpt.errors import (  # re-exported: the storage errors callers catch
+    BadDigestError,
+    ConfigError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StorageError,
+)
+
+__all__ = ["TMP_MARK", "BadDigestError", "ObjectExistsError", "ObjectInfo",
+           "ObjectNotFoundError", "Storage", "StorageError", "validate_key", "validate_prefix"]
 
 TMP_MARK = ".tierckpt-tmp."
 """Names containing this are a backend's in-flight temporaries; never valid key parts."""
-
-
-class ObjectNotFoundError(StorageError, FileNotFoundError):
-    """The key does not exist (a read of a missing object)."""
-
-
-class ObjectExistsError(StorageError, FileExistsError):
-    """A create-only put (``if_none_match=True``) found the key holding different bytes."""
-
-
-class BadDigestError(StorageError, IntegrityError):
-    """Bytes do not match their CRC32C: the source changed since its checksum was taken,
-    or the data was corrupted in transit or at rest (after the backend's digest retries)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

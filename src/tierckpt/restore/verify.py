@@ -1,0 +1,79 @@
+"""Verify one tier-1 checkpoint before anything in it is opened. Torch-free.
+
+Marker and manifest first (bounded reads through :mod:`tierckpt.tier1.catalog`), then
+every file this domain needs: present, a regular file, of the manifest's size — and its
+CRC32C when asked. DCP's pickled ``.metadata`` is CRC-checked always, so a same-size
+substitute is never unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from tierckpt.errors import IntegrityError, MissingFilesError
+from tierckpt.format import checksum, layout
+from tierckpt.format import manifest as mf
+from tierckpt.tier1.catalog import read_committed
+
+
+def required_ranks(m: mf.Manifest, domain: tuple[int, ...] | None,
+                   world_size: int | None) -> set[int] | None:
+    """Ranks whose files a domain must hold to restore ``m``: its own ranks when the job
+    has the saved layout (same world size and this domain was a saved domain), else every
+    rank (None), since a reshard may read any shard."""
+    if domain is None or world_size != m.world_size or tuple(domain) not in m.domains:
+        return None
+    return set(domain)
+
+
+def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
+                      domain: tuple[int, ...] | None = None, world_size: int | None = None,
+                      full: bool = False) -> mf.Manifest:
+    """Verify one tier-1 checkpoint directory; return its manifest or raise
+    :class:`IntegrityError` with the reason (:class:`MissingFilesError` when the only
+    problem is files this domain needs but does not hold; see :func:`required_ranks`).
+    ``step`` (when given) must be the manifest's; ``full`` checks every file's CRC32C."""
+    st = os.lstat(ckpt_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise IntegrityError(f"{ckpt_dir.name} is not a directory (symlink or file)")
+    m = read_committed(ckpt_dir, step=step).manifest
+    ranks = required_ranks(m, domain, world_size)
+    wanted = m.files if ranks is None else m.files_for_ranks(ranks)
+    missing = []
+    for f in wanted:
+        p = ckpt_dir / layout.safe_member_name(f.name)
+        try:
+            fst = os.lstat(p)
+        except FileNotFoundError:
+            missing.append(f.name)
+            continue
+        if not stat.S_ISREG(fst.st_mode):
+            raise IntegrityError(f"{f.name} is not a regular file")
+        if fst.st_size != f.size:
+            raise IntegrityError(f"{f.name} has {fst.st_size} bytes, manifest says {f.size}")
+        if full or f.name == layout.METADATA:  # the pickle is CRC-checked in every mode
+            crc, _ = checksum.of_file(p)
+            if crc != f.crc32c:
+                raise IntegrityError(f"{f.name} CRC32C {checksum.to_hex(crc)} != manifest "
+                                     f"{checksum.to_hex(f.crc32c)}")
+    if missing:
+        _raise_missing(ckpt_dir, m, missing)
+    return m
+
+
+def _raise_missing(ckpt_dir: Path, m: mf.Manifest, missing: list[str]) -> None:
+    """A file of this directory's own saved domain (the domain whose ranks' files are here)
+    or a shared file is damage; only other domains' files are fetchable absences."""
+    present = {f.rank for f in m.files
+               if f.rank is not None and os.path.lexists(ckpt_dir / f.name)}
+    home = {r for d in m.domains if set(d) & present for r in d} if len(m.domains) > 1 \
+        else set(range(m.world_size))
+    own = [f.name for f in m.files if f.name in missing and (f.rank is None or f.rank in home)]
+    names = own or missing
+    text = (f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''} "
+            f"{'is' if len(names) == 1 else 'are'} missing")
+    if own:
+        raise IntegrityError(text)
+    raise MissingFilesError(text + " (held by another node's tier 1)", missing)

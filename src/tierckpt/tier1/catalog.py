@@ -1,0 +1,293 @@
+"""The tier-1 catalogue: the only code that reads or changes the layout of a tier-1 root.
+
+Everything the job, the uploader, resume, ``tierckpt ls/gc/verify/fetch`` and the drills
+know about a root comes from a :class:`Tier1Catalog` (names from :mod:`tierckpt.format.layout`)::
+
+    <root>/
+      step-XXXXXXXX/        committed when it holds a COMPLETE that vouches for manifest.json
+      step-XXXXXXXX.tmp-*/  a save or fetch in progress, or debris of a crashed one
+      step-XXXXXXXX.del-*/  a checkpoint being deleted (unpublished first, reclaimed after)
+      quarantine/           candidates moved aside, each with a QUARANTINE_REASON; never deleted
+      pins/                 step-XXXXXXXX.<holder>: retention keeps a pinned step
+      upload-state/         the uploader's per-step records, its lock and its log
+      events.jsonl          the event log (:mod:`tierckpt.runtime.events`)
+      .lock                 held by the job writing this root
+
+Meanings every caller shares: *complete* = a final-named directory with a ``COMPLETE`` file
+(cheap, unverified: for retention, upload policy and listings); *committed* = one whose
+marker and manifest verify (:meth:`Tier1Catalog.read_committed`, bounded reads); *pinned* =
+named by a pin file; *uploaded* = its upload record is done (:data:`UPLOAD_DONE`). Writing a
+new checkpoint is :mod:`tierckpt.tier1.commit`; this module never creates one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tierckpt.errors import IntegrityError
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.policy import retention
+from tierckpt.tier1 import fs
+from tierckpt.tier1.lock import FileLock
+
+SMALL_FILE_LIMIT = 64 << 20
+"""Largest marker or manifest any reader accepts (bytes); larger is an IntegrityError."""
+QUARANTINE_REASON = "QUARANTINE_REASON"
+UPLOAD_HOLDER = "upload"
+"""Pin holder name of the tier-2 uploader."""
+UPLOAD_DONE = frozenset({"verified", "files_verified", "conflict"})
+"""Upload statuses after which tier-1 retention need not keep a step for the uploader."""
+UPLOAD_LOG = "uploader.log"
+_UPLOAD_LOCK = ".lock"
+_REASON_SUFFIX = ".reason"
+
+
+def read_small(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT) -> bytes:
+    """The whole of a small file (a marker or manifest), refusing one over ``limit`` bytes
+    with :class:`IntegrityError`: a damaged or hostile file must not exhaust memory."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IntegrityError(f"{Path(path).name} is larger than {limit} bytes")
+    return data
+
+
+def read_committed(ckpt_dir: Path, *, step: int | None) -> mf.Committed:
+    """The verified manifest of the checkpoint directory ``ckpt_dir``: marker and manifest
+    read with :data:`SMALL_FILE_LIMIT`, the marker checked against the manifest (and its
+    signature when a key is set) and, unless ``step`` is None, the manifest's step against
+    the directory's. Raises :class:`IntegrityError` (no marker, no manifest, any mismatch)
+    or ``OSError``. Nothing else of the checkpoint may be opened before this returns."""
+    try:
+        marker = read_small(ckpt_dir / layout.COMPLETE)
+    except FileNotFoundError:
+        raise IntegrityError("no COMPLETE marker (the save never committed)") from None
+    try:
+        mbytes = read_small(ckpt_dir / layout.MANIFEST)
+    except FileNotFoundError:
+        raise IntegrityError("COMPLETE present but manifest.json missing") from None
+    return mf.verify_committed(marker, mbytes, step=step, name="directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quarantined:
+    """One entry of ``quarantine/``: its directory and the recorded reason (None if none)."""
+
+    path: Path
+    reason: str | None
+
+
+class Tier1Catalog:
+    """What is on one tier-1 root, and the few changes to its layout that are not a commit.
+
+    Cheap to construct (no I/O); every method reads the root afresh, so two catalogues of
+    the same root (the job's and its uploader's) always agree.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / layout.step_dirname(step)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def complete_steps(self) -> list[int]:
+        """Steps of final-named directories that hold a COMPLETE file, newest first; []
+        when the root does not exist. Unverified (see the module docstring)."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for e in os.scandir(self.root):
+            step = layout.parse_step_dirname(e.name)
+            if step is not None and e.is_dir(follow_symlinks=False) and \
+                    os.path.exists(os.path.join(e.path, layout.COMPLETE)):
+                out.append(step)
+        return sorted(out, reverse=True)
+
+    def candidate_steps(self) -> list[int]:
+        """Every final-named entry (complete or not, directory or not), newest first."""
+        steps = [layout.parse_step_dirname(n) for n in os.listdir(self.root)]
+        return sorted((s for s in steps if s is not None), reverse=True)
+
+    def in_progress(self) -> list[tuple[int, Path]]:
+        """``(step, path)`` of every tmp directory: saves or fetches running or crashed."""
+        out = []
+        for e in os.scandir(self.root):
+            tmp = layout.parse_tmp_dirname(e.name)
+            if tmp is not None and e.is_dir(follow_symlinks=False):
+                out.append((tmp[0], Path(e.path)))
+        return out
+
+    def read_committed(self, step: int) -> mf.Committed:
+        """The verified manifest of ``step``'s checkpoint (see :func:`read_committed`)."""
+        return read_committed(self.step_dir(step), step=step)
+
+    # -- pins -----------------------------------------------------------------------------
+    def pins(self) -> dict[int, list[str]]:
+        """Pin holders by step, from ``pins/step-XXXXXXXX.<holder>`` files."""
+        out: dict[int, list[str]] = {}
+        d = self.root / layout.PINS
+        if d.is_dir():
+            for name in sorted(os.listdir(d)):
+                step = layout.parse_pin_filename(name)
+                if step is not None and "." in name:
+                    out.setdefault(step, []).append(name.split(".", 1)[1])
+        return out
+
+    def pin(self, step: int, holder: str) -> None:
+        """Pin ``step`` for ``holder`` (durably: retention sees it before this returns)."""
+        path = self.root / layout.PINS / layout.pin_filename(step, holder)
+        path.parent.mkdir(mode=fs.DEFAULT_DIR_MODE, exist_ok=True)
+        fs.write_durably(path, b"")
+
+    def unpin(self, step: int, holder: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.root / layout.PINS / layout.pin_filename(step, holder))
+
+    def unpin_all(self, holder: str) -> None:
+        """Remove every pin of ``holder`` (e.g. left by a killed uploader)."""
+        for step, holders in self.pins().items():
+            if holder in holders:
+                self.unpin(step, holder)
+
+    # -- upload records -------------------------------------------------------------------
+    def upload_state_dir(self) -> Path:
+        return self.root / layout.UPLOAD_STATE
+
+    def has_upload_records(self) -> bool:
+        """Whether an uploader has ever served this root (its ``upload-state/`` exists)."""
+        return self.upload_state_dir().is_dir()
+
+    def _record_path(self, step: int) -> Path:
+        return self.upload_state_dir() / f"{layout.step_dirname(step)}.json"
+
+    def upload_record(self, step: int) -> dict[str, Any] | None:
+        """The recorded upload state of ``step``, or None (missing or unreadable)."""
+        try:
+            d = json.loads(read_small(self._record_path(step)))
+        except (OSError, ValueError, IntegrityError):
+            return None
+        return d if isinstance(d, dict) else None
+
+    def write_upload_record(self, step: int, **fields: Any) -> None:
+        """Record ``step``'s upload state durably (the fields of the uploader's schema)."""
+        path = self._record_path(step)
+        path.parent.mkdir(mode=fs.DEFAULT_DIR_MODE, exist_ok=True)
+        body = {"step": step, "updated_unix": time.time(), **fields}
+        fs.write_durably(path, json.dumps(body, sort_keys=True).encode() + b"\n")
+
+    def upload_records(self) -> dict[int, dict[str, Any]]:
+        """Every readable upload record, by step."""
+        out: dict[int, dict[str, Any]] = {}
+        d = self.upload_state_dir()
+        if not d.is_dir():
+            return out
+        for name in os.listdir(d):
+            step = layout.parse_step_dirname(name.removesuffix(".json"))
+            if step is not None and name.endswith(".json"):
+                rec = self.upload_record(step)
+                if rec is not None:
+                    out[step] = rec
+        return out
+
+    def uploaded_steps(self) -> set[int]:
+        """Steps whose upload is done (:data:`UPLOAD_DONE`): as far as the uploader is
+        concerned, tier-1 retention may delete them."""
+        return {s for s, r in self.upload_records().items() if r.get("status") in UPLOAD_DONE}
+
+    def retention_plan(self, policy: retention.RetentionPolicy, *,
+                       uploader: bool) -> retention.Tier1Plan:
+        """Tier-1 retention of this root as it is now
+        (:func:`tierckpt.policy.retention.tier1_plan`): its complete steps, its pins and,
+        when ``uploader`` (the root is served by a tier-2 uploader), what is not yet
+        uploaded. Callers decide ``uploader``: a job from its own config (``tier2``), an
+        offline tool from :meth:`has_upload_records` or a tier 2 it was given."""
+        return retention.tier1_plan(self.complete_steps(), policy=policy,
+                                    pinned=self.pins().keys(),
+                                    uploaded=self.uploaded_steps() if uploader else None)
+
+    # -- quarantine -----------------------------------------------------------------------
+    def quarantine(self, step: int, reason: str, *, suffix: str = "") -> Path:
+        """Move ``step``'s entry into ``quarantine/`` (renamed, fsync'd, never deleted) with
+        ``reason`` in its ``QUARANTINE_REASON`` file — or, for an entry that is not a real
+        directory (a symlink is never followed), in ``<entry>.reason`` beside it. Returns
+        where the entry went."""
+        src = self.step_dir(step)
+        moved = fs.move_aside(src, self.root / layout.QUARANTINE, src.name + suffix)
+        fs.write_durably(self._reason_path(moved), f"{reason}\n".encode())
+        return moved
+
+    @staticmethod
+    def _reason_path(entry: Path) -> Path:
+        if entry.is_dir() and not entry.is_symlink():
+            return entry / QUARANTINE_REASON
+        return entry.with_name(entry.name + _REASON_SUFFIX)
+
+    def quarantined(self) -> list[Quarantined]:
+        """Everything in ``quarantine/``, by name."""
+        d = self.root / layout.QUARANTINE
+        if not d.is_dir():
+            return []
+        out = []
+        for name in sorted(os.listdir(d)):
+            if name.endswith(_REASON_SUFFIX):
+                continue
+            try:
+                reason: str | None = self._reason_path(d / name).read_text().strip()
+            except OSError:
+                reason = None
+            out.append(Quarantined(d / name, reason))
+        return out
+
+    # -- locks, debris and deletion -------------------------------------------------------
+    def lock(self, file_mode: int = fs.DEFAULT_FILE_MODE) -> FileLock:
+        """The job lock (``<root>/.lock``), held by a job — or ``tierckpt gc``/``fetch`` —
+        for as long as it changes this root. Raises LockError when another holds it."""
+        return FileLock(self.root / layout.LOCK, file_mode=file_mode, busy=(
+            f"another job is writing checkpoints to {self.root} ({{holder}}); give each job its "
+            "own tier1 directory, or stop the other job first"))
+
+    def uploader_lock(self) -> FileLock:
+        """The uploader lock (``upload-state/.lock``): one uploader per root."""
+        self.upload_state_dir().mkdir(mode=fs.DEFAULT_DIR_MODE, parents=True, exist_ok=True)
+        return FileLock(self.upload_state_dir() / _UPLOAD_LOCK,
+                        busy=f"another uploader is running for {self.root} ({{holder}})")
+
+    def stale_entries(self) -> list[Path]:
+        """Tmp and half-deleted directories (crashed saves, fetches and deletions)."""
+        return sorted(Path(e.path) for e in os.scandir(self.root)
+                      if e.is_dir(follow_symlinks=False) and (
+                          layout.parse_tmp_dirname(e.name) or layout.is_deleting_dirname(e.name)))
+
+    def clean_stale(self) -> list[Path]:
+        """Remove :meth:`stale_entries`. Complete checkpoints are never touched. Call only
+        while holding :meth:`lock`, so no live save is affected. Returns what was removed."""
+        removed = self.stale_entries()
+        for path in removed:
+            fs.remove_tree(path)
+        if removed:
+            fs.fsync_dir(self.root)
+        return removed
+
+    def unpublish(self, step: int) -> Path:
+        """First half of a deletion: rename the checkpoint out of its final name (atomic,
+        fsync'd), so it no longer exists for resume. Returns the path to reclaim with
+        :func:`tierckpt.tier1.fs.remove_tree` (start-up cleanup reclaims it after a crash)."""
+        src = self.step_dir(step)
+        dst = self.root / layout.deleting_dirname(step, uuid.uuid4().hex[:8])
+        os.rename(src, dst)
+        fs.fsync_dir(self.root)
+        return dst
+
+    def delete(self, step: int) -> None:
+        """Delete a committed checkpoint: unpublish first, so a crash mid-delete never leaves
+        a half-deleted directory that looks committed."""
+        fs.remove_tree(self.unpublish(step))

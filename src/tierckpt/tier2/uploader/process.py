@@ -1,0 +1,159 @@
+"""The uploader as a child process: :class:`UploaderProcess` (the parent's handle) and
+:func:`main` (the child, ``python -m tierckpt.uploader``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tierckpt.tier1 import fs
+from tierckpt.tier1.catalog import UPLOAD_LOG, Tier1Catalog
+from tierckpt.tier2.uploader.config import OK, UploaderConfig
+from tierckpt.tier2.uploader.priority import exit_with_parent, lower_priority
+from tierckpt.tier2.uploader.uploader import Uploader
+
+
+class UploaderProcess:
+    """An uploader in a child process (``python -m tierckpt.uploader``) at low priority.
+
+    ``start()`` launches it; ``stop()`` sends SIGTERM (the child finishes the file it is
+    sending, leaves resumable state, exits) and waits ``timeout_s``, then SIGKILLs;
+    ``finish()`` first lets it upload everything due (SIGUSR1), e.g. before a job ends.
+    Idempotent; a context manager. The child's output goes to
+    ``<tier1>/upload-state/uploader.log``.
+    """
+
+    def __init__(self, config: UploaderConfig, *, timeout_s: float = 60.0) -> None:
+        self.config = config
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready_r = -1
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def argv(self) -> list[str]:
+        c = self.config
+        return [sys.executable, "-m", "tierckpt.uploader", str(c.tier1), c.tier2, "--watch",
+                "--every", str(c.upload_every), "--keep-last", str(c.keep_last),
+                "--keep-every", str(c.keep_every), "--poll", str(c.poll_s),
+                "--s3-options", json.dumps(dict(c.s3_options)), "--parent", str(os.getpid())]
+
+    def start(self) -> UploaderProcess:
+        if self._proc is not None:
+            return self
+        log_dir = Tier1Catalog(self.config.tier1).upload_state_dir()
+        log_dir.mkdir(mode=fs.DEFAULT_DIR_MODE, parents=True, exist_ok=True)
+        ready_r, ready_w = os.pipe()  # the child writes one byte once its handlers are set
+        try:
+            with open(log_dir / UPLOAD_LOG, "ab") as log:
+                self._proc = subprocess.Popen(
+                    [*self.argv(), "--ready-fd", str(ready_w)], stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(ready_w,))
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        self._ready_r = ready_r
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Wait until the child installed its signal handlers (or died), so a signal sent
+        next is handled rather than killing it half-started."""
+        if self._ready_r < 0:
+            return
+        select.select([self._ready_r], [], [], timeout_s)
+        os.close(self._ready_r)
+        self._ready_r = -1
+
+    def poll(self) -> int | None:
+        """The child's exit code, or None while it runs (or before start)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def stop(self) -> int | None:
+        """Stop the child (SIGTERM, then SIGKILL after ``timeout_s``); its exit code."""
+        p = self._proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            self._wait_ready(self.timeout_s)
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(self.timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            self._ready_r = -1
+        return p.returncode
+
+    def finish(self, timeout_s: float | None = None) -> int | None:
+        """Ask the child to upload everything due and exit (SIGUSR1); wait up to
+        ``timeout_s`` (default ``self.timeout_s``), then :meth:`stop` it. Returns its exit
+        code: 0 when nothing was left to upload, 1 when an upload failed."""
+        p = self._proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            self._wait_ready(self.timeout_s)
+            p.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(self.timeout_s if timeout_s is None else timeout_s)
+        return self.stop()
+
+    close = stop
+
+    def __enter__(self) -> UploaderProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tierckpt.uploader TIER1 TIER2 [--watch]``: drain once (default) or
+    watch until SIGTERM/SIGINT (exit 0), or until SIGUSR1 and nothing left to upload (exit 0;
+    1 if an upload failed). Without --watch: exit 0 when every attempted upload finished."""
+    ap = argparse.ArgumentParser(prog="python -m tierckpt.uploader")
+    ap.add_argument("tier1", type=Path)
+    ap.add_argument("tier2")
+    ap.add_argument("--watch", action="store_true")
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--keep-last", type=int, default=3)
+    ap.add_argument("--keep-every", type=int, default=0)
+    ap.add_argument("--poll", type=float, default=2.0)
+    ap.add_argument("--s3-options", default="{}")
+    ap.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--parent", type=int, default=0,
+                    help="stop (as on SIGTERM) when this process dies, e.g. a killed rank")
+    a = ap.parse_args(argv)
+    config = UploaderConfig(tier1=a.tier1, tier2=a.tier2, upload_every=a.every,
+                            keep_last=a.keep_last, keep_every=a.keep_every, poll_s=a.poll,
+                            s3_options=json.loads(a.s3_options))
+    lower_priority()
+    stop, finish = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: finish.set())
+    if a.parent:
+        exit_with_parent(a.parent, stop)
+    if a.ready_fd >= 0:
+        os.write(a.ready_fd, b"1")
+        os.close(a.ready_fd)
+    with Uploader(config) as up:
+        if a.watch:
+            return 0 if up.watch(stop, finish) or not finish.is_set() else 1
+        return 0 if all(r.status in OK for r in up.drain()) else 1
+

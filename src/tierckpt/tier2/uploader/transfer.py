@@ -1,0 +1,161 @@
+"""Moving the bytes of one committed tier-1 checkpoint to tier 2, verified, marker last.
+
+Per checkpoint, in this order (:func:`upload_step`):
+
+1. pin it on tier 1 (``pins/step-XXXXXXXX.upload``) so retention keeps it;
+2. verify its marker against its manifest; stop if tier 2 already has a marker (the same
+   bytes: done; different bytes: a conflict, nothing is touched);
+3. abort this root's stale multipart uploads of its files, then upload each file of the
+   manifest that this root holds, with the manifest's CRC32C as the object's full-object
+   checksum (end to end: the server checks the bytes computed at write time); a file
+   whose object already matches (size and CRC32C) is skipped, so a restart resumes;
+4. HEAD every file of the manifest: if another node's files are still missing, record
+   ``files_verified`` and stop (that node's uploader writes the marker when it finishes);
+5. upload ``manifest.json``, verify it, then ``COMPLETE`` last with a create-only write;
+6. record ``verified``, run the caller's ``committed`` hook (tier-2 retention), unpin.
+
+A crash at any point leaves no marker over unverified objects; a restart redoes the step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tierckpt.errors import CheckpointError, IntegrityError, UploadStopped
+from tierckpt.format import layout
+from tierckpt.format import manifest as mf
+from tierckpt.runtime import events
+from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import ObjectExistsError, ObjectInfo
+from tierckpt.tier2.uploader.config import UploadResult
+
+Progress = Callable[[int, int], None]
+"""``progress(bytes_done, bytes_total)`` after each file."""
+
+
+def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
+                log: events.EventLog, progress: Progress | None = None,
+                stop: threading.Event | None = None,
+                committed: Callable[[], object] | None = None) -> UploadResult:
+    """Copy the committed checkpoint of ``step`` to tier 2 (module docstring order).
+    ``committed`` runs once this call wrote and verified the marker (e.g. tier-2
+    retention), before the step is unpinned. Failures are recorded (status ``failed``,
+    event ``upload_failed``) and returned, not raised: the caller retries on its next pass."""
+    local.pin(step, UPLOAD_HOLDER)
+    t0 = time.monotonic()
+    try:
+        return _StepUpload(local, remote, step, log, t0, committed).run(progress, stop)
+    except UploadStopped:
+        return UploadResult(step, "stopped", seconds=time.monotonic() - t0)
+    except (CheckpointError, OSError) as e:
+        err = f"{type(e).__name__}: {e}"
+        local.write_upload_record(step, status="failed", error=err, tier2=remote.storage.url)
+        log.emit(events.UPLOAD_FAILED, step=step, error=err, source="uploader")
+        return UploadResult(step, "failed", seconds=time.monotonic() - t0, error=err)
+    finally:
+        local.unpin(step, UPLOAD_HOLDER)
+
+
+def _matches(info: ObjectInfo | None, f: mf.FileEntry) -> bool:
+    return info is not None and info.size == f.size and info.crc32c == f.crc32c
+
+
+class _StepUpload:
+    """One pinned step's upload; raises on failure (see :func:`upload_step`)."""
+
+    def __init__(self, local: Tier1Catalog, remote: Tier2Catalog, step: int,
+                 log: events.EventLog, t0: float, committed: Callable[[], object] | None
+                 ) -> None:
+        self.local, self.remote, self.step, self.log, self.t0 = local, remote, step, log, t0
+        self.committed = committed
+        self.ckpt = local.step_dir(step)
+        self.base: dict[str, Any] = {"tier2": remote.storage.url}
+
+    def key(self, name: str) -> str:
+        return self.remote.key(self.step, name)
+
+    def run(self, progress: Progress | None, stop: threading.Event | None) -> UploadResult:
+        step, st = self.step, self.remote.storage
+        try:
+            m, manifest_bytes, marker = self.local.read_committed(step)
+        except IntegrityError:
+            if not self.ckpt.exists():
+                return UploadResult(step, "gone")  # deleted before the pin took hold
+            raise
+        self.base["save_id"] = m.save_id
+        remote_marker = self.remote.marker(step)
+        if remote_marker is not None:
+            return self._already_there(remote_marker == marker)
+
+        own = self._own_files(m)
+        total = sum(f.size for f in own)
+        self.local.write_upload_record(step, status="uploading", bytes=total, **self.base)
+        self.log.emit(events.UPLOAD_STARTED, step=step, bytes=total, source="uploader")
+        for f in own:
+            if f.rank is not None:  # shared files may be in flight from another node
+                st.abort_uploads(self.key(f.name))
+        sent = done = 0
+        for f in own:
+            if stop is not None and stop.is_set():
+                raise UploadStopped
+            if not _matches(st.head(self.key(f.name)), f):
+                st.put_file(self.key(f.name), self.ckpt / f.name, crc32c=f.crc32c, size=f.size)
+                sent += f.size
+            done += f.size
+            if progress is not None:
+                progress(done, total)
+
+        missing = [f.name for f in m.files if not _matches(st.head(self.key(f.name)), f)]
+        if any(f.name in missing for f in own):
+            raise IntegrityError(f"step {step}: tier 2 does not report what was uploaded "
+                                 f"for {sorted(set(missing) & {f.name for f in own})}")
+        if missing:  # other nodes' files: the last node to finish writes the marker
+            return self._record("files_verified", sent)
+        return self._commit(manifest_bytes, marker, sent)
+
+    def _own_files(self, m: mf.Manifest) -> list[mf.FileEntry]:
+        """The manifest's files this root holds, each of the manifest's size."""
+        own = [f for f in m.files if (self.ckpt / f.name).exists()]
+        for f in own:
+            if (size := (self.ckpt / f.name).stat().st_size) != f.size:
+                raise IntegrityError(f"tier-1 {self.ckpt.name}/{f.name} has {size} bytes, "
+                                     f"manifest says {f.size}; not uploading a damaged "
+                                     "checkpoint")
+        return own
+
+    def _commit(self, manifest_bytes: bytes, marker: bytes, sent: int) -> UploadResult:
+        """Steps 5 and 6: manifest, verified; the marker, create-only, read back."""
+        st, step = self.remote.storage, self.step
+        info = st.put_bytes(self.key(layout.MANIFEST), manifest_bytes)
+        if st.head(self.key(layout.MANIFEST)) != info:
+            raise IntegrityError(f"step {step}: manifest.json on tier 2 does not verify")
+        try:
+            st.put_bytes(self.key(layout.COMPLETE), marker, if_none_match=True)
+        except ObjectExistsError:
+            return self._already_there(False)
+        if st.get_bytes(self.key(layout.COMPLETE)) != marker:
+            raise IntegrityError(f"step {step}: COMPLETE on tier 2 does not read back")
+        r = self._record("verified", sent)
+        self.log.emit(events.UPLOAD_VERIFIED, step=step, bytes=sent, seconds=r.seconds,
+                      source="uploader")
+        if self.committed is not None:
+            self.committed()
+        return r
+
+    def _record(self, status: str, sent: int) -> UploadResult:
+        seconds = time.monotonic() - self.t0
+        self.local.write_upload_record(self.step, status=status, bytes=sent, seconds=seconds,
+                                       **self.base)
+        return UploadResult(self.step, status, sent, seconds)
+
+    def _already_there(self, same: bool) -> UploadResult:
+        if same:
+            return self._record("verified", 0)
+        err = "tier 2 already holds a different checkpoint for this step; left untouched"
+        self.local.write_upload_record(self.step, status="conflict", error=err, **self.base)
+        self.log.emit(events.UPLOAD_FAILED, step=self.step, error=err, source="uploader")
+        return UploadResult(self.step, "conflict", 0, time.monotonic() - self.t0, err)

@@ -1,0 +1,93 @@
+""":class:`Uploader`: one tier-1 root's uploader in-process — the lock, the clients and the
+composition of policy (what is due), transfer (moving bytes) and the loop (when)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from tierckpt.format import layout
+from tierckpt.policy import retention
+from tierckpt.runtime import events
+from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import Storage, open_storage
+from tierckpt.tier2.uploader import transfer, watch
+from tierckpt.tier2.uploader.config import UploaderConfig, UploadResult
+
+
+class Uploader:
+    """Uploads committed tier-1 checkpoints per :class:`UploaderConfig`. Context manager.
+
+    Holds ``<tier1>/upload-state/.lock`` (flock) while open, so a second uploader on the
+    same root fails with :class:`~tierckpt.errors.LockError`. On open it removes its own
+    stale pins (left by a killed predecessor).
+    """
+
+    def __init__(self, config: UploaderConfig, *, storage: Storage | None = None,
+                 progress: transfer.Progress | None = None) -> None:
+        self.config = config
+        self.local = Tier1Catalog(config.tier1)
+        self._progress = progress
+        self._closed = False
+        self._lock = self.local.uploader_lock()
+        try:
+            self.storage = storage if storage is not None else open_storage(
+                config.tier2, **config.s3_options)
+            self.remote = Tier2Catalog(self.storage)
+            self.log = events.EventLog(Path(config.tier1) / layout.EVENTS)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.local.unpin_all(UPLOAD_HOLDER)
+
+    def close(self) -> None:
+        """Release the storage client, event log and lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.storage.close()
+        self.log.close()
+        self._lock.release()
+
+    def __enter__(self) -> Uploader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def next_step(self) -> int | None:
+        """The step to upload next (see :func:`tierckpt.policy.retention.next_upload`)."""
+        return retention.next_upload(self.local.complete_steps(),
+                                     upload_every=self.config.upload_every,
+                                     done=self.local.uploaded_steps())
+
+    def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
+        """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
+        once this call wrote its marker, apply tier-2 retention."""
+        return transfer.upload_step(self.local, self.remote, step, log=self.log,
+                                    progress=self._progress, stop=stop,
+                                    committed=self.apply_retention)
+
+    def run_once(self, stop: threading.Event | None = None) -> UploadResult | None:
+        """Upload the next due step, if any; return its result (None when idle)."""
+        step = self.next_step()
+        return None if step is None else self.upload_step(step, stop=stop)
+
+    def drain(self) -> list[UploadResult]:
+        """Upload until nothing is due or an upload does not finish; return the results."""
+        results: list[UploadResult] = []
+        watch.run(self, threading.Event(), poll_s=self.config.poll_s, watch=False,
+                  finished=results.append)
+        return results
+
+    def watch(self, stop: threading.Event, finish: threading.Event | None = None) -> bool:
+        """Upload due steps until ``stop`` is set (see :func:`tierckpt.tier2.uploader.watch.run`);
+        once ``finish`` is set, return as soon as nothing is due (True) or an upload fails
+        (False)."""
+        return watch.run(self, stop, poll_s=self.config.poll_s, watch=True, finish=finish)
+
+    def apply_retention(self) -> list[int]:
+        """Delete tier-2 checkpoints the tier-2 policy no longer keeps; return their steps."""
+        return self.remote.apply_retention(keep_last=self.config.keep_last,
+                                           keep_every=self.config.keep_every)

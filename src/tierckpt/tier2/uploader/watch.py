@@ -1,0 +1,62 @@
+"""The upload loop: what runs next, when to wait, how long to back off. One loop for the
+uploader process, :meth:`Uploader.drain` and ``tierckpt upload [--watch]``.
+
+Timing only: *what* is due comes from the source's ``next_step()`` (the pure policy
+:func:`tierckpt.policy.retention.next_upload`) and *moving bytes* from its ``upload_step``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from tierckpt.tier2.uploader.config import OK, UploadResult
+
+MAX_BACKOFF_S = 300.0
+"""Longest wait between attempts while uploads keep failing."""
+
+
+class Source(Protocol):
+    """What the loop drives (an :class:`~tierckpt.tier2.uploader.Uploader`)."""
+
+    def next_step(self) -> int | None: ...
+
+    def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult: ...
+
+
+def backoff_s(poll_s: float, failures: int) -> float:
+    """Wait before the next look: ``poll_s`` when idle, doubling per consecutive failure
+    (capped at :data:`MAX_BACKOFF_S`)."""
+    return min(poll_s * 2 ** min(failures, 10), MAX_BACKOFF_S)
+
+
+def run(source: Source, stop: threading.Event, *, poll_s: float, watch: bool,
+        finish: threading.Event | None = None,
+        started: Callable[[int], None] | None = None,
+        finished: Callable[[UploadResult], None] | None = None) -> bool:
+    """Upload due steps, newest first, until ``stop`` is set (checked between files).
+
+    Without ``watch``, return as soon as nothing is due (True) or an upload does not finish
+    (False). With ``watch``, poll every ``poll_s`` when idle and back off (:func:`backoff_s`)
+    after a failure; once ``finish`` is set, return as without ``watch``. Returns False when
+    stopped. ``started``/``finished`` see each step before and after its upload.
+    """
+    failures = 0
+    while not stop.is_set():
+        step = source.next_step()
+        failed = False
+        if step is not None:
+            if started is not None:
+                started(step)
+            r = source.upload_step(step, stop=stop)
+            if finished is not None:
+                finished(r)
+            failed = r.status not in OK
+        failures = failures + 1 if failed else 0
+        if step is not None and not failed:
+            continue
+        if not watch or (finish is not None and finish.is_set()):
+            return not failed
+        stop.wait(backoff_s(poll_s, failures))
+    return False
