@@ -97,13 +97,7 @@ def simulate_report(*, blocking: str | None, restart: str | None, write_time: st
                               from_events=from_events, from_drill=from_drill)
     C = _planinputs.require(inp.C, "--blocking")
     R = _planinputs.require(inp.R, "--restart")
-    if failures not in {f.value for f in simlib.Failures}:
-        raise ConfigError(f"--failures: unknown value {failures!r}; choose exponential or "
-                          "weibull")
-    if shape is not None and failures != simlib.Failures.WEIBULL.value:
-        raise ConfigError("--shape applies only to --failures weibull")
-    if shape is not None and not shape > 0:
-        raise ConfigError(f"--shape must be > 0, got {shape}")
+    k = _shape(failures, shape)
     job_s = parse_duration(job_length, "--job-length")
     if replicas is None:  # keep the default run to a few seconds: ~2M simulated failures
         replicas = int(min(max(FAILURE_BUDGET * inp.M / job_s, 20), 200))
@@ -115,8 +109,6 @@ def simulate_report(*, blocking: str | None, restart: str | None, write_time: st
             raise ConfigError(f"{flag} must be at least 2, got {n}")
     if not 0 < confidence < 1:
         raise ConfigError(f"--confidence must be between 0 and 1, got {confidence}")
-    k = shape if shape is not None else (
-        DEFAULT_WEIBULL_SHAPE if failures == simlib.Failures.WEIBULL.value else 1.0)
     model = simlib.JobModel(C=C, M=inp.M, R=R, W=inp.W or 0.0,
                             job_s=job_s,
                             failures=simlib.Failures(failures), shape=k)
@@ -144,20 +136,42 @@ def simulate_report(*, blocking: str | None, restart: str | None, write_time: st
         "sweep": None,
     }
     if do_sweep:
-        sw = simlib.sweep(model, points=points, replicas=sweep_replicas, seed=seed,
-                          confidence=confidence)
-        doc["sweep"] = {
-            "points": [{"interval_s": r.interval_s, "waste_fraction": r.waste_fraction,
-                        "ci_low": r.ci_low, "ci_high": r.ci_high,
-                        "analytic_first_order": r.analytic_first_order,
-                        "analytic_exact": r.analytic_exact} for r in sw.results],
-            "best_interval_s": sw.best.interval_s,
-            "best_waste_fraction": sw.best.waste_fraction,
-            "young_interval_s": planlib.young_interval(C, inp.M),
-            "daly_interval_s": planlib.daly_interval(C, inp.M),
-            "exact_best_interval_s": planlib.best_exact_interval(C, inp.M, R, W=model.W),
-        }
+        doc["sweep"] = _sweep(model, points=points, replicas=sweep_replicas, seed=seed,
+                              confidence=confidence)
     return doc
+
+
+def _shape(failures: str, shape: float | None) -> float:
+    """The failure distribution's shape from ``--failures``/``--shape`` (1 = exponential)."""
+    if failures not in {f.value for f in simlib.Failures}:
+        raise ConfigError(f"--failures: unknown value {failures!r}; choose exponential or "
+                          "weibull")
+    if shape is not None and failures != simlib.Failures.WEIBULL.value:
+        raise ConfigError("--shape applies only to --failures weibull")
+    if shape is not None and not shape > 0:
+        raise ConfigError(f"--shape must be > 0, got {shape}")
+    if shape is not None:
+        return shape
+    return DEFAULT_WEIBULL_SHAPE if failures == simlib.Failures.WEIBULL.value else 1.0
+
+
+def _sweep(model: simlib.JobModel, *, points: int, replicas: int, seed: int,
+           confidence: float) -> dict[str, Any]:
+    """The ``sweep`` part of the document: simulated waste over a range of intervals."""
+    C, M = model.C, model.M
+    sw = simlib.sweep(model, points=points, replicas=replicas, seed=seed,
+                      confidence=confidence)
+    return {
+        "points": [{"interval_s": r.interval_s, "waste_fraction": r.waste_fraction,
+                    "ci_low": r.ci_low, "ci_high": r.ci_high,
+                    "analytic_first_order": r.analytic_first_order,
+                    "analytic_exact": r.analytic_exact} for r in sw.results],
+        "best_interval_s": sw.best.interval_s,
+        "best_waste_fraction": sw.best.waste_fraction,
+        "young_interval_s": planlib.young_interval(C, M),
+        "daly_interval_s": planlib.daly_interval(C, M),
+        "exact_best_interval_s": planlib.best_exact_interval(C, M, model.R, W=model.W),
+    }
 
 
 def _render(doc: dict[str, Any], plot: Path | None) -> None:

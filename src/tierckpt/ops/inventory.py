@@ -146,7 +146,7 @@ def observe_tier1(root: Path) -> list[Observed]:
         if not d.is_dir() or d.is_symlink():
             continue
         mtime = d.lstat().st_mtime
-        committed = os.path.lexists(d / layout.COMPLETE)
+        committed = cat.has_marker(step)
         created, err, save_id = mtime, None, None
         if committed:
             try:

@@ -112,6 +112,11 @@ class Tier1Catalog:
                 out.append(step)
         return sorted(out, reverse=True)
 
+    def has_marker(self, step: int) -> bool:
+        """Whether ``step``'s entry holds a COMPLETE file (unverified; a dangling link
+        counts, so ``ls`` can show it as invalid rather than hide it)."""
+        return os.path.lexists(self.step_dir(step) / layout.COMPLETE)
+
     def candidate_steps(self) -> list[int]:
         """Every final-named entry (complete or not, directory or not), newest first."""
         steps = [layout.parse_step_dirname(n) for n in os.listdir(self.root)]

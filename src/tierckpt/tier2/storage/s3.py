@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import dataclasses
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -34,8 +32,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
-import urllib3.exceptions
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import ConfigError, StorageError
@@ -50,80 +46,20 @@ from tierckpt.tier2.storage.base import (
     validate_key,
     validate_prefix,
 )
+from tierckpt.tier2.storage.s3client import (
+    DIGEST_CODES,
+    MAX_PARTS,
+    NOT_FOUND_CODES,
+    STREAM_ERRORS,
+    MiB,
+    S3Config,
+    crc_of,
+    error_code,
+    http_status,
+    make_client,
+)
 
-MiB = 1024 * 1024
-MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
-MAX_PARTS = 10_000  # S3's maximum number of parts of one upload
-DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch",
-                          "XAmzContentChecksumMismatch"})
-NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-_STREAM_ERRORS = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class S3Config:
-    """Transfer, retry and timeout settings of :class:`S3Storage` (sizes in bytes)."""
-
-    part_size: int = 16 * MiB
-    """Multipart part size and ranged-GET size; at least 5 MiB (S3's minimum part). Grown
-    automatically for objects that would otherwise need more than 10,000 parts."""
-    multipart_threshold: int = 16 * MiB
-    """Objects larger than this are uploaded in parts, in parallel."""
-    max_concurrency: int = 8
-    """Parallel parts / ranges per object."""
-    max_attempts: int = 5
-    """botocore attempts per request (standard retry mode), and our attempts per range."""
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0
-    """Per socket read/write; a stalled connection fails after this and is retried."""
-    digest_attempts: int = 3
-    """Attempts of a part, single PUT or download whose bytes failed their checksum."""
-    addressing_style: str = "auto"
-    """botocore addressing style: auto, path or virtual."""
-
-    def __post_init__(self) -> None:
-        if self.part_size < MIN_PART or self.part_size > 5 * 1024 * MiB:
-            raise ConfigError(f"S3Config.part_size must be 5 MiB..5 GiB, got {self.part_size}")
-        if self.multipart_threshold < 0:
-            raise ConfigError("S3Config.multipart_threshold must be >= 0")
-        for name in ("max_concurrency", "max_attempts", "digest_attempts"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"S3Config.{name} must be >= 1, got {getattr(self, name)}")
-        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ConfigError("S3Config timeouts must be > 0 seconds")
-        if self.addressing_style not in ("auto", "path", "virtual"):
-            raise ConfigError("S3Config.addressing_style must be auto, path or virtual")
-
-    def botocore_config(self) -> Config:
-        return Config(
-            retries={"mode": "standard", "max_attempts": self.max_attempts},
-            connect_timeout=self.connect_timeout_s,
-            read_timeout=self.read_timeout_s,
-            max_pool_connections=max(10, 2 * self.max_concurrency),
-            # We send our own CRC32C and verify downloads ourselves; no extra CRC32 pass.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            s3={"addressing_style": self.addressing_style},
-        )
-
-
-def _code(e: ClientError) -> str:
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def _status(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-
-
-def _crc_of(value: object) -> int | None:
-    """A full-object CRC32C from a response header (None for composite ``x-N`` values)."""
-    if not isinstance(value, str) or "-" in value:
-        return None
-    try:
-        return checksum.from_b64(value)
-    except ValueError:
-        return None
 
 
 def _backoff(attempt: int) -> None:
@@ -141,26 +77,6 @@ def _pread_full(fd: int, length: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-_SESSIONS: dict[tuple[tuple[str, str], ...], boto3.session.Session] = {}
-_SESSIONS_LOCK = threading.Lock()
-
-
-def _make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
-    """An S3 client from ``session`` or from a session cached per AWS_* environment (a new
-    session re-reads botocore's service models, ~0.2 s; clients from one are cheap).
-    Session.client is not thread-safe, hence the lock."""
-    with _SESSIONS_LOCK:
-        if session is None:
-            # Endpoints are read at client creation; credentials are cached per session.
-            env = tuple(sorted((k, v) for k, v in os.environ.items()
-                               if k.startswith("AWS_") and not k.startswith("AWS_ENDPOINT_URL")))
-            session = _SESSIONS.get(env)
-            if session is None:
-                session = _SESSIONS[env] = boto3.session.Session()
-        return session.client("s3", region_name=session.region_name or "us-east-1",
-                              config=config.botocore_config())
-
-
 class S3Storage:
     """A :class:`~tierckpt.tier2.storage.base.Storage` over ``s3://bucket/prefix``."""
 
@@ -174,7 +90,7 @@ class S3Storage:
             validate_key(self.prefix)
         self.config = config or S3Config()
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._client: Any = _make_client(self.config, session)
+        self._client: Any = make_client(self.config, session)
 
     def __repr__(self) -> str:
         return f"S3Storage({self.url!r})"
@@ -189,12 +105,12 @@ class S3Storage:
         (botocore's own text can contain the endpoint URL)."""
         where = f"{op} {self.url}/{key}"
         if isinstance(e, ClientError):
-            code = _code(e)
+            code = error_code(e)
             if code in NOT_FOUND_CODES:
                 return ObjectNotFoundError(f"{where}: no such object")
             if code in DIGEST_CODES:
                 return BadDigestError(f"{where}: server rejected the bytes ({code})")
-            return StorageError(f"{where}: {code or 'error'} (HTTP {_status(e)})")
+            return StorageError(f"{where}: {code or 'error'} (HTTP {http_status(e)})")
         return StorageError(f"{where}: {type(e).__name__} after retries")
 
     def _call(self, op: str, key: str, fn: Callable[..., T], **kw: Any) -> T:
@@ -216,8 +132,8 @@ class S3Storage:
                 self._client.put_object(Bucket=self.bucket, **kw)
                 return ObjectInfo(key=key, size=len(data), crc32c=crc)
             except ClientError as e:
-                code = _code(e)
-                if if_none_match and (code == "PreconditionFailed" or _status(e) == 412):
+                code = error_code(e)
+                if if_none_match and (code == "PreconditionFailed" or http_status(e) == 412):
                     if self.get_bytes(key) == bytes(data):
                         return ObjectInfo(key=key, size=len(data), crc32c=crc)  # ours, earlier
                     raise ObjectExistsError(
@@ -268,7 +184,8 @@ class S3Storage:
                                             ChecksumCRC32C=checksum.to_b64(crc32c))
                     return
                 except ClientError as e:
-                    if _code(e) not in DIGEST_CODES or attempt + 1 == self.config.digest_attempts:
+                    last = attempt + 1 == self.config.digest_attempts
+                    if error_code(e) not in DIGEST_CODES or last:
                         raise self._err("put", key, e) from None
                 except BotoCoreError as e:
                     raise self._err("put", key, e) from None
@@ -284,7 +201,7 @@ class S3Storage:
                     Body=data, ContentLength=length, ChecksumCRC32C=b64)
                 return {"PartNumber": number, "ETag": r["ETag"], "ChecksumCRC32C": b64}
             except ClientError as e:
-                if _code(e) not in DIGEST_CODES or attempt + 1 == self.config.digest_attempts:
+                if error_code(e) not in DIGEST_CODES or attempt + 1 == self.config.digest_attempts:
                     raise self._err(f"put part {number}", key, e) from None
             except BotoCoreError as e:
                 raise self._err(f"put part {number}", key, e) from None
@@ -325,7 +242,7 @@ class S3Storage:
             # upload: the object itself decides. Each part was verified on its own, so a
             # digest error here means the file does not match the CRC32C the caller gave:
             # retrying cannot help.
-            if _code(e) == "NoSuchUpload":
+            if error_code(e) == "NoSuchUpload":
                 info = self.head(key)
                 if info is not None and info.size == size and info.crc32c == crc32c:
                     return
@@ -356,7 +273,7 @@ class S3Storage:
             return dict(self._client.head_object(Bucket=self.bucket, Key=self._key(key),
                                                  ChecksumMode="ENABLED"))
         except ClientError as e:
-            if _code(e) in NOT_FOUND_CODES or _status(e) == 404:
+            if error_code(e) in NOT_FOUND_CODES or http_status(e) == 404:
                 return None
             raise self._err("head", key, e) from None
         except BotoCoreError as e:
@@ -367,7 +284,7 @@ class S3Storage:
         if h is None:
             return None
         return ObjectInfo(key=key, size=int(h["ContentLength"]),
-                          crc32c=_crc_of(h.get("ChecksumCRC32C")))
+                          crc32c=crc_of(h.get("ChecksumCRC32C")))
 
     def _get_range(self, key: str, etag: str, fd: int, offset: int, length: int) -> None:
         """Write bytes [offset, offset+length) of ``key`` at ``offset`` of ``fd``, retrying
@@ -383,7 +300,7 @@ class S3Storage:
                     pos += len(chunk)
                 if pos == offset + length:
                     return
-            except _STREAM_ERRORS:
+            except STREAM_ERRORS:
                 pass
             finally:
                 r["Body"].close()
@@ -398,7 +315,7 @@ class S3Storage:
         if h is None:
             raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
         size, etag = int(h["ContentLength"]), str(h["ETag"])
-        want = crc32c if crc32c is not None else _crc_of(h.get("ChecksumCRC32C"))
+        want = crc32c if crc32c is not None else crc_of(h.get("ChecksumCRC32C"))
         dest = Path(path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.{dest.name}")
@@ -436,10 +353,10 @@ class S3Storage:
             r = self._call("get", key, self._client.get_object, Key=full, ChecksumMode="ENABLED")
             try:
                 data = r["Body"].read()
-            except _STREAM_ERRORS:
+            except STREAM_ERRORS:
                 _backoff(attempt)
                 continue
-            want = _crc_of(r.get("ChecksumCRC32C"))
+            want = crc_of(r.get("ChecksumCRC32C"))
             if want is None or checksum.extend(0, data) == want:
                 return bytes(data)
             if attempt + 1 >= self.config.digest_attempts:

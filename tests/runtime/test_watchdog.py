@@ -18,7 +18,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.runtime.events import read_events
 from tierckpt.runtime.watchdog import EXIT_CODE, StepWatchdog
 
-SCRIPT = Path(__file__).parent / "scripts" / "hang_worker.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "hang_worker.py"
 
 
 def _env() -> dict[str, str]:

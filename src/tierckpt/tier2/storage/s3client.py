@@ -1,0 +1,110 @@
+"""S3 client set-up and reading its responses: :class:`S3Config`, clients from cached
+sessions, error codes and checksum headers. Used by :mod:`tierckpt.tier2.storage.s3`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+import boto3
+import urllib3.exceptions
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tierckpt.errors import ConfigError
+from tierckpt.format import checksum
+
+MiB = 1024 * 1024
+MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
+MAX_PARTS = 10_000  # S3's maximum number of parts of one upload
+DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch",
+                          "XAmzContentChecksumMismatch"})
+NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+STREAM_ERRORS = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class S3Config:
+    """Transfer, retry and timeout settings of :class:`S3Storage` (sizes in bytes)."""
+
+    part_size: int = 16 * MiB
+    """Multipart part size and ranged-GET size; at least 5 MiB (S3's minimum part). Grown
+    automatically for objects that would otherwise need more than 10,000 parts."""
+    multipart_threshold: int = 16 * MiB
+    """Objects larger than this are uploaded in parts, in parallel."""
+    max_concurrency: int = 8
+    """Parallel parts / ranges per object."""
+    max_attempts: int = 5
+    """botocore attempts per request (standard retry mode), and our attempts per range."""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    """Per socket read/write; a stalled connection fails after this and is retried."""
+    digest_attempts: int = 3
+    """Attempts of a part, single PUT or download whose bytes failed their checksum."""
+    addressing_style: str = "auto"
+    """botocore addressing style: auto, path or virtual."""
+
+    def __post_init__(self) -> None:
+        if self.part_size < MIN_PART or self.part_size > 5 * 1024 * MiB:
+            raise ConfigError(f"S3Config.part_size must be 5 MiB..5 GiB, got {self.part_size}")
+        if self.multipart_threshold < 0:
+            raise ConfigError("S3Config.multipart_threshold must be >= 0")
+        for name in ("max_concurrency", "max_attempts", "digest_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"S3Config.{name} must be >= 1, got {getattr(self, name)}")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ConfigError("S3Config timeouts must be > 0 seconds")
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError("S3Config.addressing_style must be auto, path or virtual")
+
+    def botocore_config(self) -> Config:
+        return Config(
+            retries={"mode": "standard", "max_attempts": self.max_attempts},
+            connect_timeout=self.connect_timeout_s,
+            read_timeout=self.read_timeout_s,
+            max_pool_connections=max(10, 2 * self.max_concurrency),
+            # We send our own CRC32C and verify downloads ourselves; no extra CRC32 pass.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            s3={"addressing_style": self.addressing_style},
+        )
+
+
+def error_code(e: ClientError) -> str:
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
+def http_status(e: ClientError) -> int:
+    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def crc_of(value: object) -> int | None:
+    """A full-object CRC32C from a response header (None for composite ``x-N`` values)."""
+    if not isinstance(value, str) or "-" in value:
+        return None
+    try:
+        return checksum.from_b64(value)
+    except ValueError:
+        return None
+
+
+_SESSIONS: dict[tuple[tuple[str, str], ...], boto3.session.Session] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
+    """An S3 client from ``session`` or from a session cached per AWS_* environment (a new
+    session re-reads botocore's service models, ~0.2 s; clients from one are cheap).
+    Session.client is not thread-safe, hence the lock."""
+    with _SESSIONS_LOCK:
+        if session is None:
+            # Endpoints are read at client creation; credentials are cached per session.
+            env = tuple(sorted((k, v) for k, v in os.environ.items()
+                               if k.startswith("AWS_") and not k.startswith("AWS_ENDPOINT_URL")))
+            session = _SESSIONS.get(env)
+            if session is None:
+                session = _SESSIONS[env] = boto3.session.Session()
+        return session.client("s3", region_name=session.region_name or "us-east-1",
+                              config=config.botocore_config())

@@ -1,0 +1,122 @@
+"""Tier1Catalog: the one reader of a tier-1 root, on real directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests._synthetic import make_checkpoint
+from tierckpt.errors import IntegrityError, LockError
+from tierckpt.format import layout
+from tierckpt.policy.retention import RetentionPolicy
+from tierckpt.tier1 import catalog as cat_mod
+from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+
+FILES = {"__0_0.distcp": (1000, 0), ".metadata": (100, None)}
+
+
+def test_complete_candidates_and_in_progress(tmp_path: Path) -> None:
+    for s in (1, 3):
+        make_checkpoint(tmp_path, s, FILES)
+    (tmp_path / layout.step_dirname(5)).mkdir()  # final name, no marker
+    (tmp_path / layout.tmp_dirname(7, "abc")).mkdir()
+    (tmp_path / layout.deleting_dirname(0, "zz")).mkdir()
+    cat = Tier1Catalog(tmp_path)
+    assert cat.complete_steps() == [3, 1]
+    assert cat.candidate_steps() == [5, 3, 1]
+    assert [(s, p.name) for s, p in cat.in_progress()] == [(7, layout.tmp_dirname(7, "abc"))]
+    assert Tier1Catalog(tmp_path / "missing").complete_steps() == []
+
+
+def test_read_committed_verifies_marker_name_and_bound(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    m = make_checkpoint(tmp_path, 4, FILES)
+    cat = Tier1Catalog(tmp_path)
+    got = cat.read_committed(4)
+    assert got.manifest == m and got.marker_bytes == (cat.step_dir(4) / "COMPLETE").read_bytes()
+    os.rename(cat.step_dir(4), cat.step_dir(9))
+    with pytest.raises(IntegrityError, match="named for step 9 but its manifest is step 4"):
+        cat.read_committed(9)
+    monkeypatch.setattr(cat_mod, "SMALL_FILE_LIMIT", 10)
+    with pytest.raises(IntegrityError, match="larger than 10 bytes"):
+        cat_mod.read_small(cat.step_dir(9) / layout.MANIFEST, cat_mod.SMALL_FILE_LIMIT)
+    (cat.step_dir(9) / layout.COMPLETE).unlink()
+    with pytest.raises(IntegrityError, match="no COMPLETE marker"):
+        cat.read_committed(9)
+
+
+def test_pins_and_upload_records(tmp_path: Path) -> None:
+    cat = Tier1Catalog(tmp_path)
+    cat.pin(3, UPLOAD_HOLDER)
+    cat.pin(3, "eval")
+    cat.pin(5, UPLOAD_HOLDER)
+    assert cat.pins() == {3: ["eval", UPLOAD_HOLDER], 5: [UPLOAD_HOLDER]}
+    cat.unpin_all(UPLOAD_HOLDER)
+    assert cat.pins() == {3: ["eval"]}
+    assert not cat.has_upload_records() and cat.upload_records() == {}
+    cat.write_upload_record(3, status="verified", save_id="a")
+    cat.write_upload_record(4, status="failed", error="boom")
+    (cat.upload_state_dir() / "step-00000009.json").write_text("{not json")
+    assert cat.has_upload_records()
+    assert cat.upload_record(4) is not None and cat.upload_record(4)["error"] == "boom"  # type: ignore[index]
+    assert cat.upload_record(9) is None and set(cat.upload_records()) == {3, 4}
+    assert cat.uploaded_steps() == {3}
+
+
+def test_retention_plan_holds_what_the_uploader_still_needs(tmp_path: Path) -> None:
+    for s in (1, 2, 3, 4):
+        make_checkpoint(tmp_path, s, FILES)
+    cat = Tier1Catalog(tmp_path)
+    cat.pin(1, "eval")
+    policy = RetentionPolicy(keep_last=1)
+    assert cat.retention_plan(policy, uploader=False).delete == (2, 3)
+    held = cat.retention_plan(policy, uploader=True)  # nothing uploaded yet: all held
+    assert held.delete == () and held.kept[3] == "not yet on tier 2"
+    cat.write_upload_record(3, status="verified")
+    plan = cat.retention_plan(policy, uploader=True)
+    assert plan.delete == (2, 3) and plan.kept == {4: "newest", 1: "pinned"}
+
+
+def test_quarantine_keeps_the_entry_and_its_reason(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 2, FILES)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, tmp_path / layout.step_dirname(6))
+    cat = Tier1Catalog(tmp_path)
+    moved = cat.quarantine(2, "flipped byte")
+    link = cat.quarantine(6, "a symlink")
+    assert not cat.step_dir(2).exists() and (moved / "__0_0.distcp").is_file()
+    assert list(elsewhere.iterdir()) == []  # a symlink is moved, never followed
+    assert link.is_symlink()
+    assert [(q.path.name, q.reason) for q in cat.quarantined()] == [
+        (moved.name, "flipped byte"), (link.name, "a symlink")]
+
+
+def test_stale_cleanup_and_two_phase_delete(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 1, FILES)
+    make_checkpoint(tmp_path, 2, FILES)
+    (tmp_path / layout.tmp_dirname(3, "x")).mkdir()
+    cat = Tier1Catalog(tmp_path)
+    gone = cat.unpublish(1)
+    assert cat.complete_steps() == [2] and gone.is_dir()
+    assert sorted(p.name for p in cat.stale_entries()) == sorted(
+        [gone.name, layout.tmp_dirname(3, "x")])
+    assert len(cat.clean_stale()) == 2 and cat.stale_entries() == []
+    cat.delete(2)
+    assert cat.complete_steps() == [] and os.listdir(tmp_path) == []
+
+
+def test_locks_refuse_a_second_holder(tmp_path: Path) -> None:
+    cat = Tier1Catalog(tmp_path)
+    job, up = cat.lock(), cat.uploader_lock()
+    try:
+        with pytest.raises(LockError, match="another job is writing checkpoints"):
+            cat.lock()
+        with pytest.raises(LockError, match="another uploader is running"):
+            Tier1Catalog(tmp_path).uploader_lock()
+    finally:
+        job.release()
+        up.release()
+    cat.lock().release()  # free again
