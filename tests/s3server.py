@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 
+from tests._require import require
+
 ACCESS_KEY = "tierckpt-test-key"
 SECRET_KEY = "tierckpt-test-secret-0123456789"  # a test-only credential for a loopback server
 REGION = "us-east-1"
@@ -228,7 +230,7 @@ def stop_server(proc: subprocess.Popen[bytes], ports: Sequence[int] = ()) -> Non
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """The session's SeaweedFS server (see module docstring)."""
     if os.environ.get("TIERCKPT_SKIP_S3") == "1" and weed_binary() is None:
-        pytest.skip("TIERCKPT_SKIP_S3=1 and no weed binary")
+        require(False, "TIERCKPT_SKIP_S3=1 and no weed binary")
     base = tmp_path_factory.mktemp("seaweedfs")
     last: BaseException | None = None
     for _ in range(3):  # a port taken between choosing and binding: try fresh ports

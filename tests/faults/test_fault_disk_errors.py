@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import tierckpt
+from tests._require import require
 from tests.faults import _sweep
 from tests.faults._oracle import (
     TALLY,
@@ -41,8 +42,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     mnt.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0750", "tmpfs", str(mnt)],
                        capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    require(r.returncode == 0, f"cannot mount a tmpfs here (needs root): {r.stderr.strip()}")
     try:
         yield mnt
     finally:
@@ -109,8 +109,8 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
 
 @pytest.fixture(scope="module")
 def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_sweep.Zygote]:
-    if not _sweep.strace_usable():
-        pytest.skip("needs strace allowed to attach (root)")
+    require(_sweep.strace_usable(), "needs strace (apt-get install strace) allowed to attach "
+            "(root)")
     z = _sweep.Zygote(tmp_path_factory.mktemp("zygote") / "zygote.log")
     yield z
     z.close()

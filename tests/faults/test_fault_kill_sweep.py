@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._require import require
 from tests.faults import _sweep
 from tests.faults._oracle import (
     TALLY,
@@ -33,8 +34,12 @@ from tests.faults._oracle import (
 )
 from tierckpt.format import layout
 
-pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
-                                reason="needs strace allowed to attach (root)")
+
+@pytest.fixture(autouse=True)
+def _needs_strace() -> None:
+    require(_sweep.strace_usable(), "needs strace (apt-get install strace) allowed to attach "
+            "(root)")
+
 KEEP = 2
 WRITE_STRIDE = 24  # evenly spaced write kills on top of the per-file first/last ones
 

@@ -23,14 +23,20 @@ from pathlib import Path
 import pytest
 
 from tests._launch import read_jsonl
+from tests._require import require
 from tests.faults import _sweep
 from tests.faults._oracle import TALLY, check_root, newest_valid
 
 JOB = Path(__file__).with_name("rank_kill_job.py")
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
-                                reason="needs strace allowed to attach (root)")
+
+
+@pytest.fixture(autouse=True)
+def _needs_strace() -> None:
+    require(_sweep.strace_usable(), "needs strace (apt-get install strace) allowed to attach "
+            "(root)")
+
 
 
 def _free_port() -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import tierckpt
+from tests._require import require
 from tests.faults import _sweep
 from tests.faults._oracle import (
     TALLY,
@@ -32,8 +33,12 @@ from tests.faults._oracle import (
 from tierckpt.format import layout
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
-pytestmark = pytest.mark.skipif(not _sweep.strace_usable(),
-                                reason="needs strace allowed to attach (root)")
+
+@pytest.fixture(autouse=True)
+def _needs_strace() -> None:
+    require(_sweep.strace_usable(), "needs strace (apt-get install strace) allowed to attach "
+            "(root)")
+
 SYSCALLS = "openat,write,fsync,mkdir,rename,link,unlink"
 
 
