@@ -170,12 +170,41 @@ def test_drill_config_validates_and_defaults_tier2(tmp_path: Path) -> None:
 
 
 def test_a_tier2_that_already_holds_checkpoints_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     with LocalStorage(tmp_path / "t2") as store:
         store.put_bytes("step-00000004/COMPLETE", b"x")
     cfg = DrillConfig(command=("python", "t.py"), out=tmp_path / "out",
                       tier2=f"file://{tmp_path / 't2'}")
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         run_drills(cfg)
+
+
+def test_the_default_tier2_is_created_empty_by_the_drill(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drill owns ``<out>/tier2`` (opening a file:// tier 2 never creates it): it is
+    emptied and created before the first job. The reference run is replaced by a probe
+    that looks at tier 2 the way the jobs would (running real jobs is the end-to-end test's
+    business) and then fails, so no job is launched."""
+    import tierckpt.drill.drills as drills
+    from tierckpt.tier2.catalog import Tier2Catalog
+    from tierckpt.tier2.storage import open_storage
+
+    out = tmp_path / "out"
+    (out / "tier2" / "step-00000001").mkdir(parents=True)  # a previous drill's leftovers
+    (out / "tier2" / "step-00000001" / "COMPLETE").write_bytes(b"x")
+    seen: dict[str, Any] = {}
+
+    def probe(cfg: DrillConfig, runs: list[Any]) -> dict[str, Any]:
+        with open_storage(cfg.tier2 or "") as st:
+            seen["steps"] = Tier2Catalog(st).complete_steps()
+        return {"ok": False, "error": "probe only"}
+
+    monkeypatch.setattr(drills, "_reference", probe)
+    doc = run_drills(DrillConfig(command=("python", "t.py"), out=out))
+    assert seen == {"steps": []} and (out / "tier2").is_dir()
+    assert doc["ok"] is False
+    with pytest.raises(ConfigError, match="--tier2"):
+        DrillConfig(command=("python", "t.py"), out=out, tier2="s3://b:9000/p")
 
 
 def test_verdicts_and_marks() -> None:

@@ -218,6 +218,7 @@ def test_files_are_not_world_writable(tmp_path: Path) -> None:
 
 def test_tier2_uploader_process_and_restore_from_tier2(tmp_path: Path) -> None:
     tier1, tier2 = tmp_path / "t1", f"file://{tmp_path / 't2'}"
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     st, _ = _state()
     with tierckpt.CheckpointManager(tier1=tier1, tier2=tier2, upload_drain_s=60) as ck:
         _train(st, 2)
@@ -240,3 +241,64 @@ def test_tier2_uploader_process_and_restore_from_tier2(tmp_path: Path) -> None:
 def test_bad_tier2_url_names_the_argument(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tier2"):
         tierckpt.CheckpointManager(tier1=tmp_path, tier2="ftp://x")
+
+
+def _big(value: float) -> tierckpt.TrainState:
+    """~128 MiB of weights: writing it takes far longer than a 10 ms wait_timeout_s."""
+    model = nn.Linear(5792, 5792, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(value)
+    return tierckpt.TrainState(model=model)
+
+
+def _weight_of(tmp: Path, src: Path, step: int) -> float:
+    """The weight value of checkpoint ``step`` alone (restored from a root holding only it)."""
+    import shutil
+    root = tmp / f"only-{step}"
+    shutil.copytree(src / layout.step_dirname(step), root / layout.step_dirname(step))
+    st = _big(-1.0)
+    with tierckpt.CheckpointManager(tier1=root) as ck:
+        info = ck.restore(st)
+    assert info is not None and info.step == step
+    w = st.model.weight.detach()
+    assert torch.all(w == w.flatten()[0])  # one value throughout: no mix of two saves
+    return float(w.flatten()[0])
+
+
+@pytest.mark.parametrize("mode", ["raise", "continue"])
+def test_a_save_still_writing_never_lends_its_buffers(tmp_path: Path, mode: str) -> None:
+    """The previous save outlived wait_timeout_s: the next save must not stage into the host
+    buffers it is still writing from (that would commit a mix of two steps with valid
+    CRCs). raise: save() raises; continue: the save is skipped, its handle holds the error.
+    Once the slow write ends, saving works again and both checkpoints hold their own values."""
+    root = tmp_path / "t1"
+    st = _big(1.0)
+    with tierckpt.CheckpointManager(tier1=root, wait_timeout_s=0.01, keep_last=5,
+                                    on_save_error=mode) as ck:
+        first = ck.save(1, st)
+        with torch.no_grad():
+            st.model.weight.fill_(2.0)
+        if mode == "raise":
+            with pytest.raises(SaveError, match="still writing"):
+                ck.save(2, st)
+        else:
+            err = ck.save(2, st).durable.exception(timeout=0)
+            assert isinstance(err, SaveError) and "skipped" in str(err)
+        first.wait(timeout=600)
+        with torch.no_grad():
+            st.model.weight.fill_(3.0)
+        ck.save(3, st).wait(timeout=600)
+    assert _weight_of(tmp_path, root, 1) == 1.0
+    assert _weight_of(tmp_path, root, 3) == 3.0
+    assert not (root / layout.step_dirname(2)).exists()
+
+
+def test_save_handle_wait_raises_the_builtin_timeout_error(tmp_path: Path) -> None:
+    """concurrent.futures.TimeoutError is not TimeoutError before Python 3.11."""
+    st = _big(1.0)
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        h = ck.save(1, st)
+        with pytest.raises(TimeoutError, match="still writing") as e:
+            h.wait(timeout=0)  # 128 MiB are not written in no time
+        assert type(e.value) is TimeoutError
+        h.wait(timeout=600)

@@ -53,6 +53,7 @@ def _restore_events(root: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     base = tmp_path_factory.mktemp("multinode")
+    (base / "tier2").mkdir()  # a file:// tier 2 must exist (it is never created)
     tier2 = f"file://{base / 'tier2'}"
     _two_nodes(str(base / "node{node}"), base / "losses.jsonl", tier2, steps=12)
     for node in (0, 1):  # finish what the background uploaders had not yet copied
@@ -130,3 +131,27 @@ def _resume_reference(trained: tuple[Path, str], tmp_path: Path) -> list[dict]:
         _copy_nodes(trained, ref_dir)
         _REF["rows"] = _resume(ref_dir, trained[1], "ref")
     return _REF["rows"]
+
+
+def test_step_committed_on_one_node_only_is_set_aside(trained: tuple[Path, str],
+                                                      tmp_path: Path) -> None:
+    """A commit that reached node 0 but not node 1 (a rank killed in the commit window):
+    the nodes agree on step 7, node 0 moves its stale step 11 aside, and the run commits
+    step 11 again instead of crashing at that save on every restart."""
+    base, _ = trained
+    _copy_nodes(trained, tmp_path)
+    shutil.rmtree(tmp_path / "node1" / layout.step_dirname(11))
+    empty = tmp_path / "tier2-empty"  # tier 2 does not have step 11 either
+    empty.mkdir()
+    _two_nodes(str(tmp_path / "node{node}"), tmp_path / "partial.jsonl", f"file://{empty}",
+               steps=12)  # the trained run's length: same LR schedule, same losses
+    rows = read_jsonl(tmp_path / "partial.jsonl")
+    assert [r["step"] for r in rows] == list(range(8, 12))
+    full = {r["step"]: r["loss"] for r in read_jsonl(base / "losses.jsonl")}
+    assert [r["loss"] for r in rows] == [full[s] for s in range(8, 12)]  # bit-identical
+    for node in (0, 1):
+        assert _restore_events(tmp_path / f"node{node}")[-1]["step"] == 7
+        assert (tmp_path / f"node{node}" / layout.step_dirname(11) / layout.COMPLETE).exists()
+    (q,) = [p for p in (tmp_path / "node0" / layout.QUARANTINE).iterdir()
+            if p.name.startswith(layout.step_dirname(11))]
+    assert "newer than the agreed restore point" in (q / "QUARANTINE_REASON").read_text()

@@ -9,7 +9,7 @@ from tests._require import require
 
 def test_missing_tool_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="strace.*CI=true"):
+    with pytest.raises(pytest.fail.Exception, match=r"strace.*CI=true"):
         require(False, "needs strace")
     require(True, "needs strace")  # present: nothing happens
 

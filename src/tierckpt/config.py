@@ -9,7 +9,8 @@ from pathlib import Path
 
 from tierckpt.errors import ConfigError
 from tierckpt.policy.retention import RetentionPolicy
-from tierckpt.policy.units import check_count
+from tierckpt.policy.units import check_count, check_seconds
+from tierckpt.tier2.storage.url import parse_url
 
 
 class OnSaveError(str, enum.Enum):
@@ -51,13 +52,25 @@ class ManagerConfig:
     for tests of throughput only). ``direct_io``: write shards with O_DIRECT (falls back to
     buffered I/O where the file system refuses it). ``background_nice``: niceness added to
     the background writer threads (Linux), so a save yields the CPU to training; 0 keeps
-    them at the training thread's priority. ``on_save_error``: see :class:`OnSaveError`.
-    ``tier2``: ``s3://bucket/prefix`` or ``file:///path``; restore falls back to it, and
-    (with ``start_uploader``) one low-priority uploader process per tier-1 root copies every
-    ``upload_every``-th committed step there. ``tier2_keep_last``/``tier2_keep_every``:
+    them at the training thread's priority. ``on_save_error``: see :class:`OnSaveError`;
+    ``max_consecutive_save_failures``: with ``"continue"``, this many failed saves in a row
+    raise anyway (a run that cannot checkpoint should not train on for days).
+    ``tier2``: ``s3://bucket/prefix`` or ``file:///path`` (an existing directory;
+    ``memory://`` only with ``start_uploader=False``, in-process tests); restore falls back
+    to it, and (with ``start_uploader``) one low-priority uploader process per tier-1 root
+    copies every ``upload_every``-th committed step there. ``tier2_keep_last``/``tier2_keep_every``:
     tier-2 retention (newest K2, plus every M-th step forever; 0 = none).
     ``upload_drain_s``: on ``close()``, give the uploader up to this long to copy what is
-    still due (0: stop it at once; it resumes from its recorded state next time).
+    still due — the final checkpoints are the ones evaluation and serving want — and warn
+    naming what was left (0: stop it at once; it resumes from its records next time).
+    ``upload_backlog``: at most this many not-yet-uploaded checkpoints are held on tier 1
+    beyond ``keep_last``; past that the oldest is released with an ``upload_skipped``
+    event, so a tier 2 that is down never fills the disk (None: hold all).
+    ``tier2_required``: a failing tier 2 (its newest upload failed, or the uploader keeps
+    dying) is a :class:`SaveError` at ``save()`` per ``on_save_error``; by default it is a
+    ``tier2_unhealthy`` event and a rate-limited warning.
+    ``tier2_timeout_s``: how long ``restore()`` waits for tier 2 to answer (open, list, read
+    a manifest) before it goes on with tier 1 alone.
     """
 
     tier1: Path
@@ -72,16 +85,25 @@ class ManagerConfig:
     direct_io: bool = True
     background_nice: int = 10
     on_save_error: OnSaveError = OnSaveError.RAISE
+    max_consecutive_save_failures: int = 3
     tier2: str | None = None
     upload_every: int = 1
     tier2_keep_last: int = 3
     tier2_keep_every: int = 0
     start_uploader: bool = True
-    upload_drain_s: float = 0.0
+    upload_drain_s: float = 600.0
+    tier2_timeout_s: float = 60.0
+    upload_backlog: int | None = 2
+    tier2_required: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
             raise ConfigError(f"tier1 must be a path, got {type(self.tier1).__name__}")
+        raw = os.fspath(self.tier1)
+        if isinstance(raw, str) and not raw.strip():
+            raise ConfigError(f"tier1 is empty ({raw!r}), which would mean the current "
+                              "directory; give the directory for checkpoints, e.g. "
+                              "tier1='/local/ckpt'")
         object.__setattr__(self, "tier1", Path(self.tier1).expanduser().absolute())
         try:
             object.__setattr__(self, "verify", Verify(self.verify))
@@ -95,22 +117,22 @@ class ManagerConfig:
                               f"got {self.on_save_error!r}") from None
         _ = self.retention  # a RetentionPolicy: validates its knobs (one place for all)
         check_count("write_threads", self.write_threads)
-        if not isinstance(self.background_nice, int) or not 0 <= self.background_nice <= 19:
+        check_count("max_consecutive_save_failures", self.max_consecutive_save_failures)
+        for name in ("fsync", "direct_io", "start_uploader", "tier2_required"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.background_nice, bool) or not isinstance(self.background_nice, int) \
+                or not 0 <= self.background_nice <= 19:
             raise ConfigError(f"background_nice must be an int in [0, 19], got "
                               f"{self.background_nice!r}")
-        if self.tier2 is not None and (not isinstance(self.tier2, str) or not any(
-                self.tier2.startswith(s) for s in ("s3://", "file://", "memory://"))):
-            raise ConfigError(f"tier2 must be an s3://bucket/prefix or file:///path URL, got "
-                              f"{self.tier2!r}")
-        if not isinstance(self.upload_drain_s, int | float) or self.upload_drain_s < 0:
-            raise ConfigError(f"upload_drain_s must be >= 0 seconds, got {self.upload_drain_s!r}")
-        for name in ("collective_timeout_s", "wait_timeout_s"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or v <= 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {v!r}")
+        if self.tier2 is not None:
+            _check_tier2(self.tier2, start_uploader=self.start_uploader)
+        check_seconds("upload_drain_s", self.upload_drain_s, allow_zero=True)
+        for name in ("collective_timeout_s", "wait_timeout_s", "tier2_timeout_s"):
+            check_seconds(name, getattr(self, name))
         for name in ("file_mode", "dir_mode"):
             mode = getattr(self, name)
-            if not isinstance(mode, int) or mode & 0o002:
+            if isinstance(mode, bool) or not isinstance(mode, int) or mode & 0o002:
                 raise ConfigError(f"{name} must be an int mode that is not world-writable, "
                                   f"got {mode!r}")
 
@@ -119,4 +141,16 @@ class ManagerConfig:
         """What each tier keeps (``keep_last``, ``upload_every``, ``tier2_keep_*``)."""
         return RetentionPolicy(keep_last=self.keep_last, upload_every=self.upload_every,
                                tier2_keep_last=self.tier2_keep_last,
-                               tier2_keep_every=self.tier2_keep_every)
+                               tier2_keep_every=self.tier2_keep_every,
+                               upload_backlog=self.upload_backlog)
+
+
+def _check_tier2(url: str, *, start_uploader: bool) -> None:
+    """``tier2`` as :func:`~tierckpt.tier2.storage.url.parse_url` accepts it (the rules
+    ``open_storage`` applies later), and not ``memory://`` for a job with an uploader."""
+    if parse_url(url, name="tier2").scheme == "memory" and start_uploader:
+        raise ConfigError(
+            f"tier2={url!r}: memory:// is an in-process store for tests only; the uploader "
+            "runs in a child process, so its uploads would go nowhere anyone can read. Give "
+            "s3://bucket/prefix or file:///absolute/path, or pass start_uploader=False in an "
+            "in-process test")

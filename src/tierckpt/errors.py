@@ -7,7 +7,8 @@
     │   ├── SignatureError(IntegrityError)   manifest signature missing or wrong
     │   └── MissingFilesError(IntegrityError)    intact, but files this node needs are
     │                                        elsewhere (fetchable from tier 2; not damage)
-    ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root
+    ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root,
+    │                                        or its file system cannot flock
     ├── SaveError(CheckpointError)           a background save failed (raised at the next
     │                                        save()/wait()/close() on every rank)
     └── StorageError(CheckpointError, OSError)   a storage backend failed after its retries
@@ -55,7 +56,8 @@ class MissingFilesError(IntegrityError):
 
 
 class LockError(CheckpointError):
-    """Another job holds the tier-1 root; two writers must never share one."""
+    """Another job holds the tier-1 root, or its file system cannot lock it (no ``flock``);
+    two writers must never share one."""
 
 
 class SaveError(CheckpointError):

@@ -29,6 +29,7 @@ from tierckpt.format import layout
 from tierckpt.restore.choose import Chooser
 from tierckpt.restore.loader import RestoreInfo, load_into
 from tierckpt.runtime import events
+from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm, discover_domains
 from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
@@ -38,7 +39,8 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.uploader import UploaderConfig, UploaderProcess
+from tierckpt.tier2.uploader import UploaderConfig
+from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
 
 _log = logging.getLogger("tierckpt")
 
@@ -63,7 +65,9 @@ class CheckpointManager:
         self.catalog = Tier1Catalog(cfg.tier1)
         self._lock: FileLock | None = None
         self._inflight: SaveHandle | None = None
-        self._uploader: UploaderProcess | None = None
+        self._stuck = False  # the in-flight save outlived wait_timeout_s
+        self._failures = 0  # consecutive failed saves (on_save_error=continue)
+        self._uploader: UploaderSupervisor | None = None
         self.comm = Comm.create(cfg.collective_timeout_s)
         try:
             self._prepare_root()
@@ -71,6 +75,7 @@ class CheckpointManager:
             self.domain = next(d for d in self.domains if self.comm.rank in d)
             self.is_owner = self.domain[0] == self.comm.rank
             self._take_lock_and_clean()
+            self._open_tier2_once()
             self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
                                        mode=cfg.file_mode)
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
@@ -90,26 +95,56 @@ class CheckpointManager:
         """Load the newest complete, verified checkpoint into ``state`` (collective).
 
         Returns None on a fresh start (no checkpoint anywhere). Candidates that fail
-        verification are quarantined with a logged reason and the next older one is used.
+        verification are quarantined with a logged reason and the next older one is used;
+        every entry newer than the agreed step is quarantined too ("newer than the agreed
+        restore point"), so the next ``save()`` of those steps works. Tier 2 is consulted
+        with a deadline (``tier2_timeout_s``) and never blocks a restore from tier 1.
         """
         self._check_open()
         _require_state(state)
         t0 = time.monotonic()
         self.log.emit(events.RESTORE_STARTED)
+        chosen = self._choose()
+        if chosen is None:
+            self.last_committed = None
+            return None
+        step, source, skipped, fetched, saved_world = chosen
+        path = self.config.tier1 / layout.step_dirname(step)
+        t_load = time.monotonic()
+        nbytes = load_into(state, path, saved_world, self.comm)
+        now = time.monotonic()
+        self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
+        by_source = {"tier1": nbytes, "tier2": fetched}
+        info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
+                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
+                           world_size=self.comm.world_size, saved_world_size=saved_world,
+                           skipped=skipped)
+        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
+                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
+                      world_size=info.world_size, saved_world_size=saved_world)
+        self.last_committed = step
+        return info
+
+    def _choose(self) -> tuple[int, str, tuple[tuple[int, str], ...], int, int] | None:
+        """Collective: agree on a step, set newer entries aside, fetch what this domain
+        lacks. ``(step, source, skipped, bytes fetched, saved world size)`` or None."""
         cfg = self.config
-        remote = Tier2Catalog(open_storage(cfg.tier2)) if cfg.tier2 and self.is_owner else None
-        try:
-            chooser = Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
-                              full=cfg.verify is Verify.FULL, log=self.log, remote=remote)
+        tier2 = cfg.tier2
+        opener = (lambda: Tier2Catalog(open_storage(tier2))) if tier2 and self.is_owner \
+            else None
+        with Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
+                     full=cfg.verify is Verify.FULL, log=self.log, open_remote=opener,
+                     tier2_timeout_s=cfg.tier2_timeout_s) as chooser:
             step = chooser.choose()
+            if self.is_owner:  # nothing restorable: whatever is left would block new saves
+                chooser.set_aside_newer(-1 if step is None else step)
             skipped = tuple(s for sk in self.comm.all_gather(chooser.skipped) for s in sk)
             if step is None:
                 self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
                               skipped=[list(s) for s in skipped])
                 return None
             mine = chooser.sources.get(step) if self.is_owner else None
-            sources = sorted({s for s in self.comm.all_gather(mine) if s})
-            source = "+".join(sources)
+            source = "+".join(sorted({s for s in self.comm.all_gather(mine) if s}))
             self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
                           skipped=[list(s) for s in skipped])
             fetched, err = 0, None
@@ -124,40 +159,24 @@ class CheckpointManager:
                 raise CheckpointError("; ".join(errors))
             saved_world = self.comm.broadcast(
                 chooser.manifests[step].world_size if self.comm.rank == 0 else None)
-        finally:
-            if remote is not None:
-                remote.storage.close()
-        path = cfg.tier1 / layout.step_dirname(step)
-        t_load = time.monotonic()
-        nbytes = load_into(state, path, saved_world, self.comm)
-        now = time.monotonic()
-        self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
-        by_source = {"tier1": nbytes, "tier2": fetched}
-        info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
-                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
-                           world_size=self.comm.world_size, saved_world_size=saved_world,
-                           skipped=skipped)
-        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
-                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
-                      world_size=info.world_size, saved_world_size=saved_world)
-        self.last_committed = max(self.last_committed or -1, step)
-        return info
+        return step, source, skipped, fetched, saved_world
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
         """Stage ``state`` into host buffers (blocking: this is C), then write and commit it
         in the background. Waits first for a previous save still in flight (an ``overlap``
-        event records the wait) and raises its :class:`SaveError` if it failed."""
+        event records the wait) and raises its :class:`SaveError` if it failed — with
+        ``on_save_error="continue"``, logs it instead, until ``max_consecutive_save_failures``
+        saves in a row have failed. A previous save still writing after ``wait_timeout_s``
+        is never given the host buffers it reads: the new save raises (or, in continue mode,
+        is skipped: its handle holds the error) until the stuck one ends."""
         self._check_open()
         _require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
-        try:
-            self._finish_inflight(record_overlap=True)
-        except SaveError as e:
-            if self.config.on_save_error is OnSaveError.RAISE:
-                raise
-            _log.error("previous checkpoint save failed; continuing (on_save_error=continue): "
-                       "%s", e)
+        skipped = self._settle_previous()
+        if skipped is not None:
+            return self._skipped_handle(step, skipped)
+        self._watch_tier2()
         if self.last_committed is not None and step <= self.last_committed:
             raise ConfigError(
                 f"save(step={step}) but step {self.last_committed} is already committed in "
@@ -191,7 +210,7 @@ class CheckpointManager:
         try:
             self._finish_inflight(record_overlap=False)
         finally:
-            self._saver.close()
+            self._saver.close(wait=not self._stuck)  # bounded: a stuck write is abandoned
             self._stager.close()
             self._release()
 
@@ -206,25 +225,77 @@ class CheckpointManager:
             self.close()
 
     # -- internals ------------------------------------------------------------------------
+    def _settle_previous(self) -> SaveError | None:
+        """Before a save: finish the previous one. Raises per ``on_save_error``; returns
+        the error when the new save must be skipped (continue mode, previous one stuck)."""
+        cfg = self.config
+        stuck = self._inflight is not None and self._stuck
+        try:  # a save known to be stuck is only polled, not waited for again
+            self._finish_inflight(record_overlap=True, timeout=0.0 if stuck else None)
+            return None
+        except SaveError as e:
+            self._failures += 1
+            if cfg.on_save_error is OnSaveError.RAISE:
+                raise
+            if self._failures >= cfg.max_consecutive_save_failures:
+                raise SaveError(f"{self._failures} checkpoint saves in a row failed "
+                                f"(max_consecutive_save_failures="
+                                f"{cfg.max_consecutive_save_failures}); last: {e}") from e
+            _log.error("previous checkpoint save failed; continuing (on_save_error=continue): "
+                       "%s", e)
+            return e if self._inflight is not None else None
+
+    def _watch_tier2(self) -> None:
+        """At each save: the domain owners' supervisors restart a dead uploader and report a
+        failing tier 2. With ``tier2_required`` a failing tier 2 is a SaveError on every
+        rank (logged instead with ``on_save_error="continue"``)."""
+        cfg = self.config
+        health = self._uploader.check() if self._uploader is not None else None
+        if not cfg.tier2_required:
+            return
+        err = None if health is None or health.healthy else \
+            f"rank {self.comm.rank}: tier 2 {cfg.tier2} is failing: {health.error}"
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if not errors:
+            return
+        failure = SaveError(f"tier2_required and {'; '.join(errors)}")
+        if cfg.on_save_error is OnSaveError.RAISE:
+            raise failure
+        _log.error("%s (on_save_error=continue)", failure)
+
+    def _skipped_handle(self, step: int, why: SaveError) -> SaveHandle:
+        """The handle of a save that was not attempted (continue mode): it holds the error."""
+        err = SaveError(f"save of step {step} skipped: {why}")
+        self.log.emit(events.SAVE_FAILED, step=step, error=str(err))
+        staged_f: Future[float] = Future()
+        staged_f.set_result(0.0)
+        durable: Future[SaveResult] = Future()
+        durable.set_exception(err)
+        return SaveHandle(step=step, staged=staged_f, durable=durable)
+
     def _finish_inflight(self, *, record_overlap: bool,
                          timeout: float | None = None) -> SaveResult | None:
+        """Wait for the in-flight save. Raises SaveError when it failed (it is then gone)
+        or is still writing after the wait (it stays in flight, marked stuck)."""
         h = self._inflight
         if h is None:
             return None
         t0 = time.monotonic()
         was_running = not h.done()
+        wait_s = self.config.wait_timeout_s if timeout is None else timeout
         try:
-            result = h.wait(timeout if timeout is not None else self.config.wait_timeout_s)
+            result = h.wait(wait_s)
         except TimeoutError:
-            raise SaveError(f"save of step {h.step} still writing after "
-                            f"{timeout or self.config.wait_timeout_s:.0f} s") from None
+            self._stuck = True
+            raise SaveError(f"save of step {h.step} still writing after {wait_s:.0f} s "
+                            "(wait_timeout_s); it keeps its host buffers until it ends") from None
         except SaveError:
-            self._inflight = None
+            self._inflight, self._stuck = None, False
             raise
         finally:
-            if record_overlap and was_running:
+            if record_overlap and was_running and not self._stuck:
                 self.log.emit(events.OVERLAP, step=h.step, seconds=time.monotonic() - t0)
-        self._inflight = None
+        self._inflight, self._stuck, self._failures = None, False, 0
         self.last_committed = max(self.last_committed or -1, result.step)
         return result
 
@@ -233,15 +304,24 @@ class CheckpointManager:
         tier 2 configured, what the uploader has yet to copy is kept."""
         plan = self.catalog.retention_plan(self.config.retention,
                                            uploader=self.config.tier2 is not None)
+        for step in plan.released:  # the disk stays bounded while tier 2 is down
+            reason = (f"more than upload_backlog={self.config.upload_backlog} checkpoints "
+                      "wait for tier 2")
+            self.log.emit(events.UPLOAD_SKIPPED, step=step, reason=reason)
+            _log.warning("step %d leaves tier 1 without reaching tier 2: %s", step, reason)
         return [self.catalog.unpublish(step) for step in plan.delete]
 
-    def _start_uploader(self) -> UploaderProcess | None:
+    def _start_uploader(self) -> UploaderSupervisor | None:
         cfg = self.config
+        if cfg.tier2 and self.is_owner:  # the retention `tierckpt gc` applies to this root
+            self.catalog.write_policy(tier2=cfg.tier2, policy=cfg.retention,
+                                      file_mode=cfg.file_mode, dir_mode=cfg.dir_mode)
         if not (cfg.tier2 and cfg.start_uploader and self.is_owner):
             return None
-        return UploaderProcess(UploaderConfig(
+        return UploaderSupervisor(UploaderConfig(
             tier1=cfg.tier1, tier2=cfg.tier2, upload_every=cfg.upload_every,
-            keep_last=cfg.tier2_keep_last, keep_every=cfg.tier2_keep_every)).start()
+            keep_last=cfg.tier2_keep_last, keep_every=cfg.tier2_keep_every),
+            log=self.log).start()
 
     def _prepare_root(self) -> None:
         root = self.config.tier1
@@ -253,6 +333,24 @@ class CheckpointManager:
         except OSError as e:
             raise ConfigError(f"tier1={root} is not a writable directory ({e}); point tier1 at "
                               "a local directory this user can write") from e
+
+    def _open_tier2_once(self) -> None:
+        """Collective: a tier 2 that can never work (a file:// root that does not exist) is a
+        ConfigError now, on every rank; one that does not answer in ``tier2_timeout_s`` is
+        only a warning — an outage must not stop a job that can restore from tier 1."""
+        cfg, err = self.config, None
+        if cfg.tier2 and self.is_owner:
+            url = cfg.tier2
+            try:
+                call_with_deadline(lambda: open_storage(url).close(), cfg.tier2_timeout_s,
+                                   f"opening tier 2 {url}")
+            except ConfigError as e:
+                err = str(e)
+            except (CheckpointError, OSError) as e:  # TimeoutError is an OSError
+                _log.warning("tier 2 %s did not open (%s); starting anyway", url, e)
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if errors:
+            raise ConfigError(errors[0])
 
     def _take_lock_and_clean(self) -> None:
         err = None
@@ -269,10 +367,7 @@ class CheckpointManager:
     def _release(self) -> None:
         if getattr(self, "_uploader", None) is not None:
             assert self._uploader is not None
-            if self.config.upload_drain_s > 0:
-                self._uploader.finish(self.config.upload_drain_s)
-            else:
-                self._uploader.stop()
+            self._uploader.close(self.config.upload_drain_s)  # drains what is due, bounded
             self._uploader = None
         if self._lock is not None:
             self._lock.release()

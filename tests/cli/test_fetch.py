@@ -16,6 +16,7 @@ from ._helpers import flags, invoke, invoke_json
 
 def test_fetch_into_an_empty_root_then_restore(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri())
     fresh = tmp_path / "replaced-node"  # a new machine: nothing on tier 1
     doc = invoke_json("fetch", "3", str(fresh), "--tier2", t2.as_uri())
@@ -33,6 +34,7 @@ def test_fetch_into_an_empty_root_then_restore(template: Path, tmp_path: Path) -
 def test_refetch_reuses_intact_files_and_replaces_a_corrupt_one(template: Path,
                                                                tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri())
     m = manifest(t1, 3)
     doc = invoke_json("fetch", "3", str(t1), "--tier2", t2.as_uri())
@@ -50,6 +52,7 @@ def test_refetch_reuses_intact_files_and_replaces_a_corrupt_one(template: Path,
 
 def test_missing_step_and_live_job(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri())
     result = invoke("fetch", "2", str(tmp_path / "x"), "--tier2", t2.as_uri())
     assert result.exit_code == 1

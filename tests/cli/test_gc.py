@@ -54,6 +54,7 @@ def test_keep_last_1_never_deletes_the_newest(template: Path, tmp_path: Path) ->
 
 def test_keeps_what_the_uploader_has_yet_to_copy(template: Path, tmp_path: Path) -> None:
     t1, t2 = _five(template, tmp_path), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     assert [r.step for r in upload(t1, t2.as_uri(), steps=[3])] == [3]
     # 3 is on tier 2; 4 and 5 are due and newer than it: the uploader still has to copy them
     doc = invoke_json("gc", str(t1), "--keep-last", "1", "--yes")
@@ -67,6 +68,7 @@ def test_keeps_what_the_uploader_has_yet_to_copy(template: Path, tmp_path: Path)
 
 def test_tier2_retention(template: Path, tmp_path: Path) -> None:
     t1, t2 = _five(template, tmp_path), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri(), steps=[1, 2, 3, 4, 5])
     args = ("gc", str(t1), "--tier2", t2.as_uri(), "--keep-last", "5",
             "--tier2-keep-last", "2", "--tier2-keep-every", "2")
@@ -102,3 +104,66 @@ def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
     assert flags("gc") == {"tier1", "--tier2", "--keep-last", "--upload-every",
                            "--tier2-keep-last", "--tier2-keep-every", "--yes", "--json"}
+
+
+def test_gc_applies_the_policy_the_job_recorded(template: Path, tmp_path: Path) -> None:
+    """Without retention flags, gc keeps what the job keeps: here every 2nd step on tier 2
+    forever (the milestones a gc with default flags would delete) and 5 steps on tier 1."""
+    t1, t2 = _five(template, tmp_path), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
+    upload(t1, t2.as_uri(), steps=[1, 2, 3, 4, 5])
+    assert Tier1Catalog(t1).recorded_policy() is None  # the template's job had no tier 2
+    with tierckpt.CheckpointManager(tier1=t1, tier2=t2.as_uri(), start_uploader=False,
+                                    keep_last=5, tier2_keep_last=1, tier2_keep_every=2):
+        pass
+    doc = invoke_json("gc", str(t1), "--tier2", t2.as_uri(), "--yes")
+    assert doc["tier2"] == {"delete": [1, 3], "keep": [5, 4, 2]}
+    assert doc["tier1"]["delete"] == []
+    assert doc["policy"] == {
+        "keep_last": 5, "upload_every": 1, "tier2_keep_last": 1, "tier2_keep_every": 2,
+        "from": dict.fromkeys(("keep_last", "upload_every", "tier2_keep_last",
+                               "tier2_keep_every"), "recorded by the job"),
+        "recorded": str(t1 / layout.UPLOAD_STATE / layout.JOB_POLICY),
+        "recorded_tier2": t2.as_uri()}
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [2, 4, 5]
+    assert Tier1Catalog(t1).complete_steps() == [5, 4, 3, 2, 1]
+    # a flag still wins, knob by knob, and the plan says so
+    result = invoke("gc", str(t1), "--tier2", t2.as_uri(), "--tier2-keep-every", "0")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "tier2-keep-every 0 (flags)" in out and "tier2-keep-last 1 (recorded by the job)" in out
+    assert "keep-last 5 (recorded by the job)" in out
+
+
+def test_without_a_record_the_defaults_apply_and_say_so(template: Path, tmp_path: Path) -> None:
+    t1 = _five(template, tmp_path)
+    doc = invoke_json("gc", str(t1), "--keep-last", "2")
+    assert doc["policy"]["from"] == {"keep_last": "flags", "upload_every": "defaults",
+                                     "tier2_keep_last": "defaults",
+                                     "tier2_keep_every": "defaults"}
+    assert doc["policy"]["recorded"] is None and doc["policy"]["tier2_keep_last"] == 3
+
+
+def test_a_damaged_record_stops_gc_unless_every_knob_is_given(template: Path,
+                                                              tmp_path: Path) -> None:
+    t1 = _five(template, tmp_path)
+    cat = Tier1Catalog(t1)
+    cat.policy_path().parent.mkdir(exist_ok=True)
+    cat.policy_path().write_text("{oops")
+    result = invoke("gc", str(t1), "--keep-last", "2", "--yes")
+    assert result.exit_code == 1 and layout.JOB_POLICY in result.stderr
+    assert cat.complete_steps() == [5, 4, 3, 2, 1]
+    # upload-state/ exists, so what the uploader has yet to copy is held: with every 5th
+    # step due, only 5 (the newest anyway)
+    every = ("--keep-last", "2", "--upload-every", "5", "--tier2-keep-last", "3",
+             "--tier2-keep-every", "0")
+    assert invoke_json("gc", str(t1), *every)["tier1"]["delete"] == [1, 2, 3]
+
+
+def test_a_missing_file_tier2_exits_2_and_is_not_created(template: Path,
+                                                        tmp_path: Path) -> None:
+    t1 = _five(template, tmp_path)
+    result = invoke("gc", str(t1), "--tier2", (tmp_path / "unmounted").as_uri(), "--yes")
+    assert result.exit_code == 2 and "does not exist" in " ".join(result.stderr.split())
+    assert not (tmp_path / "unmounted").exists()
+    assert Tier1Catalog(t1).complete_steps() == [5, 4, 3, 2, 1]

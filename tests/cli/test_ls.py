@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 import tierckpt.cli.ls  # noqa: F401  (registers the command)
 from tierckpt.format import layout
 from tierckpt.tier2.storage import LocalStorage
@@ -20,6 +22,7 @@ def _rows(doc: dict, tier: int) -> dict[str, dict]:
 def test_every_state_on_both_tiers(template: Path, tmp_path: Path) -> None:
     t1 = clone(template, tmp_path / "t1")
     t2 = tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     [r] = upload(t1, t2.as_uri(), every=2)  # the policy uploads step 2 only
     assert (r.step, r.status) == (2, "verified")
     (t1 / layout.PINS).mkdir(exist_ok=True)
@@ -58,11 +61,12 @@ def test_failed_upload_and_damaged_marker(template: Path, tmp_path: Path) -> Non
     shard = max((f for f in manifest(t1, 3).files), key=lambda f: f.size).name
     with open(t1 / "step-00000003" / shard, "r+b") as f:
         f.truncate(10)  # the uploader refuses a damaged checkpoint and records why
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist
     [r] = upload(t1, (tmp_path / "t2").as_uri())
     assert r.status == "failed"
     (t1 / "step-00000001" / layout.MANIFEST).write_bytes(b"{}")
     one = _rows(invoke_json("ls", str(t1)), 1)
-    assert one["step-00000003"]["state"] == "uploading"
+    assert one["step-00000003"]["state"] == "upload_failed"  # not "uploading"
     assert one["step-00000003"]["upload_status"] == "failed"
     assert "has 10 bytes" in one["step-00000003"]["detail"]
     assert one["step-00000001"]["state"] == "invalid"
@@ -71,6 +75,7 @@ def test_failed_upload_and_damaged_marker(template: Path, tmp_path: Path) -> Non
 
 def test_human_table(template: Path, tmp_path: Path) -> None:
     t1 = clone(template, tmp_path / "t1")
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist
     upload(t1, (tmp_path / "t2").as_uri())
     result = invoke("ls", str(t1), "--tier2", (tmp_path / "t2").as_uri())
     assert result.exit_code == 0, result.output
@@ -93,3 +98,23 @@ def test_empty_and_missing_roots(tmp_path: Path) -> None:
 def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
     assert flags("ls") == {"tier1", "--tier2", "--json"}  # positionals by name
+
+
+def test_an_endpoint_without_a_scheme_exits_2_naming_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:9000")
+    result = invoke("ls", str(tmp_path), "--tier2", "s3://b/p")
+    err = " ".join(result.stderr.split())
+    assert result.exit_code == 2, result.output
+    assert "AWS_ENDPOINT_URL='localhost:9000'" in err and "http://host:port" in err
+
+
+def test_bad_or_missing_tier2_exits_2(tmp_path: Path) -> None:
+    for url, needle in (("s3://b:9000/p", "host:port, not a bucket name"),
+                        ("file://relative/p", "file:///absolute/path"),
+                        ((tmp_path / "unmounted").as_uri(), "does not exist")):
+        result = invoke("ls", str(tmp_path), "--tier2", url)
+        assert result.exit_code == 2 and needle in " ".join(result.stderr.split()), result.output
+    assert not (tmp_path / "unmounted").exists()

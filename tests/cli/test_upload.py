@@ -24,6 +24,7 @@ from ._helpers import flags, invoke, invoke_json
 
 def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     doc = invoke_json("upload", str(t1), t2.as_uri())
     # the policy copies the newest due step; older ones are abandoned, never uploaded late
     assert [(r["step"], r["status"]) for r in doc["results"]] == [(3, "verified")]
@@ -37,6 +38,7 @@ def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Pat
 
 def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     assert [r["step"] for r in invoke_json(
         "upload", str(t1), t2.as_uri(), "--every", "2")["results"]] == [2]
     save_steps(t1, [4, 6])
@@ -51,6 +53,7 @@ def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
 
 def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     bad = shard(t1, 3)
     with open(bad, "r+b") as f:
         f.truncate(5)
@@ -64,6 +67,7 @@ def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) ->
 
 def test_a_second_uploader_on_the_root_is_refused(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     with Uploader(UploaderConfig(tier1=t1, tier2=t2.as_uri())):
         result = invoke("upload", str(t1), t2.as_uri())
     assert result.exit_code == 1 and "another uploader" in result.stderr
@@ -92,6 +96,7 @@ def _wait_for(cond: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]
 
 def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     code = "import sys; from tierckpt.cli._app import main; sys.argv[0] = 'tierckpt'; main()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-c", code, "upload", str(t1), t2.as_uri(),

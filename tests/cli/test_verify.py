@@ -76,6 +76,7 @@ def test_node_local_files_held_elsewhere_are_reported_not_failed(tmp_path: Path)
 
 def test_tier2_file_url_ok_then_corrupt_object(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri())
     m = manifest(t1, 3)
     doc = invoke_json("verify", "3", "--tier", "2", "--tier2", t2.as_uri())

@@ -59,6 +59,46 @@ def _fill(mnt: Path, leave: int, name: str = "filler") -> Path:
     return filler
 
 
+def _choke(path: Path) -> None:
+    """Append blank lines (readers skip them) to ``path`` until the full file system refuses
+    even one more byte, so the next event line cannot be written."""
+    with open(path, "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\n" * 512)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\n")
+        except OSError:
+            pass
+
+
+def test_continue_mode_cleans_up_escalates_and_keeps_events(small_fs: Path) -> None:
+    """on_save_error="continue" on a disk that stays full: every failed save's tmp directory
+    is removed at once, the save_failed events the full disk refused are kept in memory and
+    written once space is back, and the third failure in a row raises anyway."""
+    root = small_fs / "tier1"
+    save_steps(root, [1])
+    st = make_state(2)
+    with tierckpt.CheckpointManager(tier1=root, on_save_error="continue",
+                                    max_consecutive_save_failures=3) as ck:
+        filler = _fill(small_fs, leave=0)
+        _choke(root / layout.EVENTS)
+        for step in (2, 3, 4):
+            assert isinstance(ck.save(step, st).durable.exception(timeout=120), SaveError)
+            assert [n for n in os.listdir(root) if layout.parse_tmp_dirname(n)] == []
+        assert len(ck.log.pending) >= 3  # the disk refused them; nothing was lost
+        with pytest.raises(SaveError, match="3 checkpoint saves in a row failed"):
+            ck.save(5, st)
+        filler.unlink()
+    failed = [e["step"] for e in events.read_events(root / layout.EVENTS)
+              if e["event"] == "save_failed"]
+    assert failed == [2, 3, 4]
+    TALLY.add("ENOSPC, continue mode (cleanup, escalation)", lost=0)
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)

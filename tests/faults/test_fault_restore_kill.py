@@ -59,6 +59,7 @@ def _retry(root: Path, tier2: str) -> tuple[int | None, float | None]:
 
 def test_restore_killed_mid_fetch_then_retried(zygote: _sweep.Zygote, tmp_path: Path) -> None:
     src, tier2 = tmp_path / "src", f"file://{tmp_path / 'tier2'}"
+    (tmp_path / "tier2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     save_steps(src, [1, 2])
     with Uploader(UploaderConfig(tier1=src, tier2=tier2)) as up:
         assert {r.status for r in up.drain()} == {"verified"}

@@ -50,6 +50,7 @@ class RetentionResume(RuleBasedStateMachine):
         super().__init__()
         self.base = Path(tempfile.mkdtemp(prefix="tierckpt-machine-"))
         self.root = self.base / "tier1"
+        (self.base / "tier2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
         self.tier2 = f"file://{self.base / 'tier2'}"
         self.ck: tierckpt.CheckpointManager | None = None
         self.state = make_state(0)
@@ -72,7 +73,8 @@ class RetentionResume(RuleBasedStateMachine):
                        default=None)
         self.ck = tierckpt.CheckpointManager(
             tier1=self.root, keep_last=KEEP, verify="full", tier2=self.tier2,
-            upload_every=UPLOAD_EVERY, start_uploader=False)
+            upload_every=UPLOAD_EVERY, start_uploader=False,
+            upload_backlog=None)  # the invariant here: nothing is deleted before its upload
         st = make_state(-1)
         info = self.ck.restore(st)
         chosen = None if info is None else info.step

@@ -38,7 +38,7 @@ def test_states_from_values() -> None:
               1: {"status": "verified", "save_id": "older-save"}}  # a previous step-1
     entries = classify(observed, upload=upload, pins={3: ["upload"], 2: ["b", "a"]}, now=NOW)
     assert _states(entries) == {
-        (1, 1): "complete", (1, 2): "verified", (1, 3): "uploading", (1, 4): "uploading",
+        (1, 1): "complete", (1, 2): "verified", (1, 3): "uploading", (1, 4): "upload_failed",
         (1, 5): "uploading", (1, 6): "conflict", (1, 7): "partial", (1, 8): "invalid",
         (2, 2): "verified", (2, 9): "partial"}
     by = {(e.tier, e.step): e for e in entries}
@@ -104,6 +104,7 @@ def test_observe_tier1_reads_markers_not_shards(tmp_path: Path) -> None:
 def test_observe_tier2_partial_and_damaged_marker(tmp_path: Path) -> None:
     t1 = tmp_path / "t1"
     t1.mkdir()
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     st = LocalStorage(tmp_path / "t2")
     st.put_bytes("step-00000001/__0_0.distcp", b"12345")
     st.put_bytes("step-00000002/COMPLETE", b"{}")

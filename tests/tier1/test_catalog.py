@@ -120,3 +120,31 @@ def test_locks_refuse_a_second_holder(tmp_path: Path) -> None:
         job.release()
         up.release()
     cat.lock().release()  # free again
+
+
+def test_the_job_policy_round_trips_and_is_not_an_upload_record(tmp_path: Path) -> None:
+    cat = Tier1Catalog(tmp_path)
+    assert cat.recorded_policy() is None  # no job with a tier 2 ever started here
+    policy = RetentionPolicy(keep_last=4, upload_every=10, tier2_keep_last=2,
+                             tier2_keep_every=1000)
+    path = cat.write_policy(tier2="s3://bucket/run", policy=policy, file_mode=0o600)
+    assert path == tmp_path / layout.UPLOAD_STATE / layout.JOB_POLICY
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    rec = cat.recorded_policy()
+    assert rec is not None and rec.tier2 == "s3://bucket/run" and rec.policy == policy
+    assert rec.path == path
+    assert cat.upload_records() == {} and cat.has_upload_records()
+    cat.write_policy(tier2="s3://bucket/run", policy=RetentionPolicy())  # a later job
+    assert Tier1Catalog(tmp_path).recorded_policy().policy == RetentionPolicy()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'{"tier2": "s3://b/p"}',
+                                  b'{"tier2": "s3://b/p", "keep_last": 0, "upload_every": 1, '
+                                  b'"tier2_keep_last": 3, "tier2_keep_every": 0}'])
+def test_a_damaged_job_policy_is_an_integrity_error_naming_it(tmp_path: Path,
+                                                              body: bytes) -> None:
+    cat = Tier1Catalog(tmp_path)
+    cat.policy_path().parent.mkdir()
+    cat.policy_path().write_bytes(body)
+    with pytest.raises(IntegrityError, match=layout.JOB_POLICY):
+        cat.recorded_policy()

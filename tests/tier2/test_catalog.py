@@ -25,6 +25,7 @@ def _upload(root: Path, store: LocalStorage | MemoryStorage, step: int) -> None:
 
 
 def test_listing_and_verified_reads(tmp_path: Path) -> None:
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     store = LocalStorage(tmp_path / "t2")
     for s in (3, 1, 5):
         _upload(tmp_path / "t1", store, s)

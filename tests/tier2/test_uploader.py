@@ -159,6 +159,7 @@ def test_conflicting_remote_checkpoint_is_left_alone(tmp_path: Path) -> None:
 
 def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
     t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     for step in range(1, 9):
         make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
     config = cfg(t1, tier2=t2.as_uri(), upload_every=2, keep_last=2, keep_every=4)
@@ -265,6 +266,7 @@ def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3
 
 def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
     t2 = tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     config = UploaderConfig(tier1=tmp_path / "t1", tier2=t2.as_uri(), poll_s=0.1)
     (tmp_path / "t1").mkdir()
     with UploaderProcess(config) as proc:
@@ -290,6 +292,7 @@ def test_uploads_a_real_checkpoint_manager_checkpoint(tmp_path: Path) -> None:
     import tierckpt
 
     t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     torch.manual_seed(0)
     model = nn.Linear(32, 8)
     state = tierckpt.TrainState(model=model, optimizer=torch.optim.AdamW(model.parameters()))
@@ -323,6 +326,7 @@ def test_uploader_process_exits_when_its_parent_dies(tmp_path: Path) -> None:
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
+    (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "t1"),
                                f"file://{tmp_path / 't2'}"], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None

@@ -16,7 +16,8 @@ from tierckpt.ops import inventory
 from tierckpt.policy.units import format_bytes
 
 _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
-          "uploading": "magenta", "verified": "green", "conflict": "bold red"}
+          "uploading": "magenta", "upload_failed": "bold red", "verified": "green",
+          "conflict": "bold red"}
 
 
 @app.command()
@@ -27,7 +28,8 @@ def ls(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Every checkpoint on every tier: complete / partial / uploading / verified / pinned."""
+    """Every checkpoint on every tier: complete / partial / uploading / upload failed /
+    verified / pinned."""
     root = tier1_dir(tier1)
     with failures(), tier2(tier2_url) as storage:
         entries = inventory.inventory(root, storage)
@@ -47,7 +49,8 @@ def ls(
     for e in entries:
         name = str(e.step) if e.name == layout.step_dirname(e.step) else e.name
         style = _STYLE.get(e.state, "")
-        t.add_row(name, str(e.tier), f"[{style}]{e.state}[/]" if style else e.state,
+        state = e.state.replace("_", " ")  # "upload failed"
+        t.add_row(name, str(e.tier), f"[{style}]{state}[/]" if style else state,
                   ", ".join(e.pinned_by), format_bytes(e.bytes), age(e.age_s),
                   e.detail or "")
     out.print(t)

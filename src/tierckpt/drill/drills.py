@@ -41,6 +41,7 @@ from tierckpt.runtime import events as ev
 from tierckpt.runtime import measure
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.storage.url import parse_url
 
 __all__ = ["DRILLS", "DrillConfig", "Progress", "run_drills"]
 
@@ -91,6 +92,7 @@ class DrillConfig:
             raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
         if self.tier2 is None:
             object.__setattr__(self, "tier2", f"file://{self.out / 'tier2'}")
+        parse_url(self.tier2, name="--tier2")  # a bad URL is refused now, not after a run
 
     @property
     def world_size(self) -> int:
@@ -129,8 +131,10 @@ def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
     if runs_dir.exists():
         shutil.rmtree(runs_dir)
     tier2_dir = cfg.out / "tier2"
-    if cfg.tier2 == f"file://{tier2_dir}" and tier2_dir.exists():
-        shutil.rmtree(tier2_dir)
+    if cfg.tier2 == f"file://{tier2_dir}":  # the default tier 2 is ours: start it empty
+        if tier2_dir.exists():
+            shutil.rmtree(tier2_dir)
+        tier2_dir.mkdir(parents=True)  # a file:// tier 2 is never created by opening it
     assert cfg.tier2 is not None
     _require_empty_tier2(cfg.tier2)
     t0 = time.time()

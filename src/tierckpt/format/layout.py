@@ -33,6 +33,10 @@ QUARANTINE = "quarantine"
 PINS = "pins"
 LOCK = ".lock"
 UPLOAD_STATE = "upload-state"
+JOB_POLICY = "policy.json"
+"""In ``upload-state/``: the retention of the job that writes the root with a tier 2 (its
+``tier2`` URL, ``keep_last``, ``upload_every``, ``tier2_keep_last``, ``tier2_keep_every``),
+recorded when it starts, so ``tierckpt gc`` applies the job's policy by default."""
 
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^step-(\d{8,})\.tmp-([0-9a-zA-Z_-]+)$")

@@ -14,6 +14,12 @@ plans, and, only with ``apply=True``, deletes: tier-1 checkpoints by rename-then
 leftover tmp/half-deleted directories of crashed saves, and tier-2 checkpoints marker first.
 Directories without a marker under a final name and quarantined checkpoints are never
 touched: they are evidence, for a person to look at.
+
+:func:`resolve_policy` decides the knobs: each one given explicitly (a flag) wins; else the
+value the job recorded for the root when it started with a tier 2
+(``<tier1>/upload-state/policy.json``, :meth:`Tier1Catalog.recorded_policy`), so a gc that
+does not repeat ``--tier2-keep-every`` never deletes the milestones the job keeps forever;
+else the defaults of :class:`RetentionPolicy`.
 """
 
 from __future__ import annotations
@@ -23,15 +29,68 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tierckpt.errors import ConfigError
+from tierckpt.errors import ConfigError, IntegrityError
 from tierckpt.policy import retention
 from tierckpt.policy.retention import RetentionPolicy
-from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.catalog import RecordedPolicy, Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage
 
 GcPolicy = RetentionPolicy
 """Retention to apply: the same knobs (and validation) as :class:`tierckpt.ManagerConfig`."""
+
+KNOBS = ("keep_last", "upload_every", "tier2_keep_last", "tier2_keep_every")
+FROM_FLAGS, FROM_JOB, FROM_DEFAULTS = "flags", "recorded by the job", "defaults"
+"""Where a knob of a :class:`ResolvedPolicy` came from."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResolvedPolicy:
+    """The policy gc applies, where each knob came from (``sources``: :data:`FROM_FLAGS`,
+    :data:`FROM_JOB` or :data:`FROM_DEFAULTS`), and the job's record (None: none)."""
+
+    policy: RetentionPolicy
+    sources: dict[str, str]
+    recorded: RecordedPolicy | None = None
+
+    def describe(self) -> str:
+        """``"keep-last 2 (flags), upload-every 1 (recorded by the job), ..."``"""
+        return ", ".join(f"{k.replace('_', '-')} {getattr(self.policy, k)} ({self.sources[k]})"
+                         for k in KNOBS)
+
+    def to_json(self) -> dict[str, Any]:
+        rec = self.recorded
+        return {**{k: getattr(self.policy, k) for k in KNOBS}, "from": dict(self.sources),
+                "recorded": None if rec is None else str(rec.path),
+                "recorded_tier2": None if rec is None else rec.tier2}
+
+
+def resolve_policy(tier1: Path, *, keep_last: int | None = None,
+                   upload_every: int | None = None, tier2_keep_last: int | None = None,
+                   tier2_keep_every: int | None = None) -> ResolvedPolicy:
+    """The policy for gc of ``tier1``: each knob given (not None) as given, else as the job
+    recorded it (:meth:`Tier1Catalog.recorded_policy`), else the default. Raises
+    :class:`ConfigError` naming a bad knob, and :class:`IntegrityError` when a knob is left
+    to a record that cannot be read (gc must not guess what the job keeps)."""
+    given = {"keep_last": keep_last, "upload_every": upload_every,
+             "tier2_keep_last": tier2_keep_last, "tier2_keep_every": tier2_keep_every}
+    try:
+        recorded = Tier1Catalog(tier1).recorded_policy()
+    except IntegrityError:
+        if any(v is None for v in given.values()):
+            raise
+        recorded = None  # every knob given: the record is not needed
+    defaults = RetentionPolicy()
+    values: dict[str, int] = {}
+    sources: dict[str, str] = {}
+    for k, v in given.items():
+        if v is not None:
+            values[k], sources[k] = v, FROM_FLAGS
+        elif recorded is not None:
+            values[k], sources[k] = getattr(recorded.policy, k), FROM_JOB
+        else:
+            values[k], sources[k] = getattr(defaults, k), FROM_DEFAULTS
+    return ResolvedPolicy(policy=RetentionPolicy(**values), sources=sources, recorded=recorded)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,15 +11,17 @@ Two layers, kept apart (STYLE habit 5):
 
 States (``Entry.state``)::
 
-    partial     no COMPLETE marker: a save or upload in progress, or one that crashed
-    invalid     a COMPLETE marker that does not vouch for manifest.json (detail says why)
-    complete    tier 1: committed, not (yet) copied to tier 2
-    uploading   tier 1: the uploader started or failed (retried) copying it, or copied this
-                node's files and waits for other nodes
-    verified    tier 1: the uploader verified its tier-2 copy (which tier-2 retention may
-                since have deleted); tier 2: the marker is there, written only after every
-                object was verified
-    conflict    tier 1: tier 2 holds a different checkpoint for this step
+    partial        no COMPLETE marker: a save or upload in progress, or one that crashed
+    invalid        a COMPLETE marker that does not vouch for manifest.json (detail: why)
+    complete       tier 1: committed, not (yet) copied to tier 2
+    uploading      tier 1: the uploader started copying it, or copied this node's files
+                   and waits for other nodes
+    upload_failed  tier 1: the uploader's last attempt failed (detail: the error); it
+                   retries with back-off
+    verified       tier 1: the uploader verified its tier-2 copy (which tier-2 retention
+                   may since have deleted); tier 2: the marker is there, written only after
+                   every object was verified
+    conflict       tier 1: tier 2 holds a different checkpoint for this step
 
 ``Entry.pinned_by`` is orthogonal: the holders of ``pins/`` files (e.g. ``upload``), which
 tier-1 retention never deletes.
@@ -40,8 +42,9 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 
-STATES = ("partial", "invalid", "complete", "uploading", "verified", "conflict")
-_UPLOAD_STATE = {"uploading": "uploading", "failed": "uploading",
+STATES = ("partial", "invalid", "complete", "uploading", "upload_failed", "verified",
+          "conflict")
+_UPLOAD_STATE = {"uploading": "uploading", "failed": "upload_failed",
                  "files_verified": "uploading", "verified": "verified",
                  "conflict": "conflict"}
 

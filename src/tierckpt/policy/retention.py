@@ -25,12 +25,18 @@ class RetentionPolicy:
     """Tier 2: newest complete checkpoints kept."""
     tier2_keep_every: int = 0
     """Tier 2: steps that are multiples of this are kept forever (0: none)."""
+    upload_backlog: int | None = None
+    """Tier 1: at most this many not-yet-uploaded checkpoints are held beyond ``keep_last``
+    (the oldest held one is released first); None holds every one — a tier 2 that stays
+    down then fills the disk."""
 
     def __post_init__(self) -> None:
         check_count("keep_last", self.keep_last)
         check_count("upload_every", self.upload_every)
         check_count("tier2_keep_last", self.tier2_keep_last)
         check_count("tier2_keep_every", self.tier2_keep_every, minimum=0)
+        if self.upload_backlog is not None:
+            check_count("upload_backlog", self.upload_backlog, minimum=0)
 
 
 def tier1_deletions(complete_steps: Iterable[int], *, keep_last: int,
@@ -99,10 +105,12 @@ def tier1_upload_holds(complete_steps: Iterable[int], *, upload_every: int,
 @dataclasses.dataclass(frozen=True)
 class Tier1Plan:
     """What tier-1 retention deletes (oldest first) and why each other step stays:
-    ``"newest"``, ``"pinned"``, ``"not yet on tier 2"`` or ``"keep-last N"``."""
+    ``"newest"``, ``"pinned"``, ``"not yet on tier 2"`` or ``"keep-last N"``. ``released``:
+    steps due for upload that are deleted anyway because the upload backlog is full."""
 
     delete: tuple[int, ...]
     kept: dict[int, str]
+    released: tuple[int, ...] = ()
 
 
 def tier1_plan(complete_steps: Iterable[int], *, policy: RetentionPolicy,
@@ -110,15 +118,22 @@ def tier1_plan(complete_steps: Iterable[int], *, policy: RetentionPolicy,
     """Tier-1 retention as the job and ``tierckpt gc`` both apply it: keep-last, pins, and
     — when the root has an uploader (``uploaded`` is its set of done steps; None: no
     uploader, nothing is held for it) — every step it may still copy
-    (:func:`tier1_upload_holds`)."""
+    (:func:`tier1_upload_holds`), at most ``policy.upload_backlog`` of them beyond the
+    newest ``keep_last``."""
     complete = sorted(set(complete_steps), reverse=True)
     pins = set(pinned)
     holds = set() if uploaded is None else tier1_upload_holds(
         complete, upload_every=policy.upload_every, done=uploaded)
+    released: set[int] = set()
+    if policy.upload_backlog is not None:  # hold only the newest few beyond keep-last
+        extra = sorted(holds - set(complete[:policy.keep_last]) - pins, reverse=True)
+        released = set(extra[policy.upload_backlog:])
+        holds -= released
     doomed = tier1_deletions(complete, keep_last=policy.keep_last, pinned=pins | holds)
     kept: dict[int, str] = {}
     for i, s in enumerate(complete):
         if s not in doomed:
             kept[s] = ("newest" if i == 0 else "pinned" if s in pins
                        else "not yet on tier 2" if s in holds else f"keep-last {policy.keep_last}")
-    return Tier1Plan(delete=tuple(doomed), kept=kept)
+    return Tier1Plan(delete=tuple(doomed), kept=kept,
+                     released=tuple(s for s in doomed if s in released))

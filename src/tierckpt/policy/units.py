@@ -79,6 +79,18 @@ def check_duration(seconds: float, name: str, *, allow_zero: bool = False) -> fl
     return float(seconds)
 
 
+def check_seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """``value`` as a float if it is a finite number of seconds, > 0 (or >= 0 with
+    ``allow_zero``), else :class:`ConfigError` naming ``name``. A bool is refused (``True``
+    is not a timeout), as are ``inf`` and ``nan`` (they break every deadline computed from
+    them). The validator of timeouts given as numbers, as :func:`check_count` is of counts."""
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        need = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be a finite number of seconds {need}, got {value!r}")
+    return float(value)
+
+
 def parse_size(text: str | int, name: str, *, allow_zero: bool = False) -> int:
     """Bytes in ``text`` (``"2TiB"``, ``"980GB"``, ``"4096"``); ConfigError naming ``name``."""
     example = "2TiB, 980GB or 512MiB"

@@ -9,8 +9,11 @@ deleted) and logged, and the next older one is tried.
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tierckpt.errors import (
     CheckpointError,
@@ -22,22 +25,36 @@ from tierckpt.errors import (
 from tierckpt.format import manifest as mf
 from tierckpt.restore.verify import required_ranks, verify_checkpoint
 from tierckpt.runtime import events
+from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
 
+T = TypeVar("T")
+_log = logging.getLogger("tierckpt")
 
 class Chooser:
     """Agrees with every domain owner on the newest step restorable everywhere, each
-    domain from its own tier 1 when intact there, else from tier 2 (when configured)."""
+    domain from its own tier 1 when intact there, else from tier 2 (when configured).
+
+    Tier 2 can only make a restore better, never block it: ``open_remote`` (called at most
+    once, lazily) and every tier-2 read run under a ``tier2_timeout_s`` deadline; a tier 2
+    that fails or does not answer is logged (``tier2_unavailable``, the ``tierckpt``
+    logger) and left out. Only when no domain then has anything to restore does the outage
+    matter: :meth:`choose` refuses to call that a fresh start. A context manager: ``close``
+    releases the tier-2 client.
+    """
 
     def __init__(self, local: Tier1Catalog, comm: Comm, domain: tuple[int, ...], *,
                  is_owner: bool, full: bool, log: events.EventLog,
-                 remote: Tier2Catalog | None = None) -> None:
+                 open_remote: Callable[[], Tier2Catalog] | None = None,
+                 tier2_timeout_s: float = 60.0) -> None:
         self.local, self.comm, self.domain = local, comm, domain
         self.is_owner, self.full, self.log = is_owner, full, log
-        self.remote = remote
+        self._open_remote, self.tier2_timeout_s = open_remote, tier2_timeout_s
+        self.remote: Tier2Catalog | None = None
+        self.remote_error: str | None = None  # why tier 2 was left out, if it was
         self.skipped: list[tuple[int, str]] = []
         self.refused: str | None = None  # a signature failure: restore() raises, everywhere
         self.manifests: dict[int, mf.Manifest] = {}
@@ -45,10 +62,44 @@ class Chooser:
         self._checked: set[int] = set()
         self._remote: list[int] | None = None
 
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.storage.close()
+            self.remote = None
+
+    def __enter__(self) -> Chooser:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _tier2(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()`` under the tier-2 deadline; errors become :class:`StorageError`."""
+        try:
+            return call_with_deadline(fn, self.tier2_timeout_s, what)
+        except TimeoutError as e:
+            raise StorageError(str(e)) from None
+
     def remote_steps(self) -> list[int]:
-        if self._remote is None:
-            self._remote = [] if self.remote is None else self.remote.complete_steps()
+        """Complete tier-2 steps ([] without a tier 2, or when it is unavailable)."""
+        if self._remote is not None:
+            return self._remote
+        self._remote = []
+        if self._open_remote is None:
+            return self._remote
+        try:
+            if self.remote is None:
+                self.remote = self._tier2(self._open_remote, "opening tier 2")
+            remote = self.remote
+            self._remote = self._tier2(remote.complete_steps, f"listing {remote.storage.url}")
+        except (CheckpointError, OSError) as e:
+            self._tier2_unavailable(f"{type(e).__name__}: {e}")
         return self._remote
+
+    def _tier2_unavailable(self, reason: str) -> None:
+        self.remote_error = reason
+        self.log.emit(events.TIER2_UNAVAILABLE, reason=reason)
+        _log.warning("tier 2 left out of this restore (tier 1 is used): %s", reason)
 
     def _skip(self, step: int, reason: str, moved: Path | None = None) -> None:
         self.skipped.append((step, reason))
@@ -78,9 +129,12 @@ class Chooser:
             except (IntegrityError, OSError) as e:
                 self._skip(step, str(e), self.local.quarantine(step, str(e)))
         if step in self.remote_steps():
-            assert self.remote is not None
+            remote = self.remote
+            assert remote is not None
             try:
-                self.manifests[step] = self.remote.read_committed(step).manifest
+                self.manifests[step] = self._tier2(
+                    lambda: remote.read_committed(step).manifest,
+                    f"reading step {step} from {remote.storage.url}")
                 self.sources[step] = "tier2"
                 return
             except SignatureError as e:
@@ -120,6 +174,7 @@ class Chooser:
                     "checkpoints were saved with, or move an untrusted checkpoint out of the way")
             props = [p for p, _ in gathered if p != "n/a"]
             if all(p is None for p in props):
+                self._no_fresh_start_without_tier2()
                 return None
             if any(p is None for p in props):
                 raise CheckpointError(
@@ -130,6 +185,26 @@ class Chooser:
             if all(p == low for p in props):
                 return int(low)
             bound = low
+
+    def _no_fresh_start_without_tier2(self) -> None:
+        """Collective. Nothing to restore on any tier 1 and some tier 2 unavailable: that
+        is not a fresh start (tier 2 may hold the run), so raise on every rank."""
+        errors = [e for e in self.comm.all_gather(self.remote_error) if e]
+        if errors:
+            raise CheckpointError(
+                "no tier-1 root holds a checkpoint and tier 2 could not be read "
+                f"({errors[0]}); refusing to start training from scratch over what tier 2 "
+                "may hold. Restart once tier 2 answers, or point tier2 elsewhere")
+
+    def set_aside_newer(self, step: int) -> None:
+        """Owner only: move every final-named entry newer than the agreed ``step`` out of
+        this root (quarantined, not deleted), so the run can commit those steps again —
+        e.g. a step one node committed and another did not, or a newer one skipped."""
+        for newer in self.local.candidate_steps():
+            if newer > step:
+                reason = (f"newer than the agreed restore point (step {step})" if step >= 0
+                          else "not restorable on every node; the job starts fresh")
+                self._skip(newer, reason, self.local.quarantine(newer, reason))
 
     def materialize(self, step: int, *, file_mode: int, dir_mode: int) -> int:
         """Owner only: make ``step`` complete in this domain's tier 1 (fetching what is

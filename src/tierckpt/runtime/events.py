@@ -26,13 +26,20 @@ hang_detected       seconds_without_step
 upload_started      bytes
 upload_verified     seconds, bytes
 upload_failed       error
+tier2_unavailable   reason (tier 2 could not be listed or read in time; tier 1 used)
+tier2_unhealthy     error, due (steps waiting for upload), alive, restarts
+uploader_restarted  restarts, exit_code, reason
+upload_skipped      step, reason (released from tier 1 before its upload: backlog full)
+upload_drained      seconds, left (steps close() left on tier 1 only)
 ==================  =============================================================
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,13 +63,25 @@ HANG_DETECTED = "hang_detected"
 UPLOAD_STARTED = "upload_started"
 UPLOAD_VERIFIED = "upload_verified"
 UPLOAD_FAILED = "upload_failed"
+TIER2_UNAVAILABLE = "tier2_unavailable"
+TIER2_UNHEALTHY = "tier2_unhealthy"
+UPLOADER_RESTARTED = "uploader_restarted"
+UPLOAD_SKIPPED = "upload_skipped"
+UPLOAD_DRAINED = "upload_drained"
+
+
+MAX_PENDING = 10_000
+"""Events kept in memory while the log cannot be written (e.g. a full disk); beyond this
+the oldest are dropped (counted in ``EventLog.dropped``)."""
 
 
 class EventLog:
     """Appends events for one process to ``path`` (created with mode 0o640 if missing).
 
     ``emit`` never raises on I/O errors after construction: losing a measurement must not
-    kill training. It returns the record it wrote (or tried to write).
+    kill training. A line that cannot be written (ENOSPC, EIO) is kept in memory and written,
+    in order, before the next event once the file accepts writes again (or at ``close``), so
+    a ``save_failed`` on a full disk is not lost. It returns the record it wrote or kept.
     """
 
     def __init__(self, path: str | os.PathLike[str], rank: int = 0, mode: int = 0o640) -> None:
@@ -70,6 +89,9 @@ class EventLog:
         self.rank = rank
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+        self.pending: collections.deque[bytes] = collections.deque(maxlen=MAX_PENDING)
+        self.dropped = 0
+        self._lock = threading.Lock()  # the saver thread emits too
 
     def emit(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"event": event, "t": time.time(), "rank": self.rank,
@@ -78,15 +100,30 @@ class EventLog:
             record["step"] = step
         record.update(fields)
         line = (json.dumps(record, default=str) + "\n").encode("utf-8")
-        try:
-            if self._fd >= 0:
-                os.write(self._fd, line)
-        except OSError:
-            pass
+        with self._lock:
+            if len(self.pending) == MAX_PENDING:
+                self.dropped += 1
+            self.pending.append(line)
+            self._flush()
         return record
+
+    def flush(self) -> bool:
+        """Write the kept lines, oldest first; True when none is left."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> bool:
+        try:
+            while self.pending and self._fd >= 0:
+                os.write(self._fd, self.pending[0])  # one write per line: never interleaved
+                self.pending.popleft()
+        except OSError:
+            return False
+        return not self.pending
 
     def close(self) -> None:
         if self._fd >= 0:
+            self.flush()
             os.close(self._fd)
             self._fd = -1
 

@@ -13,6 +13,7 @@ Errors never escape the thread: they complete the handle's ``durable`` future wi
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import dataclasses
 import logging
@@ -78,7 +79,11 @@ class SaveHandle:
     def wait(self, timeout: float | None = None) -> SaveResult:
         """Block until committed; raises :class:`SaveError` if the save failed and
         ``TimeoutError`` if it is still writing after ``timeout`` seconds."""
-        return self.durable.result(timeout)
+        try:
+            return self.durable.result(timeout)
+        except cf.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+            raise TimeoutError(f"save of step {self.step} still writing after {timeout} s"
+                               ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +126,7 @@ class AsyncSaver:
                     f"{type(e).__name__}: {e}")
                 err.__cause__ = e if err is not e else e.__cause__
                 self.log.emit(events.SAVE_FAILED, step=job.step, error=str(err))
+                self._discard(job)
                 handle.durable.set_exception(err)
                 return
             reclaim: list[Path] = []
@@ -137,8 +143,23 @@ class AsyncSaver:
                     _log.warning("could not remove %s (start-up cleanup will): %s", path, e)
         self._pool.submit(run)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the worker; ``wait=False`` abandons a write that is stuck (it ends, or dies
+        with the process) so that closing stays bounded."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    def _discard(self, job: SaveJob) -> None:
+        """After a failed save, the domain owner removes the save's tmp directory (other
+        ranks' complete shards included) so failed saves do not fill the disk."""
+        if not self.is_owner:
+            return
+        tmp = self.cfg.tier1 / layout.tmp_dirname(job.step, job.save_id)
+        try:
+            remove_tree(tmp)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            _log.warning("could not remove %s (start-up cleanup will): %s", tmp, e)
 
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:

@@ -9,7 +9,8 @@ know about a root comes from a :class:`Tier1Catalog` (names from :mod:`tierckpt.
       step-XXXXXXXX.del-*/  a checkpoint being deleted (unpublished first, reclaimed after)
       quarantine/           candidates moved aside, each with a QUARANTINE_REASON; never deleted
       pins/                 step-XXXXXXXX.<holder>: retention keeps a pinned step
-      upload-state/         the uploader's per-step records, its lock and its log
+      upload-state/         the uploader's per-step records, its lock and its log, and
+                            policy.json: the job's retention, for ``tierckpt gc``
       events.jsonl          the event log (:mod:`tierckpt.runtime.events`)
       .lock                 held by the job writing this root
 
@@ -75,6 +76,17 @@ def read_committed(ckpt_dir: Path, *, step: int | None) -> mf.Committed:
     except FileNotFoundError:
         raise IntegrityError("COMPLETE present but manifest.json missing") from None
     return mf.verify_committed(marker, mbytes, step=step, name="directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedPolicy:
+    """The retention a job with a tier 2 recorded for its root when it started
+    (``upload-state/policy.json``, :meth:`Tier1Catalog.write_policy`): what ``tierckpt gc``
+    applies unless told otherwise."""
+
+    tier2: str
+    policy: retention.RetentionPolicy
+    path: Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +215,47 @@ class Tier1Catalog:
                     out[step] = rec
         return out
 
+    def policy_path(self) -> Path:
+        return self.upload_state_dir() / layout.JOB_POLICY
+
+    def write_policy(self, *, tier2: str, policy: retention.RetentionPolicy,
+                     file_mode: int = fs.DEFAULT_FILE_MODE,
+                     dir_mode: int = fs.DEFAULT_DIR_MODE) -> Path:
+        """Record, durably, the retention of the job writing this root with tier 2
+        ``tier2`` (replacing an earlier record: the newest job's policy is the one that
+        applies). Returns the file's path."""
+        path = self.policy_path()
+        path.parent.mkdir(mode=dir_mode, exist_ok=True)
+        body = {"tier2": tier2, "keep_last": policy.keep_last,
+                "upload_every": policy.upload_every, "tier2_keep_last": policy.tier2_keep_last,
+                "tier2_keep_every": policy.tier2_keep_every, "updated_unix": time.time()}
+        fs.write_durably(path, json.dumps(body, sort_keys=True).encode() + b"\n", mode=file_mode)
+        return path
+
+    def recorded_policy(self) -> RecordedPolicy | None:
+        """The policy :meth:`write_policy` recorded, or None when none was (no job with a
+        tier 2 has started on this root). A record that cannot be read or does not hold a
+        valid policy raises :class:`IntegrityError` naming the file: gc must not fall back
+        to defaults that may delete what the job keeps."""
+        path = self.policy_path()
+        try:
+            d = json.loads(read_small(path))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise IntegrityError(f"{path} is unreadable ({e}); delete it, or give every "
+                                 "retention knob explicitly") from None
+        try:
+            if not isinstance(d, dict) or not isinstance(d.get("tier2"), str):
+                raise ValueError("not an object with a tier2 URL")
+            knobs = {k: d[k] for k in ("keep_last", "upload_every", "tier2_keep_last",
+                                       "tier2_keep_every")}
+            return RecordedPolicy(tier2=d["tier2"], policy=retention.RetentionPolicy(**knobs),
+                                  path=path)
+        except (KeyError, ValueError) as e:  # ConfigError is a ValueError
+            raise IntegrityError(f"{path} does not hold a valid policy ({e}); delete it, or "
+                                 "give every retention knob explicitly") from None
+
     def uploaded_steps(self) -> set[int]:
         """Steps whose upload is done (:data:`UPLOAD_DONE`): as far as the uploader is
         concerned, tier-1 retention may delete them."""
@@ -256,14 +309,14 @@ class Tier1Catalog:
     def lock(self, file_mode: int = fs.DEFAULT_FILE_MODE) -> FileLock:
         """The job lock (``<root>/.lock``), held by a job — or ``tierckpt gc``/``fetch`` —
         for as long as it changes this root. Raises LockError when another holds it."""
-        return FileLock(self.root / layout.LOCK, file_mode=file_mode, busy=(
+        return FileLock(self.root / layout.LOCK, file_mode=file_mode, root=self.root, busy=(
             f"another job is writing checkpoints to {self.root} ({{holder}}); give each job its "
             "own tier1 directory, or stop the other job first"))
 
     def uploader_lock(self) -> FileLock:
         """The uploader lock (``upload-state/.lock``): one uploader per root."""
         self.upload_state_dir().mkdir(mode=fs.DEFAULT_DIR_MODE, parents=True, exist_ok=True)
-        return FileLock(self.upload_state_dir() / _UPLOAD_LOCK,
+        return FileLock(self.upload_state_dir() / _UPLOAD_LOCK, root=self.root,
                         busy=f"another uploader is running for {self.root} ({{holder}})")
 
     def stale_entries(self) -> list[Path]:

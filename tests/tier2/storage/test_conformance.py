@@ -34,6 +34,7 @@ S3_TEST_OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_co
 @pytest.fixture(params=["local", "memory", "s3"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
     if request.param == "local":
+        (tmp_path / "store").mkdir()  # a file:// tier 2 must exist: opening one never creates it
         st: Storage = open_storage((tmp_path / "store").as_uri())
     elif request.param == "memory":
         st = open_storage("memory://conformance")
@@ -250,4 +251,5 @@ def test_open_storage_rejects_bad_urls(tmp_path: Path) -> None:
         open_storage("s3://bucket/p", part_size=1024)  # below S3's 5 MiB minimum part
     with pytest.raises(ConfigError):
         open_storage("s3://bucket/p", no_such_option=1)
+    (tmp_path / "d").mkdir()
     assert isinstance(open_storage((tmp_path / "d").as_uri()), LocalStorage)

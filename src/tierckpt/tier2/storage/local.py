@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from tierckpt.errors import StorageError
+from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier1.fs import fsync_dir
 from tierckpt.tier2.storage.base import (
@@ -76,7 +76,11 @@ def _copy_verified(src: Path, dst_fd: int, crc32c: int | None, size: int | None,
 
 
 class LocalStorage:
-    """A :class:`~tierckpt.tier2.storage.base.Storage` over a local directory (created if missing).
+    """A :class:`~tierckpt.tier2.storage.base.Storage` over an existing local directory.
+
+    The root is never created: a missing one is a :class:`ConfigError`, so an unmounted
+    network file system is not mistaken for tier 2 (its "verified" uploads would land on
+    the local disk under the mount point). Directories below the root are created as needed.
 
     Atomicity comes from rename/link within one directory plus fsync of file and
     directory; it holds on any POSIX filesystem with atomic rename (not on some network
@@ -85,7 +89,12 @@ class LocalStorage:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
-        self.root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            what = "is not a directory" if self.root.exists() else "does not exist"
+            raise ConfigError(
+                f"file:// tier 2 {str(self.root)!r} {what}; create it (mkdir -p) or mount the "
+                "file system it belongs on first (it is never created: an unmounted mount "
+                "point must not receive uploads)")
         self.url = self.root.as_uri()
 
     def __repr__(self) -> str:
@@ -96,6 +105,13 @@ class LocalStorage:
 
     def _err(self, op: str, key: str, e: OSError) -> StorageError:
         return StorageError(f"{op} {self.url}/{key}: {e.strerror or e}")
+
+    def _require_root(self, key: str) -> None:
+        """Refuse a put once the root is gone (a file system unmounted under a running
+        job): creating the key's directories would re-create the root on the local disk."""
+        if not self.root.is_dir():
+            raise StorageError(f"put {self.url}/{key}: the tier-2 directory {str(self.root)!r} "
+                               "no longer exists (unmounted?); it is not re-created")
 
     def _write_tmp(self, final: Path, fill: Callable[[int], object]) -> Path:
         tmp = _tmp_name(final)
@@ -121,6 +137,7 @@ class LocalStorage:
     def put_file(self, key: str, path: str | os.PathLike[str], *, crc32c: int,
                  size: int) -> ObjectInfo:
         final = self._path(key)
+        self._require_root(key)
         try:
             tmp = self._write_tmp(final, lambda fd: _copy_verified(
                 Path(path), fd, crc32c, size, f"put {self.url}/{key} from {path}"))
@@ -135,6 +152,7 @@ class LocalStorage:
 
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False) -> ObjectInfo:
         final = self._path(key)
+        self._require_root(key)
         crc = checksum.extend(0, data)
 
         def fill(fd: int) -> None:

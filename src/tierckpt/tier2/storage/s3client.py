@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
 import boto3
@@ -23,6 +25,8 @@ DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismat
                           "XAmzContentChecksumMismatch"})
 NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 STREAM_ERRORS = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+"""The environment variables botocore reads an S3 endpoint from (the S3 one wins)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +94,33 @@ def crc_of(value: object) -> int | None:
         return None
 
 
+def check_endpoints(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a malformed S3 endpoint in the environment (:data:`ENDPOINT_VARS`) with a
+    :class:`ConfigError` naming the variable and the form ``http://host:port``, before
+    botocore turns it into a traceback (``localhost:9000``: "Invalid endpoint") or into a
+    failure at the first request (``ftp://host``, ``http://host:abc``). Unset or empty
+    variables (botocore ignores those), and any with ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``
+    true, are not checked."""
+    env = os.environ if environ is None else environ
+    if env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").strip().lower() == "true":
+        return
+    for var in ENDPOINT_VARS:
+        value = env.get(var, "")
+        if not value:
+            continue
+        try:
+            parts = urllib.parse.urlsplit(value)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            _ = parts.port  # ValueError for a port that is not a number in 0..65535
+        except ValueError:
+            ok = False
+        if not ok or value != value.strip():
+            raise ConfigError(
+                f"{var}={value!r} is not an endpoint URL; set it to http://host:port (or "
+                f"https://host), e.g. {var}=http://localhost:9000"
+                + ("" if "://" in value else f" (a scheme is missing: http://{value})"))
+
+
 _SESSIONS: dict[tuple[tuple[str, str], ...], boto3.session.Session] = {}
 _SESSIONS_LOCK = threading.Lock()
 
@@ -97,7 +128,10 @@ _SESSIONS_LOCK = threading.Lock()
 def make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
     """An S3 client from ``session`` or from a session cached per AWS_* environment (a new
     session re-reads botocore's service models, ~0.2 s; clients from one are cheap).
-    Session.client is not thread-safe, hence the lock."""
+    Session.client is not thread-safe, hence the lock. A malformed endpoint (environment:
+    :func:`check_endpoints`; AWS config file: botocore's ``ValueError``) or region is a
+    :class:`ConfigError`."""
+    check_endpoints()
     with _SESSIONS_LOCK:
         if session is None:
             # Endpoints are read at client creation; credentials are cached per session.
@@ -106,5 +140,10 @@ def make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
             session = _SESSIONS.get(env)
             if session is None:
                 session = _SESSIONS[env] = boto3.session.Session()
-        return session.client("s3", region_name=session.region_name or "us-east-1",
-                              config=config.botocore_config())
+        try:
+            return session.client("s3", region_name=session.region_name or "us-east-1",
+                                  config=config.botocore_config())
+        except ValueError as e:  # botocore: "Invalid endpoint: ...", InvalidRegionError
+            raise ConfigError(
+                f"cannot create the S3 client: {e}; check the endpoint (AWS_ENDPOINT_URL, "
+                "or endpoint_url in the AWS config: http://host:port) and the region") from None

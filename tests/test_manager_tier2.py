@@ -1,0 +1,76 @@
+"""The manager and a tier 2 that cannot be written (real SeaweedFS, credentials revoked
+for the uploader): the failure reaches the training process, tier 1 stays bounded, and
+with tier2_required the save fails."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+from torch import nn
+
+import tierckpt
+from tierckpt.errors import SaveError
+from tierckpt.format import layout
+from tierckpt.ops.inventory import inventory
+from tierckpt.runtime import events
+from tierckpt.tier1.catalog import Tier1Catalog
+
+if TYPE_CHECKING:
+    from tests.s3server import S3Env
+
+
+def _state() -> tierckpt.TrainState:
+    torch.manual_seed(0)
+    m = nn.Linear(64, 64)
+    return tierckpt.TrainState(model=m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1))
+
+
+def _wait_for_failed_record(root: Path, step: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (Tier1Catalog(root).upload_record(step) or {}).get("status") != "failed":
+        assert time.monotonic() < deadline, f"the uploader recorded no failure for {step}"
+        time.sleep(0.05)
+
+
+def _kinds(root: Path, kind: str) -> list[dict]:
+    return [e for e in events.read_events(root / layout.EVENTS) if e["event"] == kind]
+
+
+def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
+        tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "revoked-secret")  # the uploader inherits it
+    root, st = tmp_path / "t1", _state()
+    with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
+            tier1=root, tier2=s3_env.url, keep_last=1, upload_backlog=1,
+            upload_drain_s=2) as ck:
+        ck.save(0, st).wait()
+        _wait_for_failed_record(root, 0)
+        for step in range(1, 6):
+            ck.save(step, st).wait()
+            assert len(Tier1Catalog(root).complete_steps()) <= 1 + 1 + 1  # keep, backlog, pin
+    unhealthy = _kinds(root, events.TIER2_UNHEALTHY)
+    assert unhealthy and "403" in unhealthy[0]["error"]
+    assert any("is failing" in r.getMessage() for r in caplog.records)
+    skipped = [e["step"] for e in _kinds(root, events.UPLOAD_SKIPPED)]
+    assert skipped and set(skipped) <= set(range(4))
+    assert {e.step for e in inventory(root) if e.tier == 1} == {4, 5}  # bounded: keep + 1
+    left = _kinds(root, events.UPLOAD_DRAINED)[-1]["left"]
+    assert 5 in left  # named as left on tier 1 only
+
+
+def test_tier2_required_turns_a_failing_tier2_into_a_save_error(
+        tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "revoked-secret")
+    root, st = tmp_path / "t1", _state()
+    with tierckpt.CheckpointManager(tier1=root, tier2=s3_env.url, tier2_required=True,
+                                    upload_drain_s=0) as ck:
+        ck.save(0, st).wait()
+        _wait_for_failed_record(root, 0)
+        with pytest.raises(SaveError, match=r"tier2_required and .* tier 2 .* is failing"):
+            ck.save(1, st)
