@@ -2,11 +2,14 @@
 
     CheckpointError(RuntimeError)            every error tierckpt raises on purpose
     ├── ConfigError(CheckpointError, ValueError)     bad arguments or configuration: fix the call
+    │   └── StateMismatchError(ConfigError)  the model's keys/shapes do not match a checkpoint
     ├── NoCheckpointError(CheckpointError, FileNotFoundError)   nothing complete to restore
     ├── IntegrityError(CheckpointError)      bytes or metadata do not match what was committed
     │   ├── SignatureError(IntegrityError)   manifest signature missing or wrong
-    │   └── MissingFilesError(IntegrityError)    intact, but files this node needs are
-    │                                        elsewhere (fetchable from tier 2; not damage)
+    │   ├── MissingFilesError(IntegrityError)    intact, but files this node needs are
+    │   │                                    elsewhere (fetchable from tier 2; not damage)
+    │   └── CorruptDataError(IntegrityError)     verified, yet its data failed to load
+    │                                        (CRC found while reading, unreadable record)
     ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root,
     │                                        or its file system cannot flock
     ├── SaveError(CheckpointError)           a background save failed (raised at the next
@@ -31,6 +34,12 @@ class CheckpointError(RuntimeError):
 
 class ConfigError(CheckpointError, ValueError):
     """An argument or configuration value is invalid; the message names what to change."""
+
+
+class StateMismatchError(ConfigError):
+    """The state to restore does not match the checkpoint (missing keys, other shapes): the
+    user's model changed, the checkpoint is fine. Nothing is quarantined; the message names
+    the first mismatches and whether anything was already loaded."""
 
 
 class NoCheckpointError(CheckpointError, FileNotFoundError):
@@ -66,6 +75,12 @@ class SaveError(CheckpointError):
 
 class StorageError(CheckpointError, OSError):
     """A storage backend operation failed after retries."""
+
+
+class CorruptDataError(IntegrityError):
+    """A checkpoint that verified failed while its data was read (a CRC32C mismatch found
+    while reading, a short read, a record that does not unpickle): restore quarantines it
+    and falls back to the next older step."""
 
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):

@@ -23,21 +23,26 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from tierckpt.config import ManagerConfig, OnSaveError, Verify
-from tierckpt.errors import CheckpointError, ConfigError, LockError, SaveError
+from tierckpt.config import ManagerConfig, OnSaveError
+from tierckpt.errors import (
+    CheckpointError,
+    ConfigError,
+    LockError,
+    SaveError,
+)
 from tierckpt.format import layout
-from tierckpt.restore.choose import Chooser
-from tierckpt.restore.loader import RestoreInfo, load_into
+from tierckpt.restore.loader import RestoreInfo
+from tierckpt.restore.restorer import Restorer
 from tierckpt.runtime import events
 from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm, discover_domains
+from tierckpt.save.inflight import InFlight
 from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
 from tierckpt.state import TrainState
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
-from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.uploader import UploaderConfig
 from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
@@ -64,9 +69,6 @@ class CheckpointManager:
         self._closed = False
         self.catalog = Tier1Catalog(cfg.tier1)
         self._lock: FileLock | None = None
-        self._inflight: SaveHandle | None = None
-        self._stuck = False  # the in-flight save outlived wait_timeout_s
-        self._failures = 0  # consecutive failed saves (on_save_error=continue)
         self._uploader: UploaderSupervisor | None = None
         self.comm = Comm.create(cfg.collective_timeout_s)
         try:
@@ -84,6 +86,7 @@ class CheckpointManager:
             self.last_committed: int | None = None if newest < 0 else newest
             self._uploader = self._start_uploader()
             self._stager = HostStager()
+            self._inflight = InFlight(cfg, self.log)
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
                                      on_committed=self._apply_retention)
         except BaseException:
@@ -95,71 +98,19 @@ class CheckpointManager:
         """Load the newest complete, verified checkpoint into ``state`` (collective).
 
         Returns None on a fresh start (no checkpoint anywhere). Candidates that fail
-        verification are quarantined with a logged reason and the next older one is used;
-        every entry newer than the agreed step is quarantined too ("newer than the agreed
-        restore point"), so the next ``save()`` of those steps works. Tier 2 is consulted
-        with a deadline (``tier2_timeout_s``) and never blocks a restore from tier 1.
+        verification — or that verify and then fail while their data is read — are
+        quarantined with a logged reason and the next older one is used; every entry newer
+        than the agreed step is quarantined too ("newer than the agreed restore point"), so
+        the next ``save()`` of those steps works. Tier 2 is consulted with a deadline
+        (``tier2_timeout_s``) and never blocks a restore from tier 1. See
+        :class:`tierckpt.restore.restorer.Restorer`.
         """
         self._check_open()
         _require_state(state)
-        t0 = time.monotonic()
-        self.log.emit(events.RESTORE_STARTED)
-        chosen = self._choose()
-        if chosen is None:
-            self.last_committed = None
-            return None
-        step, source, skipped, fetched, saved_world = chosen
-        path = self.config.tier1 / layout.step_dirname(step)
-        t_load = time.monotonic()
-        nbytes = load_into(state, path, saved_world, self.comm)
-        now = time.monotonic()
-        self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
-        by_source = {"tier1": nbytes, "tier2": fetched}
-        info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
-                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
-                           world_size=self.comm.world_size, saved_world_size=saved_world,
-                           skipped=skipped)
-        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
-                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
-                      world_size=info.world_size, saved_world_size=saved_world)
-        self.last_committed = step
+        info = Restorer(self.config, self.catalog, self.comm, self.domain,
+                        is_owner=self.is_owner, log=self.log).restore(state)
+        self.last_committed = None if info is None else info.step
         return info
-
-    def _choose(self) -> tuple[int, str, tuple[tuple[int, str], ...], int, int] | None:
-        """Collective: agree on a step, set newer entries aside, fetch what this domain
-        lacks. ``(step, source, skipped, bytes fetched, saved world size)`` or None."""
-        cfg = self.config
-        tier2 = cfg.tier2
-        opener = (lambda: Tier2Catalog(open_storage(tier2))) if tier2 and self.is_owner \
-            else None
-        with Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
-                     full=cfg.verify is Verify.FULL, log=self.log, open_remote=opener,
-                     tier2_timeout_s=cfg.tier2_timeout_s) as chooser:
-            step = chooser.choose()
-            if self.is_owner:  # nothing restorable: whatever is left would block new saves
-                chooser.set_aside_newer(-1 if step is None else step)
-            skipped = tuple(s for sk in self.comm.all_gather(chooser.skipped) for s in sk)
-            if step is None:
-                self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
-                              skipped=[list(s) for s in skipped])
-                return None
-            mine = chooser.sources.get(step) if self.is_owner else None
-            source = "+".join(sorted({s for s in self.comm.all_gather(mine) if s}))
-            self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
-                          skipped=[list(s) for s in skipped])
-            fetched, err = 0, None
-            if self.is_owner:
-                try:
-                    fetched = chooser.materialize(step, file_mode=cfg.file_mode,
-                                                  dir_mode=cfg.dir_mode)
-                except (CheckpointError, OSError) as e:
-                    err = f"rank {self.comm.rank}: fetching step {step} from tier 2 failed: {e}"
-            errors = [e for e in self.comm.all_gather(err) if e]
-            if errors:
-                raise CheckpointError("; ".join(errors))
-            saved_world = self.comm.broadcast(
-                chooser.manifests[step].world_size if self.comm.rank == 0 else None)
-        return step, source, skipped, fetched, saved_world
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
         """Stage ``state`` into host buffers (blocking: this is C), then write and commit it
@@ -173,9 +124,10 @@ class CheckpointManager:
         _require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
-        skipped = self._settle_previous()
-        if skipped is not None:
-            return self._skipped_handle(step, skipped)
+        previous, skip = self._inflight.settle()
+        self._note(previous)
+        if skip is not None:
+            return self._inflight.skipped(step, skip)
         self._watch_tier2()
         if self.last_committed is not None and step <= self.last_committed:
             raise ConfigError(
@@ -190,7 +142,7 @@ class CheckpointManager:
         staged_f: Future[float] = Future()
         staged_f.set_result(staged_at - t0)
         handle = SaveHandle(step=step, staged=staged_f, durable=Future())
-        self._inflight = handle
+        self._inflight.handle = handle
         self._saver.submit(SaveJob(step=step, staged=staged, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
                                 staged_at=staged_at), handle)
@@ -210,7 +162,7 @@ class CheckpointManager:
         try:
             self._finish_inflight(record_overlap=False)
         finally:
-            self._saver.close(wait=not self._stuck)  # bounded: a stuck write is abandoned
+            self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
             self._release()
 
@@ -225,26 +177,6 @@ class CheckpointManager:
             self.close()
 
     # -- internals ------------------------------------------------------------------------
-    def _settle_previous(self) -> SaveError | None:
-        """Before a save: finish the previous one. Raises per ``on_save_error``; returns
-        the error when the new save must be skipped (continue mode, previous one stuck)."""
-        cfg = self.config
-        stuck = self._inflight is not None and self._stuck
-        try:  # a save known to be stuck is only polled, not waited for again
-            self._finish_inflight(record_overlap=True, timeout=0.0 if stuck else None)
-            return None
-        except SaveError as e:
-            self._failures += 1
-            if cfg.on_save_error is OnSaveError.RAISE:
-                raise
-            if self._failures >= cfg.max_consecutive_save_failures:
-                raise SaveError(f"{self._failures} checkpoint saves in a row failed "
-                                f"(max_consecutive_save_failures="
-                                f"{cfg.max_consecutive_save_failures}); last: {e}") from e
-            _log.error("previous checkpoint save failed; continuing (on_save_error=continue): "
-                       "%s", e)
-            return e if self._inflight is not None else None
-
     def _watch_tier2(self) -> None:
         """At each save: the domain owners' supervisors restart a dead uploader and report a
         failing tier 2. With ``tier2_required`` a failing tier 2 is a SaveError on every
@@ -263,41 +195,15 @@ class CheckpointManager:
             raise failure
         _log.error("%s (on_save_error=continue)", failure)
 
-    def _skipped_handle(self, step: int, why: SaveError) -> SaveHandle:
-        """The handle of a save that was not attempted (continue mode): it holds the error."""
-        err = SaveError(f"save of step {step} skipped: {why}")
-        self.log.emit(events.SAVE_FAILED, step=step, error=str(err))
-        staged_f: Future[float] = Future()
-        staged_f.set_result(0.0)
-        durable: Future[SaveResult] = Future()
-        durable.set_exception(err)
-        return SaveHandle(step=step, staged=staged_f, durable=durable)
-
     def _finish_inflight(self, *, record_overlap: bool,
                          timeout: float | None = None) -> SaveResult | None:
-        """Wait for the in-flight save. Raises SaveError when it failed (it is then gone)
-        or is still writing after the wait (it stays in flight, marked stuck)."""
-        h = self._inflight
-        if h is None:
-            return None
-        t0 = time.monotonic()
-        was_running = not h.done()
-        wait_s = self.config.wait_timeout_s if timeout is None else timeout
-        try:
-            result = h.wait(wait_s)
-        except TimeoutError:
-            self._stuck = True
-            raise SaveError(f"save of step {h.step} still writing after {wait_s:.0f} s "
-                            "(wait_timeout_s); it keeps its host buffers until it ends") from None
-        except SaveError:
-            self._inflight, self._stuck = None, False
-            raise
-        finally:
-            if record_overlap and was_running and not self._stuck:
-                self.log.emit(events.OVERLAP, step=h.step, seconds=time.monotonic() - t0)
-        self._inflight, self._stuck, self._failures = None, False, 0
-        self.last_committed = max(self.last_committed or -1, result.step)
+        result = self._inflight.finish(record_overlap=record_overlap, timeout=timeout)
+        self._note(result)
         return result
+
+    def _note(self, result: SaveResult | None) -> None:
+        if result is not None:
+            self.last_committed = max(self.last_committed or -1, result.step)
 
     def _apply_retention(self, result: SaveResult) -> list[Path]:
         """Unpublish what tier-1 retention drops; return the directories to reclaim. With a

@@ -111,6 +111,11 @@ class TrainState:
         rest[RANK_STATE] = {str(source_rank): torch.empty(blob_bytes, dtype=torch.uint8)}
         return rest
 
+    def tensors(self) -> dict[str, Any]:
+        """Model and optimizer state as :meth:`state_dict` saves it (every key, live
+        tensors, no per-rank blob): what a restore checks the checkpoint against."""
+        return self._model_optim()
+
     def _model_optim(self) -> dict[str, Any]:
         model_sd, optim_sd = self._model_optim_state()
         out: dict[str, Any] = {"model": model_sd}

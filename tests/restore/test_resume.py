@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt.errors import CorruptDataError, StateMismatchError
 from tierckpt.format import layout
 from tierckpt.runtime import events
 
@@ -119,3 +120,46 @@ def test_symlinked_candidate_is_refused(tmp_path: Path) -> None:
         info = ck.restore(_state())
     assert info is not None and info.step == 1
     assert (elsewhere / layout.COMPLETE).exists()  # the link target is never touched
+
+
+def test_a_flipped_byte_under_sizes_is_caught_while_reading(tmp_path: Path) -> None:
+    """verify="sizes" never reads the shards before loading; the reader checks each file's
+    CRC32C from the bytes it reads, so the damage is found at load, the step quarantined
+    and the previous one restored."""
+    _two_checkpoints(tmp_path)
+    _flip(tmp_path / "step-00000002")
+    st = _state()
+    with tierckpt.CheckpointManager(tier1=tmp_path, verify="sizes") as ck:
+        info = ck.restore(st)
+    assert info is not None and info.step == 1
+    (reason,) = [r for s, r in info.skipped if s == 2]
+    assert "found while reading" in reason or "Unpickling" in reason or "Zip" in reason
+    assert torch.equal(st.model.weight, _state().model.weight)  # step 1's weights, whole
+    (q,) = (tmp_path / layout.QUARANTINE).iterdir()
+    assert q.name.startswith("step-00000002")
+
+
+def test_the_only_checkpoint_failing_to_load_says_the_state_is_dirty(tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    _flip(tmp_path / "step-00000001")
+    _flip(tmp_path / "step-00000002")
+    with tierckpt.CheckpointManager(tier1=tmp_path, verify="sizes") as ck, \
+            pytest.raises(CorruptDataError, match="build it anew"):
+        ck.restore(_state())
+
+
+def test_a_model_that_changed_is_a_clear_error_and_nothing_is_quarantined(
+        tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    torch.manual_seed(0)
+    wider = nn.Linear(64, 80)
+    st = tierckpt.TrainState(model=wider, optimizer=torch.optim.SGD(wider.parameters(), lr=0.1))
+    before = wider.weight.detach().clone()
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck, \
+            pytest.raises(StateMismatchError, match=r"model\.weight: checkpoint \(64, 64\), "
+                                                    r"state \(80, 64\).*nothing was loaded"):
+        ck.restore(st)
+    assert torch.equal(wider.weight, before)
+    assert not (tmp_path / layout.QUARANTINE).exists()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000001",
+                                                               "step-00000002"]

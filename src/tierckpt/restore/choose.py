@@ -49,10 +49,12 @@ class Chooser:
     def __init__(self, local: Tier1Catalog, comm: Comm, domain: tuple[int, ...], *,
                  is_owner: bool, full: bool, log: events.EventLog,
                  open_remote: Callable[[], Tier2Catalog] | None = None,
-                 tier2_timeout_s: float = 60.0) -> None:
+                 tier2_timeout_s: float = 60.0, exclude: frozenset[int] = frozenset()
+                 ) -> None:
         self.local, self.comm, self.domain = local, comm, domain
         self.is_owner, self.full, self.log = is_owner, full, log
         self._open_remote, self.tier2_timeout_s = open_remote, tier2_timeout_s
+        self.exclude = exclude  # steps that verified but failed to load (on any tier)
         self.remote: Tier2Catalog | None = None
         self.remote_error: str | None = None  # why tier 2 was left out, if it was
         self.skipped: list[tuple[int, str]] = []
@@ -148,7 +150,7 @@ class Chooser:
     def _newest_valid(self, bound: float) -> int | None:
         for step in sorted(set(self.local.candidate_steps()) | set(self.remote_steps()),
                            reverse=True):
-            if step > bound:
+            if step > bound or step in self.exclude:
                 continue
             if step not in self._checked:
                 self._check(step)

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from tierckpt.errors import CheckpointError
+from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError, StateMismatchError
 from tierckpt.restore.reader import DirectReader
 from tierckpt.runtime.topology import Comm
 from tierckpt.state import RANK_STATE, TrainState
+from tierckpt.tier1.catalog import read_committed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +55,22 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+_DATA_ERRORS = (IntegrityError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile)
+
+
 def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -> int:
     """Collective: load ``ckpt_dir`` (already verified) into ``state``; returns bytes read
     by this rank. Different world sizes reshard model/optimizer through DCP; per-rank state
-    follows the semantics documented in :mod:`tierckpt.state`."""
-    reader = DirectReader(ckpt_dir)
+    follows the semantics documented in :mod:`tierckpt.state`.
+
+    Raises, on every rank: :class:`StateMismatchError` before anything is read when the
+    state's keys or shapes differ from the checkpoint's (a user error: the checkpoint is
+    fine); :class:`CorruptDataError` when the data fails while being read — each file's
+    CRC32C is checked from the bytes read (:class:`DirectReader`), a record that does not
+    unpickle counts too — after which ``state`` holds part of this checkpoint and must be
+    loaded again (the manager falls back to the next older step)."""
+    entries = {f.name: f for f in read_committed(ckpt_dir, step=None).manifest.files}
+    reader = DirectReader(ckpt_dir, verify=entries)
     md = reader.read_metadata()
     src = comm.rank if saved_world == comm.world_size else comm.rank % saved_world
     key = f"{RANK_STATE}.{src}"
@@ -62,12 +78,56 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -
     if blob_md is None:
         raise CheckpointError(f"checkpoint {ckpt_dir} has no per-rank state for rank {src}")
     target = state.load_targets(source_rank=src, blob_bytes=int(blob_md.size[0]))
+    mismatch = [m for m in comm.all_gather(_mismatches(state.tensors(), md)) if m]
+    if mismatch:
+        raise StateMismatchError(
+            f"the state does not match checkpoint {ckpt_dir} ({mismatch[0]}); nothing was "
+            "loaded. Build the model (and optimizer) the checkpoint was saved from, or "
+            "start a new tier1 directory")
     try:
         dcp.load(target, storage_reader=reader, planner=_SafeLoadPlanner(),
                  process_group=comm.group, no_dist=comm.group is None)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
+        data = _data_error(e)
+        if data is not None:
+            raise CorruptDataError(f"{ckpt_dir.name}: {data} (the state was partly "
+                                   "overwritten and must be loaded again)") from e
         raise CheckpointError(f"rank {comm.rank}: loading {ckpt_dir} failed: {e}") from e
-    state.load_state_dict(target)
+    try:
+        state.load_state_dict(target)
+    except (RuntimeError, KeyError, ValueError) as e:  # set_state_dict's strict checks
+        raise StateMismatchError(f"the state does not match checkpoint {ckpt_dir}: {e}. The "
+                                 "model's large tensors were already loaded from it") from e
     return reader.bytes_read
+
+
+def _mismatches(target: dict[str, Any], md: Any) -> str | None:
+    """The first few keys of ``target`` the checkpoint lacks or holds with another shape."""
+    flat, _ = flatten_state_dict(target)
+    saved = md.state_dict_metadata
+    bad = []
+    for fqn, value in flat.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if fqn not in saved:
+            bad.append(f"{fqn}: not in the checkpoint")
+        elif isinstance(saved[fqn], TensorStorageMetadata) and \
+                tuple(saved[fqn].size) != tuple(value.shape):
+            bad.append(f"{fqn}: checkpoint {tuple(saved[fqn].size)}, state {tuple(value.shape)}")
+    if not bad:
+        return None
+    return "; ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+
+
+def _data_error(e: BaseException) -> str | None:
+    """Why ``e`` (a DCP CheckpointException from some rank, or a direct error) means the
+    checkpoint's bytes are bad — or None when it does not."""
+    failures = getattr(e, "failures", None)
+    excs = [exc for exc, _ in failures.values()] if isinstance(failures, dict) else [e]
+    for exc in excs:
+        if isinstance(exc, _DATA_ERRORS) or (
+                isinstance(exc, RuntimeError) and "PytorchStreamReader" in str(exc)):
+            return f"{type(exc).__name__}: {exc}"
+    return None

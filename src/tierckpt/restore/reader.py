@@ -8,6 +8,12 @@ them (zip central directory + local header, a few hundred bytes) and ``readinto`
 destination's own memory. Anything else — narrowed reads, non-contiguous or non-CPU
 destinations, dtype or size mismatches, byte items — takes DCP's path unchanged. Items are
 read in file order, so each file is read sequentially once.
+
+Given the manifest's entries (``verify=``), each file's CRC32C is checked from the bytes
+that pass through anyway (the destinations, just filled, plus the few header bytes between
+them); a mismatch raises :class:`~tierckpt.errors.IntegrityError` before the load returns.
+A file this rank reads only a small part of (a reshard, or replicated items in another
+rank's file) is left to the other checks: reading all of it would be a second pass.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import struct
 import sys
 import zipfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,11 +35,15 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from tierckpt.format import layout
+from tierckpt.errors import IntegrityError
+from tierckpt.format import checksum, layout
+from tierckpt.format.manifest import FileEntry
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _PIECE = 8 * 1024 * 1024
 _READ_THREADS = 4
+_GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
+_GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
 
 class _Slice(io.RawIOBase):
@@ -98,13 +109,17 @@ class DirectReader(FileSystemReader):
     only for directories with a tierckpt ``manifest.json``. ``direct=False`` forces plain
     DCP behaviour."""
 
-    def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None,
+                 verify: Mapping[str, FileEntry] | None = None) -> None:
         super().__init__(path)
         if direct is None:
             direct = (Path(path) / layout.MANIFEST).is_file()
         self.direct = direct and sys.byteorder == "little"
+        self.verify = verify
         self.bytes_read = 0
         self.direct_items = 0
+        self.verified_files: list[str] = []
+        self.unverified_files: list[str] = []
         self._md_props: dict[str, torch.dtype] = {}
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
@@ -125,15 +140,19 @@ class DirectReader(FileSystemReader):
                 with contextlib.suppress(OSError, AttributeError):
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 in_place: list[tuple[ReadItem, torch.Tensor, int]] = []
+                seen: list[tuple[int, memoryview | bytes]] = []  # what passed through
                 for item in items:
                     info = self.storage_data[item.storage_index]
                     self.bytes_read += info.length
                     job = self._plan_in_place(f, item, info, planner) if self.direct else None
                     if job is None:
-                        self._read_dcp(f, item, info, planner)
+                        seen.append((info.offset, self._read_dcp(f, item, info, planner)))
                     else:
                         in_place.append((item, *job))
                 self._read_pieces(f, [(t, off) for _, t, off in in_place])
+                if self.verify is not None:
+                    seen += [(off, _bytes_of(t)) for _, t, off in in_place]
+                    self._check_crc(f, rel, seen)
                 for item, target, _ in in_place:
                     planner.commit_tensor(item, target)
                     self.direct_items += 1
@@ -164,7 +183,7 @@ class DirectReader(FileSystemReader):
         releases the GIL; a device serves parallel requests faster than one stream)."""
         pieces: list[tuple[memoryview, int]] = []
         for target, offset in jobs:
-            buf = target.reshape(-1).view(torch.uint8).numpy().data.cast("B")
+            buf = _bytes_of(target)
             pieces.extend((buf[i:i + _PIECE], offset + i) for i in range(0, len(buf), _PIECE))
         if not pieces:
             return
@@ -176,22 +195,56 @@ class DirectReader(FileSystemReader):
             while done < len(buf):
                 n = os.preadv(fd, [buf[done:]], off + done)
                 if n <= 0:
-                    raise OSError(f"short read of {f.name} at {off + done}")
+                    raise IntegrityError(f"short read of {f.name} at {off + done}")
                 done += n
 
         with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
             for _ in pool.map(read, pieces):
                 pass
 
+    def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, memoryview | bytes]]
+                   ) -> None:
+        """CRC32C of file ``rel`` from the ranges that were read, in file order, plus the
+        gaps between them (read now) — when the gaps are small; else left unverified."""
+        entry = self.verify.get(rel) if self.verify is not None else None
+        if entry is None:
+            self.unverified_files.append(rel)
+            return
+        seen.sort(key=lambda s: s[0])
+        pos = gaps = 0
+        for off, buf in seen:
+            if off < pos:  # overlapping reads: not a tiling we can hash in order
+                self.unverified_files.append(rel)
+                return
+            gaps, pos = gaps + off - pos, off + len(buf)
+        gaps += max(0, entry.size - pos)
+        if gaps > max(_GAP_MIN, _GAP_FRACTION * entry.size):
+            self.unverified_files.append(rel)
+            return
+        crc = pos = 0
+        fd = f.fileno()
+        for off, buf in [*seen, (entry.size, b"")]:
+            if off > pos:
+                crc = checksum.extend(crc, os.pread(fd, off - pos, pos))
+            crc, pos = checksum.extend(crc, buf), off + len(buf)
+        if crc != entry.crc32c or pos != entry.size:
+            raise IntegrityError(f"{rel} CRC32C {checksum.to_hex(crc)} != manifest "
+                                 f"{checksum.to_hex(entry.crc32c)} (found while reading)")
+        self.verified_files.append(rel)
+
     def _read_dcp(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
-                  planner: LoadPlanner) -> None:
-        """DCP's own per-item path (``torch.load`` then copy into the target)."""
+                  planner: LoadPlanner) -> bytes:
+        """DCP's own per-item path (``torch.load`` then copy into the target); returns the
+        item's bytes as read."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
         data = os.pread(f.fileno(), info.length, info.offset)
+        if len(data) != info.length:
+            raise IntegrityError(f"short read of {f.name}: {len(data)} of {info.length} bytes "
+                                 f"at {info.offset}")
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data))
-            return
+            return data
         tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
@@ -200,3 +253,9 @@ class DirectReader(FileSystemReader):
                              f"{tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(item, target)
+        return data
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without a copy."""
+    return t.reshape(-1).view(torch.uint8).numpy().data.cast("B")

@@ -1,0 +1,120 @@
+"""One restore, start to end: agree on a step, set newer entries aside, fetch what a domain
+lacks from tier 2, load — and when a checkpoint that verified fails while loading, set it
+aside and try the next older one. Collective: every rank of the job calls it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from tierckpt.config import ManagerConfig, Verify
+from tierckpt.errors import CheckpointError, CorruptDataError
+from tierckpt.format import layout
+from tierckpt.restore.choose import Chooser
+from tierckpt.restore.loader import RestoreInfo, load_into
+from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm
+from tierckpt.state import TrainState
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import open_storage
+
+_log = logging.getLogger("tierckpt")
+
+Chosen = tuple[int, str, tuple[tuple[int, str], ...], int, int]
+"""``(step, source, skipped, bytes fetched from tier 2, saved world size)``."""
+
+
+class Restorer:
+    """Restores into a :class:`TrainState` per ``config`` (verify mode, tier 2 and its
+    deadline) from this process's tier-1 root (``catalog``), in its ``domain``."""
+
+    def __init__(self, config: ManagerConfig, catalog: Tier1Catalog, comm: Comm,
+                 domain: tuple[int, ...], *, is_owner: bool, log: events.EventLog) -> None:
+        self.config, self.catalog, self.comm, self.domain = config, catalog, comm, domain
+        self.is_owner, self.log = is_owner, log
+
+    def restore(self, state: TrainState) -> RestoreInfo | None:
+        """The loaded checkpoint, or None on a fresh start (nothing restorable anywhere).
+        Raises :class:`CorruptDataError` when candidates existed but none could be loaded
+        (``state`` then holds part of one)."""
+        t0 = time.monotonic()
+        self.log.emit(events.RESTORE_STARTED)
+        failed: dict[int, str] = {}  # verified, yet failed to load: never chosen again
+        while True:
+            chosen = self._choose(exclude=frozenset(failed))
+            if chosen is None:
+                if failed:
+                    raise CorruptDataError(
+                        f"no checkpoint could be loaded (failed while reading: {failed}); the "
+                        "state holds part of one of them: build it anew to start fresh")
+                return None
+            step, source, skipped, fetched, saved_world = chosen
+            path = self.config.tier1 / layout.step_dirname(step)
+            t_load = time.monotonic()
+            try:
+                nbytes = load_into(state, path, saved_world, self.comm)
+                break
+            except CorruptDataError as e:
+                failed[step] = str(e)
+                self._set_aside(step, str(e))
+        now = time.monotonic()
+        self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
+        by_source = {"tier1": nbytes, "tier2": fetched}
+        info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
+                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
+                           world_size=self.comm.world_size, saved_world_size=saved_world,
+                           skipped=(*skipped, *failed.items()))
+        self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
+                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
+                      world_size=info.world_size, saved_world_size=saved_world)
+        return info
+
+    def _set_aside(self, step: int, reason: str) -> None:
+        """A step that failed to load leaves every root (quarantined with the reason)."""
+        moved = None
+        if self.is_owner and os.path.lexists(self.catalog.step_dir(step)):
+            moved = self.catalog.quarantine(step, reason)
+        self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason,
+                      moved_to=str(moved) if moved else None)
+        _log.warning("step %d failed to load and was set aside: %s", step, reason)
+
+    def _chooser(self, exclude: frozenset[int]) -> Chooser:
+        cfg, tier2 = self.config, self.config.tier2
+        opener = (lambda: Tier2Catalog(open_storage(tier2))) if tier2 and self.is_owner \
+            else None
+        return Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
+                       full=cfg.verify is Verify.FULL, log=self.log, open_remote=opener,
+                       tier2_timeout_s=cfg.tier2_timeout_s, exclude=exclude)
+
+    def _choose(self, exclude: frozenset[int]) -> Chosen | None:
+        """Collective: agree on a step (not one of ``exclude``), set newer entries aside,
+        fetch what this domain lacks; None when nothing is restorable."""
+        comm, cfg = self.comm, self.config
+        with self._chooser(exclude) as chooser:
+            step = chooser.choose()
+            if self.is_owner:  # nothing restorable: whatever is left would block new saves
+                chooser.set_aside_newer(-1 if step is None else step)
+            skipped = tuple(s for sk in comm.all_gather(chooser.skipped) for s in sk)
+            if step is None:
+                self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
+                              skipped=[list(s) for s in skipped])
+                return None
+            mine = chooser.sources.get(step) if self.is_owner else None
+            source = "+".join(sorted({s for s in comm.all_gather(mine) if s}))
+            self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
+                          skipped=[list(s) for s in skipped])
+            fetched, err = 0, None
+            if self.is_owner:
+                try:
+                    fetched = chooser.materialize(step, file_mode=cfg.file_mode,
+                                                  dir_mode=cfg.dir_mode)
+                except (CheckpointError, OSError) as e:
+                    err = f"rank {comm.rank}: fetching step {step} from tier 2 failed: {e}"
+            errors = [e for e in comm.all_gather(err) if e]
+            if errors:
+                raise CheckpointError("; ".join(errors))
+            saved_world = comm.broadcast(
+                chooser.manifests[step].world_size if comm.rank == 0 else None)
+        return step, source, skipped, fetched, saved_world
