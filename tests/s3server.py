@@ -9,6 +9,8 @@ Fixtures (registered from tests/conftest.py):
   bucket (``url`` is ``s3://bucket/<unique prefix>``), and the AWS_* variables set in
   ``os.environ`` for the test's duration (so ``open_storage(url)`` and child processes find
   the endpoint and credentials through the standard chain). ``env`` is the dict of them.
+- ``moto_server`` (session) and ``any_s3_env`` (function, parametrized): the same for moto's
+  S3 server (``python -m moto.server``), and an ``s3_env`` on each server in turn.
 
 Set ``TIERCKPT_SKIP_S3=1`` to skip S3 tests on a machine without the ``weed`` binary;
 otherwise a missing binary or a server that does not come up fails loudly.
@@ -79,7 +81,8 @@ def make_client(endpoint: str, **config: Any) -> Any:
 
 @dataclasses.dataclass
 class S3Server:
-    """A running ``weed mini``: its S3 endpoint, credentials, PID and pre-created bucket."""
+    """A running S3 server (``weed mini``, or moto's server): its S3 endpoint, credentials,
+    PID and pre-created bucket. ``kind`` is ``seaweedfs`` or ``moto``."""
 
     endpoint: str
     pid: int
@@ -90,6 +93,7 @@ class S3Server:
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
     region: str = REGION
+    kind: str = "seaweedfs"
 
     def env(self, endpoint: str | None = None) -> dict[str, str]:
         """The AWS_* variables a client needs (``endpoint`` overrides, e.g. a proxy)."""
@@ -226,6 +230,63 @@ def stop_server(proc: subprocess.Popen[bytes], ports: Sequence[int] = ()) -> Non
                 sock.unlink(missing_ok=True)
 
 
+def start_moto(base: Path) -> tuple[subprocess.Popen[bytes], S3Server]:
+    """Start moto's S3 server (``python -m moto.server``, from PyPI) on a free loopback port
+    and create the bucket. moto accepts any credentials; it keeps objects in memory."""
+    port = free_ports(1)[0]
+    endpoint = f"http://127.0.0.1:{port}"
+    log_path = base / "moto.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                 "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=base, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    client = make_client(endpoint)
+    while True:
+        try:
+            client.create_bucket(Bucket=BUCKET)
+            break
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_server(proc)
+                raise RuntimeError("moto's S3 server did not come up") from None
+            time.sleep(0.1)
+    return proc, S3Server(endpoint=endpoint, pid=proc.pid, data_dir=base, log_path=log_path,
+                          kind="moto")
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's moto S3 server: a second, independent S3 implementation (it honours
+    neither CRC32C checksums nor Content-MD5 on PUT, but its ETags are MD5s)."""
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        require(False, "moto's S3 server is missing (pip install 'moto[server]')")
+    proc, server = start_moto(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        stop_server(proc)
+
+
+def _env_for(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Env:
+    env = server.env()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    return S3Env(server=server, prefix=f"t-{uuid.uuid4().hex[:12]}", env=env)
+
+
+@pytest.fixture(params=["seaweedfs", "moto"])
+def any_s3_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> S3Env:
+    """:func:`s3_env` on each of the two servers in turn (the test runs twice)."""
+    server = request.getfixturevalue("s3_server" if request.param == "seaweedfs"
+                                     else "moto_server")
+    return _env_for(server, monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """The session's SeaweedFS server (see module docstring)."""
@@ -251,12 +312,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture
 def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Env:
     """A fresh ``s3://bucket/prefix`` for this test with AWS_* set in os.environ."""
-    env = s3_server.env()
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(k, raising=False)
-    return S3Env(server=s3_server, prefix=f"t-{uuid.uuid4().hex[:12]}", env=env)
+    return _env_for(s3_server, monkeypatch)
 
 
 @pytest.fixture

@@ -1,27 +1,28 @@
-"""The manager and a tier 2 that cannot be written (real SeaweedFS, credentials revoked
-for the uploader): the failure reaches the training process, tier 1 stays bounded, and
-with tier2_required the save fails."""
+"""The manager and a tier 2 that stops accepting writes mid-job (real SeaweedFS behind the
+fault proxy, which answers 403 AccessDenied to everything once the job runs: credentials
+revoked): the failure reaches the training process, tier 1 stays bounded, and with
+tier2_required the save fails. Refused credentials at start are a ConfigError."""
 
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 from torch import nn
 
 import tierckpt
-from tierckpt.errors import SaveError
+from tierckpt.errors import ConfigError, SaveError
 from tierckpt.format import layout
 from tierckpt.ops.inventory import inventory
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
 
 if TYPE_CHECKING:
-    from tests.s3server import S3Env
+    from s3server import S3Env
 
 
 def _state() -> tierckpt.TrainState:
@@ -41,14 +42,18 @@ def _kinds(root: Path, kind: str) -> list[dict]:
     return [e for e in events.read_events(root / layout.EVENTS) if e["event"] == kind]
 
 
+def _revoke(proxy: Any) -> None:
+    proxy.add_rule("status", status=403, code="AccessDenied", times=None)
+
+
 def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
-        tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, s3_env: S3Env, fault_proxy: Any,
         caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "revoked-secret")  # the uploader inherits it
     root, st = tmp_path / "t1", _state()
     with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
             tier1=root, tier2=s3_env.url, keep_last=1, upload_backlog=1,
             upload_drain_s=2) as ck:
+        _revoke(fault_proxy)
         ck.save(0, st).wait()
         _wait_for_failed_record(root, 0)
         for step in range(1, 6):
@@ -65,12 +70,24 @@ def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
 
 
 def test_tier2_required_turns_a_failing_tier2_into_a_save_error(
-        tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "revoked-secret")
+        tmp_path: Path, s3_env: S3Env, fault_proxy: Any) -> None:
     root, st = tmp_path / "t1", _state()
     with tierckpt.CheckpointManager(tier1=root, tier2=s3_env.url, tier2_required=True,
                                     upload_drain_s=0) as ck:
+        _revoke(fault_proxy)
         ck.save(0, st).wait()
         _wait_for_failed_record(root, 0)
         with pytest.raises(SaveError, match=r"tier2_required and .* tier 2 .* is failing"):
             ck.save(1, st)
+
+
+def test_refused_credentials_at_start_are_a_config_error(
+        tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(ConfigError, match="credentials refused"):
+        tierckpt.CheckpointManager(tier1=tmp_path / "t1", tier2=s3_env.url)
+
+
+def test_a_missing_bucket_is_a_config_error(tmp_path: Path, s3_env: S3Env) -> None:
+    with pytest.raises(ConfigError, match="bucket does not exist"):
+        tierckpt.CheckpointManager(tier1=tmp_path / "t1", tier2="s3://no-such-bucket-x/p")

@@ -69,8 +69,10 @@ class ManagerConfig:
     ``tier2_required``: a failing tier 2 (its newest upload failed, or the uploader keeps
     dying) is a :class:`SaveError` at ``save()`` per ``on_save_error``; by default it is a
     ``tier2_unhealthy`` event and a rate-limited warning.
-    ``tier2_timeout_s``: how long ``restore()`` waits for tier 2 to answer (open, list, read
-    a manifest) before it goes on with tier 1 alone.
+    ``tier2_timeout_s``: how long the start-up probe and ``restore()`` wait for tier 2 to
+    answer (probe, open, list, read a manifest) before going on with tier 1 alone.
+    ``tier2_require_conditional_writes``: refuse a tier 2 that ignores ``If-None-Match``
+    (by default its markers are written and read back; see ``tierckpt doctor``).
     """
 
     tier1: Path
@@ -95,6 +97,7 @@ class ManagerConfig:
     tier2_timeout_s: float = 60.0
     upload_backlog: int | None = 2
     tier2_required: bool = False
+    tier2_require_conditional_writes: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -118,7 +121,8 @@ class ManagerConfig:
         _ = self.retention  # a RetentionPolicy: validates its knobs (one place for all)
         check_count("write_threads", self.write_threads)
         check_count("max_consecutive_save_failures", self.max_consecutive_save_failures)
-        for name in ("fsync", "direct_io", "start_uploader", "tier2_required"):
+        for name in ("fsync", "direct_io", "start_uploader", "tier2_required",
+                     "tier2_require_conditional_writes"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.background_nice, bool) or not isinstance(self.background_nice, int) \

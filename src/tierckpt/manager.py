@@ -43,7 +43,7 @@ from tierckpt.state import TrainState
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
-from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2 import probe
 from tierckpt.tier2.uploader import UploaderConfig
 from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
 
@@ -77,14 +77,14 @@ class CheckpointManager:
             self.domain = next(d for d in self.domains if self.comm.rank in d)
             self.is_owner = self.domain[0] == self.comm.rank
             self._take_lock_and_clean()
-            self._open_tier2_once()
+            tier2_options = self._probe_tier2()
             self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
                                        mode=cfg.file_mode)
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
             existing = self.catalog.complete_steps() if self.is_owner else []
             newest = max(self.comm.all_gather(existing[0] if existing else -1))
             self.last_committed: int | None = None if newest < 0 else newest
-            self._uploader = self._start_uploader()
+            self._uploader = self._start_uploader(tier2_options)
             self._stager = HostStager()
             self._inflight = InFlight(cfg, self.log)
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
@@ -217,7 +217,7 @@ class CheckpointManager:
             _log.warning("step %d leaves tier 1 without reaching tier 2: %s", step, reason)
         return [self.catalog.unpublish(step) for step in plan.delete]
 
-    def _start_uploader(self) -> UploaderSupervisor | None:
+    def _start_uploader(self, s3_options: dict[str, Any]) -> UploaderSupervisor | None:
         cfg = self.config
         if cfg.tier2 and self.is_owner:  # the retention `tierckpt gc` applies to this root
             self.catalog.write_policy(tier2=cfg.tier2, policy=cfg.retention,
@@ -226,7 +226,8 @@ class CheckpointManager:
             return None
         return UploaderSupervisor(UploaderConfig(
             tier1=cfg.tier1, tier2=cfg.tier2, upload_every=cfg.upload_every,
-            keep_last=cfg.tier2_keep_last, keep_every=cfg.tier2_keep_every),
+            keep_last=cfg.tier2_keep_last, keep_every=cfg.tier2_keep_every,
+            s3_options=s3_options),
             log=self.log).start()
 
     def _prepare_root(self) -> None:
@@ -240,23 +241,33 @@ class CheckpointManager:
             raise ConfigError(f"tier1={root} is not a writable directory ({e}); point tier1 at "
                               "a local directory this user can write") from e
 
-    def _open_tier2_once(self) -> None:
-        """Collective: a tier 2 that can never work (a file:// root that does not exist) is a
-        ConfigError now, on every rank; one that does not answer in ``tier2_timeout_s`` is
-        only a warning — an outage must not stop a job that can restore from tier 1."""
-        cfg, err = self.config, None
+    def _probe_tier2(self) -> dict[str, Any]:
+        """Collective: probe tier 2 once (owners, bounded by ``tier2_timeout_s``) and return
+        the uploader's S3 options for the modes chosen. A tier 2 that can never work
+        (missing bucket, refused credentials, no integrity mode, a file:// root that does
+        not exist) is a ConfigError now, on every rank; one that does not answer is only a
+        warning — an outage must not stop a job that can restore from tier 1 (its uploader
+        probes again when it starts)."""
+        cfg, err, options = self.config, None, {}
         if cfg.tier2 and self.is_owner:
             url = cfg.tier2
             try:
-                call_with_deadline(lambda: open_storage(url).close(), cfg.tier2_timeout_s,
-                                   f"opening tier 2 {url}")
+                result = call_with_deadline(lambda: probe.probe_url(url),
+                                            cfg.tier2_timeout_s, f"probing tier 2 {url}")
+                self.catalog.write_tier2_probe(result.to_json(), dir_mode=cfg.dir_mode)
+                probe.require_usable(result,
+                                     conditional_writes=cfg.tier2_require_conditional_writes)
+                options = result.s3_options()
+                for weaker in result.modes.weaker:
+                    _log.warning("tier 2 %s: %s", url, weaker)
             except ConfigError as e:
                 err = str(e)
             except (CheckpointError, OSError) as e:  # TimeoutError is an OSError
-                _log.warning("tier 2 %s did not open (%s); starting anyway", url, e)
+                _log.warning("tier 2 %s did not answer the probe (%s); starting anyway", url, e)
         errors = [e for e in self.comm.all_gather(err) if e]
         if errors:
             raise ConfigError(errors[0])
+        return options
 
     def _take_lock_and_clean(self) -> None:
         err = None

@@ -58,7 +58,7 @@ def test_age_is_never_negative_and_json_row() -> None:
     assert e.age_s == 0.0
     assert e.to_json() == {"tier": 1, "step": 1, "name": "step-00000001", "state": "complete",
                            "bytes": 100, "age_s": 0.0, "pinned_by": [], "upload_status": None,
-                           "detail": None}
+                           "detail": None, "integrity": None}
 
 
 def _commit(root: Path, step: int, *, payload: bytes = b"abc", manifest_step: int | None = None

@@ -212,7 +212,8 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
                                                  fault_proxy: FaultProxy) -> None:
     sizes = {".metadata": (1000, None), "__0_0.distcp": (6 * MiB + 5, 0)}
     make_checkpoint(tmp_path, 7, sizes)
-    opts = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "read_timeout_s": 30.0}
+    opts = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "read_timeout_s": 30.0,
+            "integrity": "crc32c"}  # the modes a job passes: no probe (its parts would hang)
     rule = fault_proxy.add_rule("hang", hang_s=120, **UPLOAD_PART)
     config = UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts, poll_s=0.2)
     proc = UploaderProcess(config).start()

@@ -44,7 +44,7 @@ def ls(
     t = Table(title=f"Checkpoints in {root}" + (f" and {tier2_url}" if tier2_url else ""))
     for col, just in (("step", "right"), ("tier", "right"), ("state", "left"),
                       ("pinned", "left"), ("size", "right"), ("age", "right"),
-                      ("detail", "left")):
+                      ("integrity", "left"), ("detail", "left")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for e in entries:
         name = str(e.step) if e.name == layout.step_dirname(e.step) else e.name
@@ -52,5 +52,5 @@ def ls(
         state = e.state.replace("_", " ")  # "upload failed"
         t.add_row(name, str(e.tier), f"[{style}]{state}[/]" if style else state,
                   ", ".join(e.pinned_by), format_bytes(e.bytes), age(e.age_s),
-                  e.detail or "")
+                  e.integrity or "", e.detail or "")
     out.print(t)

@@ -34,6 +34,7 @@ PINS = "pins"
 LOCK = ".lock"
 UPLOAD_STATE = "upload-state"
 JOB_POLICY = "policy.json"
+TIER2_PROBE = "tier2-probe.json"
 """In ``upload-state/``: the retention of the job that writes the root with a tier 2 (its
 ``tier2`` URL, ``keep_last``, ``upload_every``, ``tier2_keep_last``, ``tier2_keep_every``),
 recorded when it starts, so ``tierckpt gc`` applies the job's policy by default."""

@@ -82,11 +82,15 @@ class Entry:
     pinned_by: tuple[str, ...] = ()
     upload_status: str | None = None
     detail: str | None = None
+    integrity: str | None = None
+    """How the tier-2 copy was verified on upload (``crc32c`` or ``md5``), when this
+    root's uploader recorded it."""
 
     def to_json(self) -> dict[str, Any]:
         return {"tier": self.tier, "step": self.step, "name": self.name, "state": self.state,
                 "bytes": self.bytes, "age_s": self.age_s, "pinned_by": list(self.pinned_by),
-                "upload_status": self.upload_status, "detail": self.detail}
+                "upload_status": self.upload_status, "detail": self.detail,
+                "integrity": self.integrity}
 
 
 def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, Any]],
@@ -100,6 +104,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
     """
     out = []
     for o in observed:
+        integrity = (upload.get(o.step) or {}).get("integrity")
         rec = upload.get(o.step) if o.tier == 1 else None
         status = str(rec.get("status")) if rec else None
         detail = None
@@ -122,6 +127,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
         age = None if o.created_unix is None else max(0.0, now - o.created_unix)
         out.append(Entry(tier=o.tier, step=o.step, name=o.name, state=state, bytes=o.bytes,
                          age_s=age, upload_status=status, detail=detail,
+                         integrity=None if integrity is None else str(integrity),
                          pinned_by=tuple(sorted(pins.get(o.step, ()))) if o.tier == 1 else ()))
     return sorted(out, key=lambda e: (-e.step, e.tier, e.name))
 

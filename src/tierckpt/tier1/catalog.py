@@ -215,6 +215,22 @@ class Tier1Catalog:
                     out[step] = rec
         return out
 
+    def tier2_probe(self) -> dict[str, Any] | None:
+        """The tier-2 probe recorded by the job (``upload-state/tier2-probe.json``), or None
+        when there is none or it cannot be read (the caller probes again)."""
+        try:
+            d = json.loads(read_small(self.upload_state_dir() / layout.TIER2_PROBE))
+        except (OSError, ValueError, IntegrityError):
+            return None
+        return d if isinstance(d, dict) else None
+
+    def write_tier2_probe(self, result: dict[str, Any], *,
+                          dir_mode: int = fs.DEFAULT_DIR_MODE) -> None:
+        """Record the tier-2 probe (:mod:`tierckpt.tier2.probe`) for this root's uploader."""
+        path = self.upload_state_dir() / layout.TIER2_PROBE
+        path.parent.mkdir(mode=dir_mode, exist_ok=True)
+        fs.write_durably(path, json.dumps(result, sort_keys=True).encode() + b"\n")
+
     def policy_path(self) -> Path:
         return self.upload_state_dir() / layout.JOB_POLICY
 

@@ -1,4 +1,5 @@
-"""One contract, every backend: local directory, in-memory, and S3 (real SeaweedFS).
+"""One contract, every backend: local directory, in-memory, and S3 on two real servers
+(SeaweedFS in crc32c mode, moto's server in md5 mode).
 
 Objects stay small; the S3 backend runs with 5 MiB parts so a 6 MiB file exercises the
 multipart path (parallel parts, FULL_OBJECT CRC32C, verified by the server).
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from s3server import S3Env, _env_for
 
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
 from tierckpt.format import checksum
+from tierckpt.tier2.probe import probe_url
 from tierckpt.tier2.storage import (
     BadDigestError,
     LocalStorage,
@@ -27,19 +30,27 @@ from tierckpt.tier2.storage import (
 from tierckpt.tier2.storage.base import TMP_MARK
 
 MiB = 1024 * 1024
+S3_ENVS: dict[str, S3Env] = {}  # an S3 storage's url -> its server and prefix
 S3_TEST_OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_concurrency": 4,
                    "digest_attempts": 2, "read_timeout_s": 10.0, "connect_timeout_s": 2.0}
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+@pytest.fixture(params=["local", "memory", "s3", "moto"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
     if request.param == "local":
         (tmp_path / "store").mkdir()  # a file:// tier 2 must exist: opening one never creates it
         st: Storage = open_storage((tmp_path / "store").as_uri())
     elif request.param == "memory":
         st = open_storage("memory://conformance")
-    else:
-        st = open_storage(request.getfixturevalue("s3_env").url, **S3_TEST_OPTIONS)
+    elif request.param == "s3":
+        env = request.getfixturevalue("s3_env")
+        st = open_storage(env.url, **S3_TEST_OPTIONS)
+        S3_ENVS[st.url] = env
+    else:  # moto's server, in the integrity mode its probe chooses (md5)
+        env = _env_for(request.getfixturevalue("moto_server"),
+                       request.getfixturevalue("monkeypatch"))
+        st = open_storage(env.url, **S3_TEST_OPTIONS, **probe_url(env.url).s3_options())
+        S3_ENVS[st.url] = env
     with st:
         yield st
 
@@ -231,7 +242,7 @@ def test_abort_uploads_removes_stale_upload(storage: Storage, request: pytest.Fi
         (storage.root / "y").mkdir()
         (storage.root / "y" / f"{TMP_MARK}dead.obj").write_bytes(b"partial")
     else:
-        env = request.getfixturevalue("s3_env")
+        env = S3_ENVS[storage.url]
         c = env.client()
         for k in ("x/obj", "y/obj"):
             c.create_multipart_upload(Bucket=env.bucket, Key=f"{env.prefix}/{k}")

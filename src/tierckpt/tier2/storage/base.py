@@ -59,6 +59,11 @@ class Storage(Protocol):
 
     url: str
     """A description safe to log (``s3://bucket/prefix``, ``file:///dir``): no secrets."""
+    @property
+    def integrity(self) -> str:
+        """How uploads are verified end to end (``crc32c``, or ``md5`` for an S3 server
+        without CRC32C support; :class:`tierckpt.tier2.capabilities.IntegrityMode`)."""
+        ...
 
     def put_file(self, key: str, path: str | os.PathLike[str], *, crc32c: int,
                  size: int) -> ObjectInfo:

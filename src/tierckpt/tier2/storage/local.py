@@ -87,6 +87,8 @@ class LocalStorage:
     filesystems, where the mount's own guarantees apply).
     """
 
+    integrity = "crc32c"  # every byte is checked against its CRC32C by this backend
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         if not self.root.is_dir():

@@ -41,6 +41,8 @@ class _Fault:
 class MemoryStorage:
     """A :class:`~tierckpt.tier2.storage.base.Storage` holding objects in a dict (per instance)."""
 
+    integrity = "crc32c"  # every byte is checked against its CRC32C by this backend
+
     def __init__(self, name: str = "mem") -> None:
         self.url = f"memory://{name}"
         self._objects: dict[str, tuple[bytes, int]] = {}

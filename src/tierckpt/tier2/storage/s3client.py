@@ -3,6 +3,7 @@ sessions, error codes and checksum headers. Used by :mod:`tierckpt.tier2.storage
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -17,6 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import ConfigError
 from tierckpt.format import checksum
+from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode
 
 MiB = 1024 * 1024
 MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
@@ -49,6 +51,13 @@ class S3Config:
     """Attempts of a part, single PUT or download whose bytes failed their checksum."""
     addressing_style: str = "auto"
     """botocore addressing style: auto, path or virtual."""
+    integrity: str = IntegrityMode.CRC32C.value
+    """How uploads are verified (:class:`~tierckpt.tier2.capabilities.IntegrityMode`):
+    ``crc32c`` (full-object CRC32C, the default) or ``md5`` (Content-MD5 and ETag per
+    request, CRC32C in metadata); the job's probe picks it per server."""
+    marker: str = MarkerMode.CREATE_ONLY.value
+    """How create-only puts are made (:class:`~tierckpt.tier2.capabilities.MarkerMode`):
+    ``create-only`` (If-None-Match) or ``readback``."""
 
     def __post_init__(self) -> None:
         if self.part_size < MIN_PART or self.part_size > 5 * 1024 * MiB:
@@ -62,6 +71,12 @@ class S3Config:
             raise ConfigError("S3Config timeouts must be > 0 seconds")
         if self.addressing_style not in ("auto", "path", "virtual"):
             raise ConfigError("S3Config.addressing_style must be auto, path or virtual")
+        if self.integrity not in {m.value for m in IntegrityMode}:
+            raise ConfigError(f"S3Config.integrity must be crc32c or md5, got "
+                              f"{self.integrity!r}")
+        if self.marker not in {m.value for m in MarkerMode}:
+            raise ConfigError(f"S3Config.marker must be create-only or readback, got "
+                              f"{self.marker!r}")
 
     def botocore_config(self) -> Config:
         return Config(
@@ -84,6 +99,21 @@ def http_status(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 
+META_CRC32C = "tierckpt-crc32c"
+"""User-metadata key (``x-amz-meta-tierckpt-crc32c``) of the manifest's CRC32C, hex."""
+
+
+def crc_of_head(h: dict[str, Any]) -> int | None:
+    """The CRC32C a HEAD/GET response vouches for: the store's full-object checksum, else
+    the one tierckpt recorded in the object's metadata (md5 integrity mode)."""
+    crc = crc_of(h.get("ChecksumCRC32C"))
+    if crc is None:
+        meta = (h.get("Metadata") or {}).get(META_CRC32C)
+        with contextlib.suppress(ValueError, TypeError):
+            crc = checksum.from_hex(str(meta)) if meta is not None else None
+    return crc
+
+
 def crc_of(value: object) -> int | None:
     """A full-object CRC32C from a response header (None for composite ``x-N`` values)."""
     if not isinstance(value, str) or "-" in value:
@@ -92,6 +122,15 @@ def crc_of(value: object) -> int | None:
         return checksum.from_b64(value)
     except ValueError:
         return None
+
+
+def endpoint() -> str | None:
+    """The S3 endpoint botocore takes from the environment (the S3-specific one wins), or
+    None (the AWS default)."""
+    for var in reversed(ENDPOINT_VARS):
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
 
 
 def check_endpoints(environ: Mapping[str, str] | None = None) -> None:

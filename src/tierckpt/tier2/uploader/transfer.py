@@ -73,7 +73,8 @@ class _StepUpload:
         self.local, self.remote, self.step, self.log, self.t0 = local, remote, step, log, t0
         self.committed = committed
         self.ckpt = local.step_dir(step)
-        self.base: dict[str, Any] = {"tier2": remote.storage.url}
+        self.base: dict[str, Any] = {"tier2": remote.storage.url,
+                                     "integrity": remote.storage.integrity}
 
     def key(self, name: str) -> str:
         return self.remote.key(self.step, name)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from tierckpt.format import layout
 from tierckpt.policy import retention
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
 from tierckpt.tier2.uploader import transfer, watch
@@ -33,13 +35,23 @@ class Uploader:
         self._lock = self.local.uploader_lock()
         try:
             self.storage = storage if storage is not None else open_storage(
-                config.tier2, **config.s3_options)
+                config.tier2, **self._options())
             self.remote = Tier2Catalog(self.storage)
             self.log = events.EventLog(Path(config.tier1) / layout.EVENTS)
         except BaseException:
             self._lock.release()
             raise
         self.local.unpin_all(UPLOAD_HOLDER)
+
+    def _options(self) -> dict[str, Any]:
+        """The S3 options to open tier 2 with: the caller's, plus the integrity and marker
+        modes of the job's probe of this server (cached on tier 1; probed now if absent)."""
+        opts = dict(self.config.s3_options)
+        if self.config.tier2.startswith("s3://") and "integrity" not in opts:
+            result = probe.probe_cached(self.local, self.config.tier2, **opts)
+            probe.require_usable(result)
+            opts = {**result.s3_options(), **opts}
+        return opts
 
     def close(self) -> None:
         """Release the storage client, event log and lock. Idempotent."""

@@ -1,0 +1,66 @@
+"""``tierckpt doctor TIER2``: what a tier-2 server supports and what tierckpt does about it.
+
+Runs the same probe a job runs when it starts (:func:`tierckpt.tier2.probe.probe_url`, on
+scratch keys under the prefix, removed afterwards) and prints one row per feature: whether
+the server supports it, and what tierckpt does with it — then the integrity and marker
+modes chosen. Exit 0 when the server can be used, 1 when it cannot (no integrity mode),
+2 for a configuration error (missing bucket, refused credentials, a bad URL).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._tiers import EXIT_FAILED, failures
+from tierckpt.tier2.capabilities import TABLE
+from tierckpt.tier2.probe import ProbeResult, probe_url
+
+_MARK = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not tried[/]"}
+
+
+@app.command()
+def doctor(
+    tier2: Annotated[str, typer.Argument(help="s3://bucket/prefix or file:///path.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md).")] = False,
+) -> None:
+    """Probe TIER2 and say which integrity and marker modes tierckpt will use with it."""
+    with failures():
+        result = probe_url(tier2)
+    if as_json:
+        emit_json(_doc(result))
+    else:
+        _render(result)
+    if result.modes.integrity is None:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _doc(r: ProbeResult) -> dict[str, Any]:
+    return {**r.to_json(), "features": [
+        {"feature": feature, "field": field, "supported": getattr(r.capabilities, field),
+         "use": use} for field, feature, use in TABLE]}
+
+
+def _render(r: ProbeResult) -> None:
+    out = console()
+    t = Table(title=f"{r.url} ({r.capabilities.server})")
+    for col in ("feature", "supported", "what tierckpt does with it"):
+        t.add_column(col)
+    for field, feature, use in TABLE:
+        t.add_row(feature, _MARK[getattr(r.capabilities, field)], use)
+    out.print(t)
+    m = r.modes
+    if m.integrity is None:
+        out.print("[bold red]unusable[/]: no integrity mode tierckpt can trust; "
+                  + "; ".join(r.capabilities.notes))
+        return
+    out.print(f"integrity: [bold]{m.integrity.value}[/]   marker: [bold]{m.marker.value}[/]")
+    for w in m.weaker:
+        out.print(f"[yellow]weaker[/]: {w}")
+    for n in r.capabilities.notes:
+        out.print(f"[dim]note: {n}[/]")

@@ -1,0 +1,125 @@
+"""Probe a tier 2 once and turn the answer into the options its uploader runs with.
+
+:func:`probe_url` opens the store and asks what it supports (S3: a real probe on scratch
+keys, :mod:`tierckpt.tier2.storage.s3probe`; ``file://`` and ``memory://``: fixed, they
+verify every byte themselves and create atomically). The result is cached on tier 1
+(``upload-state/tier2-probe.json``, through the tier-1 catalogue) with the server's
+identity, so the uploader process and ``tierckpt upload`` use the same modes without
+probing again. Raises :class:`~tierckpt.errors.ConfigError` when the server cannot be used
+(missing bucket, refused credentials — or no integrity mode tierckpt can trust) and
+:class:`~tierckpt.errors.StorageError` when it does not answer (an outage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from tierckpt.errors import ConfigError
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.capabilities import Capabilities, IntegrityMode, MarkerMode, Modes, choose
+from tierckpt.tier2.storage import open_storage
+from tierckpt.tier2.storage.url import parse_url
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """What :func:`probe_url` found: the capabilities and the modes chosen from them."""
+
+    url: str
+    capabilities: Capabilities
+    modes: Modes
+    probed_unix: float
+
+    def s3_options(self) -> dict[str, Any]:
+        """:class:`~tierckpt.tier2.storage.s3client.S3Config` fields for these modes (empty
+        for stores that are not S3)."""
+        if not self.url.startswith("s3://"):
+            return {}
+        assert self.modes.integrity is not None
+        return {"integrity": self.modes.integrity.value, "marker": self.modes.marker.value}
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.modes
+        return {"url": self.url, "capabilities": self.capabilities.to_json(),
+                "integrity": m.integrity.value if m.integrity else None,
+                "marker": m.marker.value, "weaker": list(m.weaker),
+                "probed_unix": self.probed_unix}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ProbeResult:
+        modes = Modes(integrity=IntegrityMode(d["integrity"]) if d.get("integrity") else None,
+                      marker=MarkerMode(d["marker"]), weaker=tuple(d.get("weaker", ())))
+        return cls(url=str(d["url"]), capabilities=Capabilities.from_json(d["capabilities"]),
+                   modes=modes, probed_unix=float(d.get("probed_unix", 0.0)))
+
+
+_LOCAL = Capabilities(server="local", basic_ops=True, ranged_get=True, multipart=True,
+                      crc32c_put_verified=True, crc32c_head=True, crc32c_multipart=True,
+                      md5_verified=None, etag_is_md5=None, if_none_match=True,
+                      notes=("a directory or in-memory store: every byte is checked against "
+                             "its CRC32C by tierckpt itself; creates are atomic links",))
+
+
+def probe_url(url: str, **s3_options: Any) -> ProbeResult:
+    """Probe the store at ``url`` (see the module docstring)."""
+    with open_storage(url, **s3_options) as st:
+        from tierckpt.tier2.storage.s3 import S3Storage  # boto3: only for s3:// URLs
+
+        if isinstance(st, S3Storage):
+            from tierckpt.tier2.storage.s3probe import probe
+
+            caps = probe(st)
+        else:
+            caps = dataclasses.replace(_LOCAL, server=st.url)
+    return ProbeResult(url=url, capabilities=caps, modes=choose(caps),
+                       probed_unix=time.time())
+
+
+def require_usable(result: ProbeResult, *, conditional_writes: bool = False) -> None:
+    """ConfigError unless ``result`` allows an integrity mode (and, with
+    ``conditional_writes``, create-only markers)."""
+    caps, modes = result.capabilities, result.modes
+    if modes.integrity is None:
+        missing = [n for n in caps.notes] or ["no checksum or digest check works"]
+        raise ConfigError(
+            f"tier 2 {result.url} cannot be verified end to end: it honours neither "
+            f"CRC32C checksums nor Content-MD5/ETag digests ({'; '.join(missing)}). "
+            "Run `tierckpt doctor` on it, or use another server")
+    if conditional_writes and modes.marker is not MarkerMode.CREATE_ONLY:
+        raise ConfigError(f"tier 2 {result.url} ignores If-None-Match and "
+                          "tier2_require_conditional_writes=True; use a server that honours "
+                          "conditional writes, or allow the read-back marker")
+
+
+def server_identity(url: str) -> str:
+    """Which server ``url`` means now: for S3 the endpoint (from the environment) and the
+    bucket — a cached probe of another endpoint does not apply — else the URL."""
+    if not url.startswith("s3://"):
+        return url
+    from tierckpt.tier2.storage.s3client import endpoint  # boto3: only for s3:// URLs
+
+    return f"{endpoint() or 'aws'}|{parse_url(url).location}"
+
+
+def cached(local: Tier1Catalog, url: str) -> ProbeResult | None:
+    """The probe recorded on ``local`` for ``url`` on the same server, or None."""
+    d = local.tier2_probe()
+    if not d:
+        return None
+    try:
+        r = ProbeResult.from_json(d)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return r if r.url == url and r.capabilities.server == server_identity(url) else None
+
+
+def probe_cached(local: Tier1Catalog, url: str, **s3_options: Any) -> ProbeResult:
+    """The cached probe for ``url``, else a fresh one (recorded for the next reader)."""
+    r = cached(local, url)
+    if r is None:
+        r = probe_url(url, **s3_options)
+        if local.root.is_dir():
+            local.write_tier2_probe(r.to_json())
+    return r
