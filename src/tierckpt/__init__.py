@@ -23,6 +23,8 @@ from tierckpt.errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AutoInterval": "tierckpt.policy.interval",
+    "Every": "tierckpt.policy.interval",
     "CheckpointManager": "tierckpt.manager",
     "DistInfo": "tierckpt.runtime.distributed",
     "HangInfo": "tierckpt.runtime.watchdog",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from tierckpt.config import ManagerConfig, OnSaveError, Verify
     from tierckpt.data import ResumableSampler
     from tierckpt.manager import CheckpointManager
+    from tierckpt.policy.interval import AutoInterval, Every
     from tierckpt.restore.loader import RestoreInfo
     from tierckpt.runtime.distributed import DistInfo, init_distributed
     from tierckpt.runtime.watchdog import HangInfo, StepWatchdog
@@ -63,10 +66,12 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AutoInterval",
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
     "DistInfo",
+    "Every",
     "HangInfo",
     "IntegrityError",
     "LockError",

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from tierckpt.errors import ConfigError
+from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.policy.retention import RetentionPolicy
 from tierckpt.policy.units import check_count, check_seconds
 from tierckpt.tier2.storage.url import parse_url
@@ -71,6 +72,10 @@ class ManagerConfig:
     ``tier2_unhealthy`` event and a rate-limited warning.
     ``tier2_timeout_s``: how long the start-up probe and ``restore()`` wait for tier 2 to
     answer (probe, open, list, read a manifest) before going on with tier 1 alone.
+    ``interval``: when :meth:`~tierckpt.CheckpointManager.should_save` says to save:
+    :class:`~tierckpt.policy.interval.Every` (steps or seconds) or
+    :class:`~tierckpt.policy.interval.AutoInterval` (``"auto"``: Young/Daly from this run's
+    measured C, W, R and failures); None: the loop decides itself.
     ``tier2_require_conditional_writes``: refuse a tier 2 that ignores ``If-None-Match``
     (by default its markers are written and read back; see ``tierckpt doctor``).
     """
@@ -98,6 +103,7 @@ class ManagerConfig:
     upload_backlog: int | None = 2
     tier2_required: bool = False
     tier2_require_conditional_writes: bool = False
+    interval: Every | AutoInterval | str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -121,6 +127,11 @@ class ManagerConfig:
         _ = self.retention  # a RetentionPolicy: validates its knobs (one place for all)
         check_count("write_threads", self.write_threads)
         check_count("max_consecutive_save_failures", self.max_consecutive_save_failures)
+        if self.interval == "auto":
+            object.__setattr__(self, "interval", AutoInterval())
+        if self.interval is not None and not isinstance(self.interval, Every | AutoInterval):
+            raise ConfigError(f"interval must be tierckpt.Every(steps=...|seconds=...), "
+                              f"tierckpt.AutoInterval(...) or 'auto', got {self.interval!r}")
         for name in ("fsync", "direct_io", "start_uploader", "tier2_required",
                      "tier2_require_conditional_writes"):
             if not isinstance(getattr(self, name), bool):

@@ -34,6 +34,7 @@ from tierckpt.format import layout
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.runtime import events
+from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm, discover_domains
 from tierckpt.save.inflight import InFlight
@@ -87,6 +88,8 @@ class CheckpointManager:
             self._uploader = self._start_uploader(tier2_options)
             self._stager = HostStager()
             self._inflight = InFlight(cfg, self.log)
+            self._cadence = None if cfg.interval is None else Cadence(
+                cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS)  # type: ignore[arg-type]
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
                                      on_committed=self._apply_retention)
         except BaseException:
@@ -146,7 +149,19 @@ class CheckpointManager:
         self._saver.submit(SaveJob(step=step, staged=staged, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
                                 staged_at=staged_at), handle)
+        if self._cadence is not None:
+            self._cadence.saved(step)
         return handle
+
+    def should_save(self, step: int) -> bool:
+        """Whether to save after ``step`` under ``interval=`` (cheap: call it every step;
+        see :class:`tierckpt.runtime.cadence.Cadence`). The README loop:
+        ``if ckpt.should_save(step): ckpt.save(step, state)``."""
+        if self._cadence is None:
+            raise ConfigError("should_save() needs CheckpointManager(interval=...): "
+                              "tierckpt.Every(steps=500), Every(seconds=600) or "
+                              "tierckpt.AutoInterval(node_mtbf='30d')")
+        return self._cadence.should_save(step)
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until the in-flight save (if any) is committed; raise its error."""

@@ -31,6 +31,8 @@ tier2_unhealthy     error, due (steps waiting for upload), alive, restarts
 uploader_restarted  restarts, exit_code, reason
 upload_skipped      step, reason (released from tier 1 before its upload: backlog full)
 upload_drained      seconds, left (steps close() left on tier 1 only)
+interval_decided    interval_s, M_s, step_s, next_step, inputs (C, W, R, node_mtbf, nodes,
+                    failures, exposure_s and each one's source)
 ==================  =============================================================
 """
 
@@ -68,6 +70,7 @@ TIER2_UNHEALTHY = "tier2_unhealthy"
 UPLOADER_RESTARTED = "uploader_restarted"
 UPLOAD_SKIPPED = "upload_skipped"
 UPLOAD_DRAINED = "upload_drained"
+INTERVAL_DECIDED = "interval_decided"
 
 
 MAX_PENDING = 10_000

@@ -1,0 +1,68 @@
+"""The inputs of an :class:`~tierckpt.policy.interval.AutoInterval` decision, from this
+root's event log (every incarnation of the run appends to it): C, W and R measured by
+:mod:`tierckpt.runtime.measure`, the failures seen (restarted processes) and the run's
+exposure (first event → now), each with where it came from."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from tierckpt.policy.interval import (
+    DEFAULT_NODE_MTBF_S,
+    DEFAULT_RESTART_S,
+    AutoInterval,
+    Inputs,
+    median_recent,
+)
+from tierckpt.runtime import events as ev
+from tierckpt.runtime import measure
+
+
+def nodes_of(world_size: int) -> int:
+    """Nodes of this job: world size ÷ ranks per node (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
+    return max(1, world_size // max(1, per_node))
+
+
+def gather(policy: AutoInterval, events_path: Path, *, world_size: int,
+           now: float | None = None) -> Inputs:
+    """Read the event log and state every input with its source."""
+    recs = ev.read_events(events_path) if events_path.exists() else []
+    m = measure.from_events(recs)
+    C = _recent_blocking(recs)
+    now = time.time() if now is None else now
+    first = min((float(r["t"]) for r in recs if isinstance(r.get("t"), int | float)),
+                default=now)
+    failures = sum(1 for r in recs if r.get("event") == ev.PROCESS_START
+                   and int(r.get("restart_count") or 0) > 0 and int(r.get("rank", 0)) == 0)
+    if m.R is not None:
+        R, R_src = m.R.seconds, f"measured ({m.R.samples}: {m.R.source})"
+    elif policy.restart is not None:
+        R, R_src = float(policy.restart), "given"
+    else:
+        R, R_src = DEFAULT_RESTART_S, "default"
+    mtbf, mtbf_src = (float(policy.node_mtbf), "given") if policy.node_mtbf is not None \
+        else (DEFAULT_NODE_MTBF_S, "default")
+    return Inputs(
+        C=C[0] if C else 1.0, W=m.W.seconds if m.W else 0.0, R=R,
+        node_mtbf=mtbf, nodes=nodes_of(world_size), failures=failures,
+        exposure_s=max(0.0, now - first),
+        C_source=f"measured (median of the last {C[1]} saves)" if C else "default",
+        W_source=f"measured ({m.W.samples})" if m.W else "default",
+        R_source=R_src, mtbf_source=mtbf_src)
+
+
+def _recent_blocking(recs: list[dict[str, Any]], window: int = 9) -> tuple[float, int] | None:
+    """Rolling C: per save, the slowest rank's ``save_staged`` seconds; the median of the
+    last ``window`` saves (so a run whose saves got slower follows)."""
+    per_step: dict[int, float] = {}
+    for r in recs:
+        if r.get("event") == ev.SAVE_STAGED and isinstance(r.get("seconds"), int | float):
+            step = int(r.get("step", -1))
+            per_step[step] = max(per_step.get(step, 0.0), float(r["seconds"]))
+    recent = [per_step[s] for s in sorted(per_step)[-window:]]
+    value = median_recent(recent, window)
+    return None if value is None else (value, len(recent))
