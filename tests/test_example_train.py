@@ -3,13 +3,18 @@ its losses continue bit-identically; its events record the whole restart timelin
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tierckpt.policy import goodput
 from tierckpt.runtime.events import read_events
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
@@ -20,7 +25,7 @@ SMALL = ["--steps", "10", "--save-every", "4", "--layers", "1", "--dim", "32",
 def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1", TIERCKPT_PROGRESS_EVERY_S="0")  # a progress mark per step
     losses = tmp / f"{name}.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -56,3 +61,15 @@ def test_killed_run_resumes_bit_identical_with_restart_timeline(tmp_path: Path) 
     assert sorted(e["restart_count"] for e in restarted) == [0, 0, 1, 1]
     firsts = [e for e in events if e["event"] == "first_step" and e["rank"] == 0]
     assert [e["step"] for e in firsts] == [0, 4]
+
+    # the goodput report of the same run: the parts sum to the wall time, and the lost work
+    # is the 3 steps the resume threw away (4, 5, 6) at the measured step time (±50 %:
+    # step times on this shared 2-core box vary that much within a run)
+    g = goodput.account(events)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+    killed, resumed = g.incarnations
+    assert (killed.last_step, resumed.resumed_from, g.failures) == (6, 3, 1)
+    marks = [e["t"] for e in events if e["event"] == "progress" and e["pid"] == killed.pid]
+    step_s = statistics.median(b - a for a, b in itertools.pairwise(marks))
+    assert g.seconds["lost_work"] == pytest.approx(3 * step_s, rel=0.5)
+    assert g.seconds["restart"] > 0 and g.seconds["productive"] > 0

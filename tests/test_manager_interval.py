@@ -4,6 +4,7 @@ state-dict hook that sleeps, inside the timed staging)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -71,5 +72,5 @@ def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> Non
     assert late > 3 * early, (early, late)  # √20 ≈ 4.5 in theory
     assert decided[-1]["inputs"]["C_source"].startswith("measured")
     assert decided[-1]["inputs"]["mtbf_source"] == "given" and decided[-1]["M_s"] > 0
-    gaps = [b["step"] - a["step"] for a, b in zip(decided, decided[1:], strict=False)]
+    gaps = [b["step"] - a["step"] for a, b in itertools.pairwise(decided)]
     assert max(gaps[-3:]) > max(gaps[1:4])  # the steps between saves grew with τ

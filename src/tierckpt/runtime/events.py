@@ -31,6 +31,7 @@ tier2_unhealthy     error, due (steps waiting for upload), alive, restarts
 uploader_restarted  restarts, exit_code, reason
 upload_skipped      step, reason (released from tier 1 before its upload: backlog full)
 upload_drained      seconds, left (steps close() left on tier 1 only)
+progress            step (at most every PROGRESS_EVERY_S: what goodput's lost work needs)
 interval_decided    interval_s, M_s, step_s, next_step, inputs (C, W, R, node_mtbf, nodes,
                     failures, exposure_s and each one's source)
 ==================  =============================================================
@@ -71,11 +72,32 @@ UPLOADER_RESTARTED = "uploader_restarted"
 UPLOAD_SKIPPED = "upload_skipped"
 UPLOAD_DRAINED = "upload_drained"
 INTERVAL_DECIDED = "interval_decided"
+PROGRESS = "progress"
 
 
 MAX_PENDING = 10_000
 """Events kept in memory while the log cannot be written (e.g. a full disk); beyond this
 the oldest are dropped (counted in ``EventLog.dropped``)."""
+
+
+PROGRESS_EVERY_S = 10.0
+
+
+class ProgressMarks:
+    """Emits ``progress`` (the step just completed) at most every ``every_s`` seconds: the
+    cheap record of how far a process got, for the goodput report's lost work."""
+
+    def __init__(self, log: EventLog, every_s: float | None = None) -> None:
+        if every_s is None:  # TIERCKPT_PROGRESS_EVERY_S: e.g. 0 in tests, every step
+            every_s = float(os.environ.get("TIERCKPT_PROGRESS_EVERY_S", PROGRESS_EVERY_S))
+        self.log, self.every_s = log, every_s
+        self._next = 0.0
+
+    def step(self, step: int) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every_s
+            self.log.emit(PROGRESS, step=step)
 
 
 class EventLog:

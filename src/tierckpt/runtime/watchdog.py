@@ -35,7 +35,13 @@ from pathlib import Path
 
 from tierckpt.errors import ConfigError
 from tierckpt.runtime.distributed import process_started_at
-from tierckpt.runtime.events import FAILURE_DETECTED, FIRST_STEP, HANG_DETECTED, EventLog
+from tierckpt.runtime.events import (
+    FAILURE_DETECTED,
+    FIRST_STEP,
+    HANG_DETECTED,
+    EventLog,
+    ProgressMarks,
+)
 
 __all__ = ["EXIT_CODE", "HangInfo", "StepWatchdog"]
 
@@ -97,6 +103,7 @@ class StepWatchdog:
         self._last_progress = time.monotonic()
         self._last_step: int | None = None
         self._first_step_pending = True
+        self._marks = None if self._log is None else ProgressMarks(self._log)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -141,6 +148,8 @@ class StepWatchdog:
             self._last_step = step
             self._last_progress = time.monotonic()
             first, self._first_step_pending = self._first_step_pending, False
+        if self._marks is not None:
+            self._marks.step(step)
         if first and self._log is not None:
             started = process_started_at()
             self._log.emit(FIRST_STEP, step=step, seconds_since_process_start=(

@@ -1,0 +1,102 @@
+"""``tierckpt report TIER1|EVENTS``: a run's goodput from its own events, across restarts.
+
+Wall time split into productive training, blocked by saves (C), waiting for a previous
+save, lost work, restart and start-up (:mod:`tierckpt.policy.goodput`); the failures, saves
+and interval; the measured waste beside the model's prediction for the same C, R, τ, M.
+``--plot FILE`` draws the split as a stacked bar and the run's steps over time with its
+failures and resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tierckpt.cli._app import app
+from tierckpt.cli._render import config_errors, console, emit_json, pct
+from tierckpt.errors import ConfigError
+from tierckpt.format import layout
+from tierckpt.policy import goodput
+from tierckpt.policy.units import format_duration, parse_duration
+from tierckpt.runtime import events
+
+
+@app.command()
+def report(
+    source: Annotated[Path, typer.Argument(help="A tier-1 root (its events.jsonl) or an "
+                                                "events.jsonl file.")],
+    node_mtbf: Annotated[str | None, typer.Option(
+        help="Node MTBF for the model's prediction (e.g. 30d); default: the observed rate.")
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="Nodes of the job (with --node-mtbf).")] = 1,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of the split and the "
+                                                   "timeline.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Where a run's wall time went; goodput = productive ÷ wall."""
+    with config_errors():
+        path = source / layout.EVENTS if source.is_dir() else source
+        if not path.is_file():
+            raise ConfigError(f"{str(source)!r} is neither a tier-1 root with events.jsonl "
+                              "nor an events file")
+        mtbf = None if node_mtbf is None else parse_duration(node_mtbf, "--node-mtbf")
+        g = goodput.account(events.read_events(path), node_mtbf_s=mtbf, nodes=nodes)
+        if plot is not None:
+            _plot(g, plot)
+    if as_json:
+        emit_json(g.to_json())
+        return
+    out = console()
+    t = Table(title=f"Goodput of {path}")
+    for col, just in (("where the time went", "left"), ("time", "right"), ("share", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for k in goodput.CATEGORIES:
+        t.add_row(k.replace("_", " "), format_duration(g.seconds[k]),
+                  pct(g.seconds[k] / g.wall_s if g.wall_s else 0.0))
+    t.add_row("[bold]wall[/]", format_duration(g.wall_s), "100 %")
+    out.print(t)
+    out.print(f"goodput [bold]{pct(g.goodput)}[/]: {g.failures} failure(s), {g.saves} saves"
+              + (f", interval {format_duration(g.interval_s)}" if g.interval_s else ""))
+    if g.predicted_waste is not None:
+        out.print(f"waste measured {pct(g.waste)}, the model predicts "
+                  f"{pct(g.predicted_waste)} for C {format_duration(g.C_s or 0)}, R "
+                  f"{format_duration(g.R_s or 0)}, M {format_duration(g.M_s or 0)}")
+
+
+def _plot(g: goodput.Goodput, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: install tierckpt[plot]") from None
+    fig, (bar, line) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=(1, 3))
+    try:
+        bottom = 0.0
+        for k in goodput.CATEGORIES:
+            share = 100 * g.seconds[k] / g.wall_s if g.wall_s else 0.0
+            bar.bar(0, share, bottom=bottom, label=k.replace("_", " "))
+            bottom += share
+        bar.set_xticks([])
+        bar.set_ylabel("% of wall time")
+        bar.legend(fontsize=7)
+        t0 = g.incarnations[0].start if g.incarnations else 0.0
+        for inc in g.incarnations:
+            if inc.first_step_t is not None and inc.first_step is not None:
+                line.plot([(inc.first_step_t - t0) / 60, (inc.end - t0) / 60],
+                          [inc.first_step, inc.last_step or inc.first_step], "-o", ms=3)
+            if inc.failure_t is not None:
+                line.axvline((inc.failure_t - t0) / 60, color="red", alpha=0.5)
+        line.set_xlabel("minutes since the run started")
+        line.set_ylabel("step")
+        line.set_title("steps per incarnation (red: failure detected)")
+        try:
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+        except OSError as e:
+            raise ConfigError(f"--plot: cannot write {str(path)!r}: {e}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,162 @@
+"""A run's goodput from its own events: where the wall time went, across every restart.
+Pure: a list of event records (``tierckpt.runtime.events``) in, a :class:`Goodput` out.
+
+The run is cut into incarnations (one per rank-0 process, in start order). For each:
+
+- **start-up**: process start → its first training step (the first incarnation only; later
+  ones count it as restart);
+- **restart**: the previous incarnation's last sign of life (or its ``failure_detected``,
+  when earlier) → this incarnation's first step — detection, rescheduling, process start,
+  restore, warm-up;
+- **blocked**: ``save_staged`` seconds (C), and **overlap**: ``overlap`` seconds (a save
+  waiting for the previous one);
+- **lost work**: the steps an incarnation computed beyond the step the next one resumed
+  from (``restore_done``), at that incarnation's measured seconds per step;
+- **productive**: the rest of its training time.
+
+The parts sum to the wall time (first event → last event); ``unaccounted`` holds what a
+gap between incarnations leaves over. The model's prediction for the same C, R, τ and M
+(:func:`tierckpt.policy.plan.waste`) is reported beside the measured waste.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tierckpt.policy import plan
+
+CATEGORIES = ("productive", "blocked", "overlap", "lost_work", "restart", "startup",
+              "unaccounted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Incarnation:
+    pid: int
+    start: float
+    first_step_t: float | None
+    end: float
+    first_step: int | None
+    last_step: int | None
+    resumed_from: int | None  # the step restore() loaded, None on a fresh start
+    failure_t: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Goodput:
+    """Seconds per category (:data:`CATEGORIES`), their sum ``wall_s``, counts and the
+    model's prediction (None when there was no failure and no given MTBF to predict with)."""
+
+    wall_s: float
+    seconds: dict[str, float]
+    incarnations: tuple[Incarnation, ...]
+    failures: int
+    saves: int
+    interval_s: float | None
+    C_s: float | None
+    R_s: float | None
+    M_s: float | None
+    predicted_waste: float | None
+
+    @property
+    def goodput(self) -> float:
+        return self.seconds["productive"] / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def waste(self) -> float:
+        return 1.0 - self.goodput
+
+    def to_json(self) -> dict[str, Any]:
+        return {"wall_s": self.wall_s, "seconds": dict(self.seconds),
+                "fractions": {k: (v / self.wall_s if self.wall_s else 0.0)
+                              for k, v in self.seconds.items()},
+                "goodput": self.goodput, "waste": self.waste, "failures": self.failures,
+                "saves": self.saves, "interval_s": self.interval_s, "C_s": self.C_s,
+                "R_s": self.R_s, "M_s": self.M_s, "predicted_waste": self.predicted_waste,
+                "incarnations": [dataclasses.asdict(i) for i in self.incarnations]}
+
+
+def _num(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
+    """Rank 0's processes, in start order, with what the accounting needs of each."""
+    by_pid: dict[int, list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("rank", 0) == 0 and _num(r.get("t")) is not None:
+            by_pid.setdefault(int(r.get("pid", 0)), []).append(r)
+    out = []
+    for pid, recs in by_pid.items():
+        recs = sorted(recs, key=lambda r: float(r["t"]))
+        kinds = {r["event"]: r for r in reversed(recs)}  # first of each kind
+        steps = [int(r["step"]) for r in recs if isinstance(r.get("step"), int)
+                 and r["event"] in ("progress", "save_staged", "first_step")]
+        first = kinds.get("first_step") or kinds.get("progress")
+        restored = kinds.get("restore_done")
+        failure = kinds.get("failure_detected")
+        out.append(Incarnation(
+            pid=pid, start=float(recs[0]["t"]),
+            first_step_t=None if first is None else float(first["t"]),
+            end=float(recs[-1]["t"]), first_step=min(steps, default=None),
+            last_step=max(steps, default=None),
+            resumed_from=None if restored is None else int(restored.get("step", -1)),
+            failure_t=None if failure is None else float(failure["t"])))
+    return sorted(out, key=lambda i: i.start)
+
+
+def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None = None,
+            nodes: int = 1) -> Goodput:
+    """The goodput of the run the records describe (see the module docstring)."""
+    recs = [r for r in records if _num(r.get("t")) is not None]
+    incs = incarnations(recs)
+    sec = dict.fromkeys(CATEGORIES, 0.0)
+    if not incs:
+        return Goodput(0.0, sec, (), 0, 0, None, None, None, None, None)
+    t0 = min(float(r["t"]) for r in recs)
+    t1 = max(float(r["t"]) for r in recs)
+    staged = [r for r in recs if r.get("event") == "save_staged" and r.get("rank", 0) == 0]
+    for r in staged:
+        sec["blocked"] += _num(r.get("seconds")) or 0.0
+    for r in recs:
+        if r.get("event") == "overlap" and r.get("rank", 0) == 0:
+            sec["overlap"] += _num(r.get("seconds")) or 0.0
+    dead_prev = None
+    for k, inc in enumerate(incs):
+        begin = inc.first_step_t if inc.first_step_t is not None else inc.end
+        last = k + 1 == len(incs)
+        # after a failure was detected the rest of that process is not training
+        end = inc.end if last or inc.failure_t is None else min(inc.end, inc.failure_t)
+        if dead_prev is None:
+            sec["startup"] += max(0.0, begin - inc.start)
+        else:
+            sec["restart"] += max(0.0, begin - dead_prev)
+        dead_prev = end
+        span = max(0.0, end - begin)
+        sec["productive"] += span
+        done = None if inc.first_step is None or inc.last_step is None else \
+            inc.last_step - inc.first_step
+        nxt = None if last else incs[k + 1]
+        if done and nxt is not None and nxt.resumed_from is not None \
+                and inc.last_step is not None:
+            sec["lost_work"] += max(0, inc.last_step - nxt.resumed_from) * span / done
+    sec["productive"] -= sec["blocked"] + sec["overlap"] + sec["lost_work"]
+    wall = t1 - t0
+    sec["unaccounted"] = wall - sum(v for k, v in sec.items() if k != "unaccounted")
+    failures = len(incs) - 1
+    saved_steps = sorted({int(r["step"]) for r in staged if isinstance(r.get("step"), int)})
+    save_ts = sorted(float(r["t"]) for r in staged)
+    tau = statistics.median([b - a for a, b in itertools.pairwise(save_ts)]) \
+        if len(save_ts) > 1 else None
+    C = statistics.median([_num(r.get("seconds")) or 0.0 for r in staged]) if staged else None
+    R = sec["restart"] / failures if failures else None
+    M = (node_mtbf_s / nodes) if node_mtbf_s else (wall / failures if failures else None)
+    predicted = None
+    if tau and C and M:
+        predicted = plan.waste(C, tau, M, R or 0.0).total
+    return Goodput(wall_s=wall, seconds=sec, incarnations=tuple(incs), failures=failures,
+                   saves=len(saved_steps), interval_s=tau, C_s=C, R_s=R, M_s=M,
+                   predicted_waste=predicted)

@@ -1,0 +1,51 @@
+"""Goodput accounting from event records: the categories sum to the wall time, and lost
+work is the steps thrown away by a resume from an older step, at the measured step time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tierckpt.policy import goodput
+
+
+def _ev(t: float, event: str, pid: int, **kw: Any) -> dict[str, Any]:
+    return {"t": t, "event": event, "pid": pid, "rank": 0, **kw}
+
+
+def _run() -> list[dict[str, Any]]:
+    """Incarnation 1 (pid 1): start at 0, first step 0 at 10 s, 1 s per step, saves after
+    steps 9 and 19 (C 0.5 s), killed after step 24 (t = 34.9). Incarnation 2 (pid 2):
+    starts at 50, resumes from step 19, first step 20 at 60, runs to step 39 at t = 79."""
+    recs = [_ev(0, "process_start", 1, restart_count=0), _ev(10, "first_step", 1, step=0)]
+    recs += [_ev(10 + s, "progress", 1, step=s) for s in range(25)]
+    recs += [_ev(19.5, "save_staged", 1, step=9, seconds=0.5),
+             _ev(29.5, "save_staged", 1, step=19, seconds=0.5),
+             _ev(34.9, "progress", 1, step=24)]
+    recs += [_ev(50, "process_start", 2, restart_count=1),
+             _ev(55, "restore_done", 2, step=19, seconds=2.0),
+             _ev(60, "first_step", 2, step=20)]
+    recs += [_ev(60 + s - 20, "progress", 2, step=s) for s in range(20, 40)]
+    recs += [_ev(69.5, "save_staged", 2, step=29, seconds=0.5)]
+    return recs
+
+
+def test_the_parts_sum_to_the_wall_time_and_each_is_where_it_belongs() -> None:
+    g = goodput.account(_run())
+    assert g.wall_s == 79.0
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+    s = g.seconds
+    assert s["startup"] == 10.0 and s["restart"] == pytest.approx(60 - 34.9)
+    assert s["blocked"] == 1.5 and s["overlap"] == 0.0
+    span1 = 34.9 - 10
+    assert s["lost_work"] == pytest.approx((24 - 19) * span1 / 24)  # steps 20–24, redone
+    assert s["unaccounted"] == pytest.approx(0.0, abs=1e-9)
+    assert g.failures == 1 and g.saves == 3
+    assert g.goodput == pytest.approx(s["productive"] / 79.0)
+
+
+def test_a_prediction_needs_an_mtbf() -> None:
+    g = goodput.account(_run(), node_mtbf_s=3600.0, nodes=2)
+    assert g.M_s == 1800.0 and g.predicted_waste is not None and 0 < g.predicted_waste < 1
+    assert goodput.account([]).wall_s == 0.0
