@@ -18,12 +18,16 @@ from typing import Any
 
 from rich.table import Table
 
+from tierckpt.cli import report
 from tierckpt.cli._render import console, pct
 from tierckpt.cli.drill import live_progress
 from tierckpt.drill import DrillConfig, run_drills
 from tierckpt.errors import ConfigError
+from tierckpt.format import layout
+from tierckpt.policy import goodput
 from tierckpt.policy import plan as planlib
 from tierckpt.policy.units import format_duration
+from tierckpt.runtime.events import read_events
 
 __all__ = ["CLUSTER_NODES", "NODE_MTBF_S", "TRAIN_FLAGS", "demo_plan", "main", "result_table"]
 
@@ -109,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     con.print()
     con.print(result_table(doc, demo_plan(doc["measured"])))
+    kill_events = cfg.roots("kill")[0] / layout.EVENTS
+    if kill_events.is_file():  # the goodput of the killed-and-resumed run, from its events
+        report.render(goodput.account(read_events(kill_events)),
+                      "Goodput of the kill drill's run (tierckpt report "
+                      f"{kill_events.parent})")
     con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}\n"
               f"Plan it yourself: tierckpt plan --from-drill {doc['files']['json']} "
               f"--node-mtbf 32d --nodes {CLUSTER_NODES}")

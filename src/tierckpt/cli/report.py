@@ -49,8 +49,13 @@ def report(
     if as_json:
         emit_json(g.to_json())
         return
+    render(g, f"Goodput of {path}")
+
+
+def render(g: goodput.Goodput, title: str) -> None:
+    """Print the goodput table and its summary lines."""
     out = console()
-    t = Table(title=f"Goodput of {path}")
+    t = Table(title=title, title_justify="left")
     for col, just in (("where the time went", "left"), ("time", "right"), ("share", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for k in goodput.CATEGORIES:
