@@ -346,3 +346,35 @@ def test_uploader_process_exits_when_its_parent_dies(tmp_path: Path) -> None:
         time.sleep(0.2)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("uploader outlived its parent")
+
+
+def test_a_burst_of_sigterms_never_wedges_the_uploader(tmp_path: Path) -> None:
+    """torchrun stops a rank with killpg(SIGTERM), and the rank's death sends its uploader
+    another SIGTERM (PDEATHSIG). A handler that set the stop Event itself deadlocked when the
+    next signal interrupted it inside ``Event.set`` (the orphan kept its lock for good; the
+    chaos drill found it): every uploader must exit, however many SIGTERMs arrive at once."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t2").mkdir()
+    hung = 0
+    for _ in range(15):
+        ready_r, ready_w = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tierckpt.uploader", str(tmp_path / "t1"),
+             (tmp_path / "t2").as_uri(), "--watch", "--poll", "0.001", "--ready-fd",
+             str(ready_w)], pass_fds=(ready_w,), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        os.close(ready_w)
+        os.read(ready_r, 1)  # its handlers are installed
+        os.close(ready_r)
+        for _ in range(300):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            hung += 1
+            proc.kill()
+            proc.wait()
+    assert hung == 0, f"{hung} of 15 uploaders never exited after a burst of SIGTERMs"

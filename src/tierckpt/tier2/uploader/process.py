@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -144,9 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             s3_options=json.loads(a.s3_options))
     lower_priority()
     stop, finish = threading.Event(), threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    signal.signal(signal.SIGUSR1, lambda *_: finish.set())
+    _relay_signals({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: finish})
     if a.parent:
         exit_with_parent(a.parent, stop)
     if a.ready_fd >= 0:
@@ -157,3 +156,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if up.watch(stop, finish) or not finish.is_set() else 1
         return 0 if all(r.status in OK for r in up.drain()) else 1
 
+
+def _relay_signals(targets: dict[int, threading.Event]) -> None:
+    """Set ``targets[sig]`` when ``sig`` arrives. The handler only puts the signal number on
+    a :class:`queue.SimpleQueue` (reentrant: safe in a handler, even one interrupted by the
+    next signal) and a thread sets the event. Setting an Event in the handler takes the
+    Event's lock, which the interrupted main thread (in ``Event.set``/``wait``) may already
+    hold: a rank's uploader gets two SIGTERMs when torchrun stops the rank (its killpg and
+    PDEATHSIG), and the second deadlocked it for good, still holding its lock."""
+    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def relay() -> None:
+        while True:
+            targets[pending.get()].set()
+    threading.Thread(target=relay, name="tierckpt-signals", daemon=True).start()
+    for sig in targets:
+        signal.signal(sig, lambda signum, _frame: pending.put(signum))
