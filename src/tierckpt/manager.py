@@ -45,6 +45,7 @@ from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
 from tierckpt.tier2 import probe
+from tierckpt.tier2.storage.url import parse_url
 from tierckpt.tier2.uploader import UploaderConfig
 from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
 
@@ -276,7 +277,11 @@ class CheckpointManager:
                 for weaker in result.modes.weaker:
                     _log.warning("tier 2 %s: %s", url, weaker)
             except ConfigError as e:
-                err = str(e)
+                if _missing_dir(url):  # an unmounted file system: an outage, not a typo
+                    _log.warning("tier 2 %s is not there (%s); starting from tier 1 — mount "
+                                 "it: the uploader retries", url, e)
+                else:
+                    err = str(e)
             except (CheckpointError, OSError) as e:  # TimeoutError is an OSError
                 _log.warning("tier 2 %s did not answer the probe (%s); starting anyway", url, e)
         errors = [e for e in self.comm.all_gather(err) if e]
@@ -311,6 +316,14 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("CheckpointManager is closed")
+
+
+def _missing_dir(url: str) -> bool:
+    """A ``file://`` tier 2 whose directory does not exist (yet): never created by us, but
+    a mount that is down is an outage — the job must still restart from tier 1."""
+    if not url.startswith("file://"):
+        return False
+    return not os.path.lexists(parse_url(url).location)
 
 
 def _require_state(state: object) -> None:

@@ -99,6 +99,25 @@ def test_continue_mode_cleans_up_escalates_and_keeps_events(small_fs: Path) -> N
     TALLY.add("ENOSPC, continue mode (cleanup, escalation)", lost=0)
 
 
+def test_a_line_cut_short_by_a_full_disk_is_ended_and_written_again(small_fs: Path) -> None:
+    """ENOSPC in the middle of an event line: the fragment is ended with a newline (one bad
+    line readers skip) and the record is written again whole once space is back — no other
+    record is glued to it and none is lost."""
+    path = small_fs / "events.jsonl"
+    log = events.EventLog(path)
+    log.emit("probe", step=0, pad="x" * 300)  # the file's page now has room left in it
+    filler = _fill(small_fs, leave=0)
+    for i in range(1, 200):  # that room fills up, then a line is cut short
+        log.emit("probe", step=i, pad="x" * 300)
+    assert log.pending, "the disk never refused a line"
+    filler.unlink()
+    log.emit("probe", step=200, pad="x")
+    log.close()
+    steps = [e["step"] for e in events.read_events(path) if e["event"] == "probe"]
+    assert steps == list(range(201))
+    TALLY.add("ENOSPC mid event line", lost=0)
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)

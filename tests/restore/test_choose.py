@@ -3,6 +3,7 @@ save again, and a tier 2 that is down or hung never blocks a restore from tier 1
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -145,3 +146,18 @@ def test_a_tier2_that_can_never_work_is_refused_when_the_job_starts(tmp_path: Pa
     with tierckpt.CheckpointManager(tier1=tmp_path / "t1") as ck:  # the root was released
         info = ck.restore(_state())
     assert info is not None and info.step == 3
+
+
+def test_a_tier2_mount_that_is_down_does_not_stop_a_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A file:// tier 2 whose directory is missing (an NFS mount that is down) is an outage,
+    not a configuration error: the job restarts from tier 1 and says so (the chaos drill
+    found the crash loop); the directory is never created."""
+    _save(tmp_path / "t1", [3])
+    gone = tmp_path / "mnt" / "tier2"
+    with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
+            tier1=tmp_path / "t1", tier2=gone.as_uri(), upload_drain_s=0) as ck:
+        info = ck.restore(_state())
+    assert info is not None and info.step == 3 and info.source == "tier1"
+    assert any("is not there" in r.getMessage() for r in caplog.records)
+    assert not gone.exists()

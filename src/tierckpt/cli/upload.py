@@ -36,6 +36,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes
 from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploadResult
 from tierckpt.tier2.uploader import watch as watch_loop
+from tierckpt.tier2.uploader.process import relay_signals
 
 _OK = ("verified", "files_verified")
 """Results that count as success (``conflict`` is done, but a failure for the user)."""
@@ -101,7 +102,8 @@ def _stop_on_signals(install: bool) -> Iterator[threading.Event]:
     if not install:
         yield stop
         return
-    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    relay_signals(dict.fromkeys(old, stop))  # never set an Event inside a handler
     try:
         yield stop
     finally:

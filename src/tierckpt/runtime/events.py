@@ -117,6 +117,7 @@ class EventLog:
         self.pending: collections.deque[bytes] = collections.deque(maxlen=MAX_PENDING)
         self.dropped = 0
         self._lock = threading.Lock()  # the saver thread emits too
+        self._torn = False  # the last write was cut short (ENOSPC): end the fragment first
 
     def emit(self, event: str, step: int | None = None, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"event": event, "t": time.time(), "rank": self.rank,
@@ -139,8 +140,13 @@ class EventLog:
 
     def _flush(self) -> bool:
         try:
-            while self.pending and self._fd >= 0:
-                os.write(self._fd, self.pending[0])  # one write per line: never interleaved
+            if self._torn and self._fd >= 0:  # end a fragment a full disk cut short, so
+                self._torn = os.write(self._fd, b"\n") != 1  # it stays one bad line alone
+            while self.pending and self._fd >= 0 and not self._torn:
+                line = self.pending[0]
+                if os.write(self._fd, line) < len(line):  # one write per line; a short one
+                    self._torn = True  # is a fragment readers skip: end it, write it again
+                    return False
                 self.pending.popleft()
         except OSError:
             return False

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             s3_options=json.loads(a.s3_options))
     lower_priority()
     stop, finish = threading.Event(), threading.Event()
-    _relay_signals({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: finish})
+    relay_signals({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: finish})
     if a.parent:
         exit_with_parent(a.parent, stop)
     if a.ready_fd >= 0:
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if all(r.status in OK for r in up.drain()) else 1
 
 
-def _relay_signals(targets: dict[int, threading.Event]) -> None:
+def relay_signals(targets: dict[int, threading.Event]) -> None:
     """Set ``targets[sig]`` when ``sig`` arrives. The handler only puts the signal number on
     a :class:`queue.SimpleQueue` (reentrant: safe in a handler, even one interrupted by the
     next signal) and a thread sets the event. Setting an Event in the handler takes the
