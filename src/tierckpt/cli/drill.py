@@ -1,9 +1,11 @@
 """``tierckpt drill``: run the five resume drills against a training command, with a live
-view of which drill is running; exit status 1 when any verdict fails (2 for bad input)."""
+view of which drill is running; exit status 1 when any verdict fails (2 for bad input).
+``--chaos N`` runs the chaos drill instead: N seeded fault cycles, exit 1 on any violated
+invariant."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +19,7 @@ from rich.table import Table
 from tierckpt.cli._app import app
 from tierckpt.cli._render import config_errors, console, emit_json
 from tierckpt.drill import DRILLS, DrillConfig, Progress, run_drills
+from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
 
 EXIT_FAILED = 1
 """Exit status when a drill's verdict fails."""
@@ -30,11 +33,18 @@ def drill(
     command: Annotated[list[str], typer.Argument(
         help="The training command, after --: python examples/train.py FLAGS... It must "
              "accept --tier1, --losses, --steps and --tier2 (docs/drills.md).")],
-    nproc: Annotated[int, typer.Option(help="Ranks per node.")] = 2,
-    nnodes: Annotated[int, typer.Option(help="Simulated nodes (torchrun agents) on loopback.")
-    ] = 1,
-    steps: Annotated[int, typer.Option(help="Training steps per run.")] = 20,
-    seed: Annotated[int, typer.Option(help="Picks the step and rank to kill.")] = 0,
+    nproc: Annotated[int | None, typer.Option(
+        help="Ranks per node (default 2; with --chaos 1).")] = None,
+    nnodes: Annotated[int | None, typer.Option(
+        help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2).")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="Training steps per run (default 20; with --chaos 150 per cycle).")] = None,
+    seed: Annotated[int, typer.Option(
+        help="Picks the step and rank to kill (with --chaos: every cycle's faults).")] = 0,
+    chaos: Annotated[int | None, typer.Option(
+        help="Run the chaos drill instead: this many seeded fault cycles on one job "
+             "(docs/drills.md, 'Chaos drill').")] = None,
     tier2: Annotated[str | None, typer.Option(
         help="Tier-2 URL (s3://bucket/prefix or file:///path) (default: file://OUT/tier2).")
     ] = None,
@@ -45,9 +55,17 @@ def drill(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report."""
+    if chaos is not None:
+        _chaos(lambda: ChaosConfig(command=tuple(command), cycles=chaos,
+                                   nproc=1 if nproc is None else nproc,
+                                   nnodes=2 if nnodes is None else nnodes, steps=steps,
+                                   seed=seed, tier2=tier2, out=out, rtol=rtol), as_json)
+        return
     with config_errors():
-        cfg = DrillConfig(command=tuple(command), nproc=nproc, nnodes=nnodes, steps=steps,
-                          seed=seed, tier2=tier2, out=out, rtol=rtol)
+        cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
+                          nnodes=1 if nnodes is None else nnodes,
+                          steps=20 if steps is None else steps, seed=seed, tier2=tier2,
+                          out=out, rtol=rtol)
         # with --json, stdout carries only the document: the live view goes to stderr
         con = Console(stderr=True, highlight=False) if as_json else console()
         with live_progress(con) as progress:
@@ -63,11 +81,52 @@ def drill(
         raise typer.Exit(EXIT_FAILED)
 
 
+def _chaos(make: Callable[[], ChaosConfig], as_json: bool) -> None:
+    """``--chaos N``: the chaos drill's live view, its totals, exit 1 on a violation."""
+    with config_errors():
+        cfg = make()
+        con = Console(stderr=True, highlight=False) if as_json else console()
+        with live_progress(con, (*STAGES, "report")) as progress:
+            doc = run_chaos(cfg, progress)
+    if as_json:
+        emit_json(doc)
+    else:
+        con.print()
+        con.print(chaos_table(doc))
+        con.print(f"report: {escape(doc['files']['md'])}")
+    if not doc["ok"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def chaos_table(doc: dict[str, Any]) -> Table:
+    """Per fault kind: cycles passed and violated; then the chaos report's totals."""
+    t = Table(title="chaos drill results", title_justify="left")
+    t.add_column("fault kind / total")
+    t.add_column("value", justify="right")
+    for kind, k in doc["by_kind"].items():
+        style = "green" if not k["violated"] else "bold red"
+        t.add_row(kind, f"[{style}]{k['passed']} passed, {k['violated']} violated[/]")
+    tot = doc["totals"]
+    t.add_row("cycles", f"{tot['cycles']}/{tot['cycles_planned']}")
+    t.add_row("faults fired", str(tot["faults"]))
+    t.add_row("restarts", str(tot["restarts"]))
+    t.add_row("violations", ("[green]0[/]" if not tot["violations"] else
+                             f"[bold red]{tot['violations']}[/]"))
+    bound = "—" if tot["tier1_bound"] is None else str(tot["tier1_bound"])
+    t.add_row("tier-1 peak / bound", f"{tot['tier1_peak']} / {bound}")
+    t.add_row("wall time", f"{tot['wall_s']:.0f} s")
+    if doc.get("error"):
+        t.add_row("stopped early", f"[bold red]{escape(str(doc['error'])[:200])}[/]")
+    return t
+
+
 @contextmanager
-def live_progress(con: Console) -> Iterator[Progress]:
+def live_progress(con: Console, stages: tuple[str, ...] = (*DRILLS, "report")
+                  ) -> Iterator[Progress]:
     """A rich live table of the drills (waiting, running, passed, failed) on ``con``;
-    yields the ``progress`` callback for :func:`tierckpt.drill.run_drills`."""
-    states: dict[str, tuple[str, str]] = {d: ("waiting", "") for d in (*DRILLS, "report")}
+    yields the ``progress`` callback for :func:`tierckpt.drill.run_drills` (or, with the
+    chaos drill's ``stages``, :func:`tierckpt.drill.chaos.run_chaos`)."""
+    states: dict[str, tuple[str, str]] = {d: ("waiting", "") for d in stages}
     with Live(_table(states), console=con, refresh_per_second=4, transient=False) as live:
         def progress(name: str, state: str, detail: str) -> None:
             states[name] = (state, detail)

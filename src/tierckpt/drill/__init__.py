@@ -9,6 +9,10 @@ docs/drills.md). The verdicts are deterministic on CPU: bit-identical losses aft
 Modules: ``verdicts`` (pure: where to kill, continuity, samples, R's parts), ``launch``
 (torchrun agents), ``inject`` (the SIGKILL from outside), ``runs`` (one job and its
 records; checkpoint chores), ``drills`` (the order), ``report`` (JSON, Markdown, PNG).
+The chaos drill (``tierckpt drill --chaos N``, :func:`tierckpt.drill.chaos.run_chaos`):
+``chaos_verdicts`` (pure: the fault catalogue, the seeded plan, every invariant),
+``chaos_faults`` (the injectors and what watches the job), ``chaos`` (the order),
+``chaos_report`` (JSON, Markdown).
 """
 
 from __future__ import annotations

@@ -1,0 +1,138 @@
+"""The chaos drill's value types: what to drill, how long it waits, and what it records.
+
+:class:`ChaosConfig` is the validated input of :func:`tierckpt.drill.chaos.run_chaos`
+(ConfigError for bad input, raised on construction). The timing constants bound every wait
+of the drill. :class:`StartRecord` and :class:`CycleRecord` are the mutable records the
+runner (:mod:`tierckpt.drill.chaos_state` and its subclasses) fills in: one per start of the
+job, one per fault cycle; the report's cycle records are made from the latter. Nothing here
+touches a file or a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from tierckpt.drill import chaos_verdicts as cv
+from tierckpt.drill.launch import Job
+from tierckpt.errors import ConfigError
+from tierckpt.tier2.storage.url import parse_url
+
+__all__ = ["HOLD_FULL_S", "MOMENT_S", "PRECONDITION_S", "QUIET_S", "SAMPLE_S", "SETTLE_S",
+           "STAGES", "STEPS_PER_CYCLE", "UPLOAD_MOMENT_S", "ChaosConfig", "CycleRecord",
+           "StartRecord"]
+
+STAGES = ("reference", "chaos", "final")
+"""What :func:`tierckpt.drill.chaos.run_chaos` reports progress for (then ``report``)."""
+STEPS_PER_CYCLE = 150
+"""Default ``steps`` per cycle: room for a cycle's commits and its time-based waits (an
+upload to happen, tier 2 to be missed) at a few dozen steps per second, saving every 10."""
+SETTLE_S = 30.0  # a job whose rank was killed exits on its own within this, else is stopped
+QUIET_S = 30.0  # its processes (uploaders draining a file) exit within this, else are killed
+MOMENT_S = 15.0  # longest wait for a kill's moment (a save) before killing anyway
+UPLOAD_MOMENT_S = 5.0  # longest wait for an upload to start (the uploader polls every 2 s)
+HOLD_FULL_S = 60.0  # longest a full tier 1 is held while the job runs on
+PRECONDITION_S = 30.0  # longest wait for what an at-rest fault needs (a tier-2 copy)
+SAMPLE_S = 0.05  # how often tier-1 step directories are counted
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChaosConfig:
+    """What to drill: ``command`` (the contract of :mod:`tierckpt.drill.launch`) on
+    ``nnodes`` simulated nodes of ``nproc`` ranks, through ``cycles`` fault cycles drawn
+    from ``seed`` over ``kinds``. ``steps`` defaults to :data:`STEPS_PER_CYCLE` per cycle
+    (plus one cycle's worth); ``tier2`` to ``file://<out>/tier2``; ``rtol`` None means bit
+    for bit on CPU. ``tmpfs``: put each node root on a size-limited tmpfs (needs root;
+    without it the full-tier-1 fault is left out). ``commit_timeout_s`` bounds how long a
+    start may take to restore and commit; ``max_starts`` how often a cycle starts the job
+    again before the drill gives up."""
+
+    command: tuple[str, ...]
+    cycles: int
+    out: Path = Path("drill-out")
+    nnodes: int = 2
+    nproc: int = 1
+    steps: int | None = None
+    seed: int = 0
+    tier2: str | None = None
+    kinds: tuple[str, ...] = cv.KINDS
+    rtol: float | None = None
+    tmpfs: bool = True
+    job_timeout_s: float = 600.0
+    commit_timeout_s: float = 180.0
+    max_starts: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("give the training command, e.g. "
+                              "tierckpt drill --chaos 10 -- python examples/train.py")
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "out", Path(self.out).absolute())
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        for name, flag in (("cycles", "--chaos"), ("nproc", "--nproc"),
+                           ("max_starts", "max_starts")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{flag} must be an int >= 1, got {v!r}")
+        if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 2:
+            raise ConfigError(f"the chaos drill needs --nnodes >= 2 (node-local roots, partial "
+                              f"commits across nodes), got {self.nnodes!r}")
+        cv.draw_plan(0, 1, nodes=self.nnodes, kinds=self.kinds)  # validates the kinds
+        if self.steps is None:
+            object.__setattr__(self, "steps", STEPS_PER_CYCLE * (self.cycles + 1))
+        elif isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 6:
+            raise ConfigError(f"--steps must be an int >= 6, got {self.steps!r}")
+        if self.rtol is not None and not self.rtol >= 0:
+            raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
+        if self.tier2 is None:
+            object.__setattr__(self, "tier2", f"file://{self.out / 'tier2'}")
+        parse_url(self.tier2, name="--tier2")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+    @property
+    def total_steps(self) -> int:
+        assert self.steps is not None
+        return self.steps
+
+
+@dataclasses.dataclass
+class StartRecord:
+    """One start of the job and what the drill knew when it launched it."""
+
+    index: int
+    cycle: int
+    job: Job
+    losses: Path
+    t_launch: float
+    marks: list[int]  # per node: index of the first event of this start in its tail
+    complete: dict[int, set[int]]
+    broken: dict[int, set[int]]
+    views: list[frozenset[int] | None]  # tier-2 steps seen while it restored (None: down)
+    restored: int | None = None
+    checked: bool = False
+    end: str = "running"
+    rc: int | None = None
+    excused: str | None = None
+    t_commit: float | None = None
+
+
+@dataclasses.dataclass
+class CycleRecord:
+    """What one cycle did and found (the report's cycle record is made from it)."""
+
+    plan: cv.CyclePlan | None
+    index: int
+    faults: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    verdicts: list[cv.Verdict] = dataclasses.field(default_factory=list)
+    starts: list[int] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    peaks: dict[int, int] = dataclasses.field(default_factory=dict)
+    resumed: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    t_fault: float | None = None
+    recovery_s: float | None = None
+    prev: int | None = None  # the start running when the cycle began
+    ended_by_fault: bool = False

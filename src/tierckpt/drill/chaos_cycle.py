@@ -1,0 +1,225 @@
+"""One chaos cycle: wait for commits, inject the plan's faults, bring the job back.
+
+:class:`CycleRunner` runs one :class:`tierckpt.drill.chaos_verdicts.CyclePlan` on the
+running job (``_cycle``): it waits for the cycle's commits and for what an at-rest fault
+needs, fires the live faults (``_live``: tier 2 renamed away, tier 1 filled to ENOSPC, the
+uploader or a rank SIGKILLed at its moment), takes the node down for at-rest faults, and
+when the job ended waits until nothing of it is left, checks at rest, applies the at-rest
+faults (``_at_rest``: damage, a partial commit, a wiped node, each skipped when it would
+leave a node nothing to restore from) and restarts it; otherwise the job must commit on.
+Each fault is recorded as a fact (fired or not, and why); the cycle's verdicts are closed
+at its end. CheckpointError when the job cannot be brought back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from tierckpt.drill import chaos_faults as cf
+from tierckpt.drill import chaos_verdicts as cv
+from tierckpt.drill.chaos_config import (
+    HOLD_FULL_S,
+    MOMENT_S,
+    PRECONDITION_S,
+    UPLOAD_MOMENT_S,
+    CycleRecord,
+)
+from tierckpt.drill.chaos_starts import StartRunner
+from tierckpt.drill.inject import last_step
+from tierckpt.format import layout
+from tierckpt.runtime import events as ev
+
+__all__ = ["CycleRunner"]
+
+_FAST_POLL_S = 0.002
+
+
+class CycleRunner(StartRunner):
+    """The fault cycles of the chaos drill, each from its plan."""
+
+    # -- one cycle ------------------------------------------------------------------------
+    def _cycle(self, p: cv.CyclePlan) -> None:
+        rec = self.rec = CycleRecord(p, p.index, prev=self.cur.index)
+        self.cycles.append(rec)
+        self._phase(rec, lambda: self._commits_after(len(self._commits(self.cur)) +
+                                                     p.gap_saves), "commits before the fault")
+        self._preconditions(rec, p)
+        target = last_step(self.cur.losses) + p.offset_steps
+        self._phase(rec, lambda: self._wait_running(
+            lambda: last_step(self.cur.losses) >= target, self.cfg.commit_timeout_s),
+            "the fault's step")
+        self._phase(rec, lambda: "ok" if self._running() else "ended", "the fault")
+        rec.t_fault = time.time()
+        kill_follows = "kill_rank" in p.kinds
+        for f in p.faults:
+            if f.kind in cv.LIVE:
+                self._live(rec, f, p, kill_follows)
+        at_rest = [f for f in p.faults if f.kind in cv.AT_REST]
+        if at_rest and not rec.ended_by_fault and self._running():  # the node goes down
+            self._kill_rank(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"),
+                            implied=True)
+        if rec.ended_by_fault or not self._running():
+            self._down(rec, self.cur, "fault" if rec.ended_by_fault else "crash")
+            self._snapshot(rec)
+            for f in at_rest:
+                self._at_rest(rec, f, p)
+            self._recover(rec)
+        else:
+            self._settle(rec)
+        self._wait_outage_over(rec)
+        self._close(rec)
+        bad = [v.name for v in rec.verdicts if not v.ok]
+        self.progress("chaos", "running", f"cycle {p.index}/{self.cfg.cycles} "
+                      f"{'ok' if not bad else 'VIOLATED ' + ', '.join(dict.fromkeys(bad))}")
+
+    def _preconditions(self, rec: CycleRecord, p: cv.CyclePlan) -> None:
+        """An at-rest fault needs something to fall back on: a wiped node a tier-2 copy made
+        by this start (not only an old one); a damaged or partial newest step an older one
+        (or a tier-2 copy)."""
+        kinds = {f.kind for f in p.faults}
+        need_t2 = "wipe_node" in kinds
+        need_two = bool(kinds & {"damage", "partial_commit"})
+        if not (need_t2 or need_two):
+            return
+        floor = min(self._commits(self.cur), default=-1)
+
+        def met() -> bool:
+            remote = self._tier2_steps(through_outage=True) or frozenset()
+            t2 = max(remote, default=-1) >= floor
+            two = all(len(cf.step_dirs(r)[0]) >= 2 for r in self.roots)
+            return (t2 or not need_t2) and (two or bool(remote) or not need_two)
+        status = self._wait_running(met, PRECONDITION_S, poll_s=0.2)
+        if status == "stalled":
+            rec.notes.append("what the at-rest fault needs did not appear in time")
+        elif status == "ended":
+            self._unexpected(rec, status, "the at-rest fault's precondition")
+
+    def _live(self, rec: CycleRecord, f: cv.Fault, p: cv.CyclePlan, kill_follows: bool) -> None:
+        if not self._running():
+            rec.faults.append(self._fact(f, fired=False, detail="the job was already down"))
+            return
+        if f.kind == "tier2_down":
+            assert self.outage is not None
+            self.outage.start()
+            self.outage_t, self.outage_min = time.monotonic(), p.outage_s
+            self.outage_marks = [len(t.events) for t in self.tails]
+            self.outage_hold = p.restarts  # with a restart: the job restores while it lasts
+            self.outage_fact = self._fact(f, fired=True, detail=f"{self.outage.root} renamed "
+                                          f"away for >= {p.outage_s:.1f} s" +
+                                          (" and until the restarted job restored"
+                                           if p.restarts else ""))
+            rec.faults.append(self.outage_fact)
+        elif f.kind == "tier1_full":
+            self._tier1_full(rec, f, kill_follows)
+        elif f.kind == "kill_uploader":
+            self._kill_uploader(rec, f)
+        else:
+            self._kill_rank(rec, f)
+
+    def _tier1_full(self, rec: CycleRecord, f: cv.Fault, kill_follows: bool) -> None:
+        """Fill the node's tier 1 and hold it full until the job ends (its next save fails),
+        or — when a kill follows — until a save was attempted on the full disk."""
+        path, n = cf.fill(self.roots[f.node])
+        self.filler = path
+        fact = self._fact(f, fired=True, detail=f"filled node{f.node}'s tmpfs with {n} bytes")
+        rec.faults.append(fact)
+        saves = 1 if kill_follows else 2
+        until = last_step(self.cur.losses) + saves * self.save_every + 1
+        status = self._wait_running(lambda: last_step(self.cur.losses) >= until, HOLD_FULL_S)
+        if status == "ended":
+            rec.ended_by_fault = True
+        elif not kill_follows:  # the job trains on over a full disk: free it again
+            fact["detail"] += "; the job ran on, freed"
+            self._free_fill()
+
+    def _kill_uploader(self, rec: CycleRecord, f: cv.Fault) -> None:
+        tail, mark = self.tails[f.node], len(self.tails[f.node].events)
+        if f.variant == "mid_upload":
+            self._wait_running(lambda: any(e["event"] == ev.UPLOAD_STARTED
+                                           for e in tail.events[mark:]), UPLOAD_MOMENT_S)
+        pid: list[int | None] = [None]
+
+        def found() -> bool:
+            rank_pid = self._rank_pid(self.cur, f.node)
+            pid[0] = cf.find_uploader(rank_pid) if rank_pid else None
+            return pid[0] is not None
+        self._wait_running(found, UPLOAD_MOMENT_S, poll_s=0.1)
+        fired = pid[0] is not None and cf.kill(pid[0])
+        rec.faults.append(self._fact(f, fired=fired, detail=f"SIGKILL uploader pid {pid[0]}"
+                                     if fired else "no uploader was running"))
+
+    def _kill_rank(self, rec: CycleRecord, f: cv.Fault, *, implied: bool = False) -> None:
+        rank, tail = f.node * self.cfg.nproc, self.tails[f.node]
+        save_step = None
+        if f.variant in ("in_save", "commit_window"):
+            kind = ev.SAVE_STAGED if f.variant == "in_save" else ev.SAVE_DURABLE
+            mark = len(tail.events)
+
+            def moment() -> bool:
+                return any(e["event"] == kind and e.get("rank") == rank
+                           for e in tail.events[mark:])
+            if self._wait_running(moment, MOMENT_S, poll_s=_FAST_POLL_S) == "ok":
+                save_step = next(int(e["step"]) for e in tail.events[mark:]
+                                 if e["event"] == kind and e.get("rank") == rank)
+        pid = self._rank_pid(self.cur, f.node)
+        fired = pid is not None and self._running() and cf.kill(pid)
+        if fired:
+            rec.ended_by_fault = True
+            with contextlib.suppress(OSError), \
+                    ev.EventLog(self.roots[f.node] / layout.EVENTS, rank=rank) as log:
+                log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill SIGKILLed pid "
+                         f"{pid}", victim_pid=pid, source="drill")
+        fact = self._fact(f, fired=fired, detail=(f"SIGKILL rank {rank} pid {pid} after step "
+                                                  f"{last_step(self.cur.losses)}"
+                                                  + (f", in the save of step {save_step}"
+                                                     if save_step is not None else "")))
+        fact["implied"] = implied
+        fact["save_step"] = save_step
+        rec.faults.append(fact)
+        if fired and save_step is not None:
+            self.kills.append((fact, save_step))
+
+    def _at_rest(self, rec: CycleRecord, f: cv.Fault, p: cv.CyclePlan) -> None:
+        """Apply one at-rest fault unless it would leave a node nothing to restore from
+        (the library then rightly refuses to start; that is no drill)."""
+        root = self.roots[f.node]
+        complete = {n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)}
+        mine = complete[f.node]
+        if f.kind != "wipe_node" and not mine:
+            rec.faults.append(self._fact(f, fired=False, detail="no checkpoint to damage"))
+            return
+        newest = max(mine) if mine else -1
+        after = {n: set(s) for n, s in complete.items()}
+        broken = {n: set(s) for n, s in self.broken.items()}
+        if f.kind == "wipe_node":
+            after[f.node] = set()
+        elif f.kind == "partial_commit":
+            after[f.node].discard(newest)
+        else:
+            broken[f.node].add(newest)
+        if cv.expected_restore(after, broken, self._tier2_steps(through_outage=True)) \
+                == "refuse":
+            rec.faults.append(self._fact(f, fired=False, detail="skipped: it would leave a node "
+                                         "nothing to restore from"))
+            return
+        if f.kind == "wipe_node":
+            detail = cf.wipe(root)
+            self.excused[f.node] |= self.seen[f.node]
+            self.broken[f.node] = set()
+        elif f.kind == "partial_commit":
+            detail = cf.remove_step(root, newest)
+            self.excused[f.node].add(newest)
+        else:
+            assert f.variant is not None
+            detail = cf.damage(root, newest, f.variant, p.pick)
+            self.broken[f.node].add(newest)
+            self.excused[f.node].add(newest)
+        rec.faults.append(self._fact(f, fired=True, detail=detail))
+
+    def _settle(self, rec: CycleRecord) -> None:
+        """A cycle without a restart: the job must go on committing."""
+        self._wait_outage_over(rec)
+        self._phase(rec, lambda: self._commits_after(len(self._commits(self.cur)) + 1),
+                    "a commit after the fault")
+

@@ -1,0 +1,374 @@
+"""Pure logic of the chaos drill: the fault catalogue, the seeded plan, and its invariants.
+
+Functions of values only (steps, event records, loss rows, counts): no files, no
+processes, so every verdict is tested with hand-written values and every one can fail.
+
+*Nodes* are the simulated nodes ``0..nnodes-1``, each with its own tier-1 root. A node's
+*complete* steps are the final-named directories holding a ``COMPLETE`` file; *broken*
+steps are those the drill damaged there and no restore has dealt with yet. *Tier-2 steps*
+are the complete checkpoints on tier 2, or None while tier 2 is down.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tierckpt.drill import verdicts as vd
+from tierckpt.errors import ConfigError
+
+__all__ = [
+    "AT_REST",
+    "DAMAGE_VARIANTS",
+    "INVARIANTS",
+    "KILL_MOMENTS",
+    "KINDS",
+    "LIVE",
+    "RESTART_KINDS",
+    "UPLOADER_MOMENTS",
+    "CyclePlan",
+    "Fault",
+    "Launch",
+    "Verdict",
+    "crash_loop_verdict",
+    "disk_verdict",
+    "draw_plan",
+    "expected_restore",
+    "final_verdict",
+    "integrity_verdict",
+    "losses_verdict",
+    "resume_verdict",
+    "retained_verdict",
+    "steps_needed",
+    "summarize",
+    "tier1_bound",
+]
+
+KINDS = ("kill_rank", "kill_uploader", "tier2_down", "tier1_full", "damage", "partial_commit",
+         "wipe_node")
+"""The fault catalogue (docs/drills.md, "Chaos drill")."""
+LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_rank")
+"""Kinds injected while the job runs, in this order within a cycle (a full tier 1 ends the
+job at its next save, so only a kill can follow it)."""
+AT_REST = frozenset({"damage", "partial_commit", "wipe_node"})
+"""Kinds applied to a node's root while no process of the job runs (then it restarts)."""
+RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full"}
+"""Kinds after which the job restarts (a full tier 1 fails the next save, which ends it)."""
+KILL_MOMENTS = ("between_saves", "in_save", "commit_window")
+UPLOADER_MOMENTS = ("idle", "mid_upload")
+DAMAGE_VARIANTS = ("truncate_shard", "flip_byte", "missing_file", "missing_marker")
+_VARIANTS: dict[str, tuple[str, ...]] = {"kill_rank": KILL_MOMENTS,
+                                         "kill_uploader": UPLOADER_MOMENTS,
+                                         "damage": DAMAGE_VARIANTS}
+INVARIANTS = ("resume", "crash_loop", "losses", "tier1_bound", "integrity", "retained",
+              "final")
+"""Every invariant a cycle (or the end of the run) can violate."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of a cycle: ``kind`` on ``node``; ``variant`` is the kill moment, the
+    uploader moment or the damage (None for the other kinds)."""
+
+    kind: str
+    node: int
+    variant: str | None = None
+
+    @property
+    def label(self) -> str:
+        v = f"({self.variant})" if self.variant else ""
+        return f"{self.kind}{v}@node{self.node}"
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """What cycle ``index`` (from 1) does: wait for ``gap_saves`` new commits, then
+    ``offset_steps`` more steps, then inject ``faults``. ``outage_s``: the least time tier 2
+    stays down; ``pick`` in [0, 1) chooses the file and byte a damage hits."""
+
+    index: int
+    faults: tuple[Fault, ...]
+    gap_saves: int
+    offset_steps: int
+    outage_s: float
+    pick: float
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(f.kind for f in self.faults)
+
+    @property
+    def restarts(self) -> bool:
+        return any(k in RESTART_KINDS for k in self.kinds)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["faults"] = [f.label for f in self.faults]
+        return d
+
+
+def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KINDS,
+              compound_p: float = 0.5, save_every: int = 1) -> list[CyclePlan]:
+    """``cycles`` seeded cycles, each one fault or (with probability ``compound_p``) two
+    of different kinds; two at-rest faults hit different nodes. ConfigError for an unknown
+    kind, no kinds, or fewer than 2 nodes."""
+    if cycles < 1 or nodes < 2:
+        raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 2, got {cycles}, "
+                          f"{nodes}")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ConfigError(f"unknown or no fault kinds {unknown or list(kinds)}; known: "
+                          f"{list(KINDS)}")
+    rng = random.Random(seed)
+    plans = []
+    for i in range(1, cycles + 1):
+        first = rng.choice(list(kinds))
+        chosen = [first]
+        others = [k for k in kinds if k != first]
+        if others and rng.random() < compound_p:
+            chosen.append(rng.choice(others))
+        faults: list[Fault] = []
+        for kind in sorted(chosen, key=_order):
+            node = rng.randrange(nodes)
+            if kind in AT_REST and any(f.kind in AT_REST and f.node == node for f in faults):
+                node = (node + 1) % nodes
+            variant = rng.choice(_VARIANTS[kind]) if kind in _VARIANTS else None
+            faults.append(Fault(kind, node, variant))
+        plans.append(CyclePlan(index=i, faults=tuple(faults), gap_saves=rng.randint(1, 2),
+                               offset_steps=rng.randrange(max(1, save_every)),
+                               outage_s=round(rng.uniform(1.0, 3.0), 2), pick=rng.random()))
+    return plans
+
+
+def _order(kind: str) -> int:
+    return LIVE.index(kind) if kind in LIVE else len(LIVE)
+
+
+def steps_needed(plans: Sequence[CyclePlan], *, save_every: int) -> int:
+    """The fewest training steps the plan needs without any time-based hold: per cycle its
+    commits before the fault, one interval of offset, a commit after the restart; plus two
+    intervals at the end. Time-based holds (tier 2 down) need more at a fast step rate."""
+    return sum((p.gap_saves + 2) * save_every for p in plans) + 2 * save_every
+
+
+def tier1_bound(keep_last: int, upload_backlog: int | None) -> int | None:
+    """Step directories (complete ones plus saves in progress) one tier-1 root may hold:
+    ``keep_last`` + ``upload_backlog`` waiting for tier 2 + 1 being written + 1 pinned by
+    the uploader. None when the backlog is unbounded."""
+    return None if upload_backlog is None else keep_last + upload_backlog + 2
+
+
+# --- verdicts -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    """One invariant's outcome: ``name`` (one of :data:`INVARIANTS`), ``ok``, a one-line
+    ``detail`` and the facts it was decided on."""
+
+    name: str
+    ok: bool
+    detail: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _restorable(step: int, node: int, complete: Mapping[int, Collection[int]],
+                broken: Mapping[int, Collection[int]], tier2: Collection[int]) -> bool:
+    return (step in complete[node] and step not in broken.get(node, ())) or step in tier2
+
+
+def expected_restore(complete: Mapping[int, Collection[int]],
+                     broken: Mapping[int, Collection[int]],
+                     tier2: Collection[int] | None) -> int | str | None:
+    """What a restart must resume: the newest step every node can restore — intact on its
+    own tier 1, or complete on tier 2 — else None (a fresh start) when no node can restore
+    anything, else ``"refuse"`` (some nodes could, others not: the library refuses to start
+    training from scratch over them)."""
+    t2 = set(tier2 or ())
+    steps = set(t2).union(*complete.values()) if complete else set(t2)
+    for s in sorted(steps, reverse=True):
+        if all(_restorable(s, n, complete, broken, t2) for n in complete):
+            return s
+    some = any(_restorable(s, n, complete, broken, t2) for n in complete for s in steps)
+    return "refuse" if some else None
+
+
+def resume_verdict(chosen: Mapping[int, int | None],
+                   acceptable: Collection[int | str | None], *,
+                   tier2_bytes: Mapping[int, int], lacking: Mapping[int, Collection[int]],
+                   node_of: Mapping[int, int]) -> Verdict:
+    """Every rank chose the same step, one of ``acceptable`` (the expected restore points
+    of the tier-2 states seen while the job restored), and a node whose own copy of it was
+    missing or damaged (``lacking[node]``) read it from tier 2 (``tier2_bytes[rank]`` > 0),
+    never from the damaged copy. ``chosen`` maps rank → step (None: fresh start)."""
+    facts = {"chosen": dict(chosen), "acceptable": sorted(acceptable, key=_rank_of)}
+    if not chosen:
+        return Verdict("resume", False, "no rank recorded checkpoint_chosen", facts)
+    steps = set(chosen.values())
+    if len(steps) != 1:
+        return Verdict("resume", False, f"ranks chose different steps {dict(chosen)}", facts)
+    (step,) = steps
+    if step not in acceptable:
+        return Verdict("resume", False, f"resumed from {step}, expected "
+                       f"{' or '.join(map(str, facts['acceptable']))}", facts)
+    for rank in chosen:
+        node = node_of[rank]
+        if step is not None and step in lacking.get(node, ()) and \
+                tier2_bytes.get(rank, 0) <= 0:
+            return Verdict("resume", False, f"rank {rank} restored step {step} without "
+                           f"reading tier 2 though node {node}'s copy was damaged or missing",
+                           facts)
+    return Verdict("resume", True, f"resumed from {step}", facts)
+
+
+def _rank_of(x: int | str | None) -> int:
+    return x if isinstance(x, int) else -1 if x is None else -2
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start of the job: ``restored`` (None: a fresh start), whether it ``committed`` a
+    new step, and how it ended: ``"fault"`` (a fault the drill injected ended it: a kill, a
+    full tier 1), ``"crash"`` (it exited on its own), ``"finished"`` or ``"running"``.
+    ``excused``: why not committing was right (it started while tier 2 was down and a node
+    could restore only from tier 2: refusing to start is the library's promise)."""
+
+    index: int
+    restored: int | None
+    committed: bool
+    end: str
+    final_step: int
+    excused: str | None = None
+
+
+def crash_loop_verdict(launches: Sequence[Launch]) -> Verdict:
+    """No crash loop: every start committed a new step (the drill injects the next fault
+    only after that commit), except one that restored the final step and finished with
+    nothing left to train, or one that was ``excused``; and no start ended on its own."""
+    bad = []
+    for ln in launches:
+        if ln.excused or (ln.end == "finished" and ln.restored == ln.final_step):
+            continue
+        if ln.end == "crash":
+            bad.append(f"start {ln.index} (restored {ln.restored}) exited on its own"
+                       f"{'' if ln.committed else ' without committing a new step'}")
+        elif not ln.committed:
+            bad.append(f"start {ln.index} (restored {ln.restored}, {ln.end}) committed no "
+                       "new step")
+    facts = {"launches": [asdict(ln) for ln in launches]}
+    if bad:
+        return Verdict("crash_loop", False, "; ".join(bad), facts)
+    return Verdict("crash_loop", True, f"{len(launches)} start(s), each committed", facts)
+
+
+def losses_verdict(reference: Sequence[Mapping[str, Any]],
+                   generations: Sequence[Sequence[Mapping[str, Any]]], *, rtol: float = 0.0,
+                   complete: bool = False) -> Verdict:
+    """Every loss every start logged equals the uninterrupted reference's at that step
+    (bit for bit when ``rtol`` is 0: :func:`tierckpt.drill.verdicts.continuity`); with
+    ``complete``, every reference step was logged by some start."""
+    rows = [{**r, "attempt": g} for g, gen in enumerate(generations) for r in gen]
+    v = vd.continuity(reference, rows, rtol=rtol)
+    logged = {int(r["step"]) for r in rows if isinstance(r.get("step"), int)}
+    missing = sorted(set(vd.losses_by_step(reference)) - logged) if complete else []
+    facts = {"compared": v.compared, "mismatches": v.mismatches, "max_abs_diff":
+             v.max_abs_diff, "missing": missing[:20], "mode": v.mode}
+    if v.mismatches or v.compared == 0 or missing:
+        what = (f"{len(v.mismatches)} loss(es) differ from the reference, first at step "
+                f"{v.mismatches[0]['step']}" if v.mismatches else
+                f"steps {missing[:5]} never logged" if missing else "no loss logged")
+        return Verdict("losses", False, what, facts)
+    return Verdict("losses", True, f"{v.compared} losses "
+                   f"{'bit-identical' if rtol == 0 else 'within rtol'}", facts)
+
+
+def disk_verdict(peaks: Mapping[int, int], bound: int | None) -> Verdict:
+    """Each node's peak count of step directories (complete plus in progress) is within
+    :func:`tier1_bound` (always true when the bound is None)."""
+    facts = {"peaks": dict(peaks), "bound": bound}
+    over = {n: p for n, p in peaks.items() if bound is not None and p > bound}
+    if over:
+        return Verdict("tier1_bound", False, f"tier 1 held {over} step directories, bound "
+                       f"{bound}", facts)
+    return Verdict("tier1_bound", True, f"peak {max(peaks.values(), default=0)} <= {bound}",
+                   facts)
+
+
+def integrity_verdict(checks: Iterable[tuple[int, int, bool, str | None]],
+                      left_broken: Iterable[tuple[int, int]] = ()) -> Verdict:
+    """Every surviving complete checkpoint verified in full; ``checks`` are ``(node, step,
+    ok, error)``. ``left_broken``: damaged checkpoints a restore left at their final name
+    (a later restart would meet them again)."""
+    checks = list(checks)
+    bad = [(n, s, e) for n, s, ok, e in checks if not ok]
+    left = sorted(set(left_broken))
+    facts = {"checked": len(checks), "failed": [list(b) for b in bad[:10]],
+             "left_broken": [list(x) for x in left]}
+    if bad or left:
+        what = "; ".join([f"node {n} step {s}: {e}" for n, s, e in bad[:3]] +
+                         [f"damaged step {s} left in place on node {n}" for n, s in left[:3]])
+        return Verdict("integrity", False, what, facts)
+    return Verdict("integrity", True, f"{len(checks)} complete checkpoints verify in full",
+                   facts)
+
+
+def retained_verdict(seen: Mapping[int, Collection[int]], now: Mapping[int, Collection[int]],
+                     *, excused: Mapping[int, Collection[int]], keep_last: int) -> Verdict:
+    """Nothing committed and still retained disappeared: a step once complete on a node
+    (``seen``) and gone ``now`` was removed by the drill or set aside by a restore
+    (``excused``: drill-made, ``checkpoint_skipped``), or retention was entitled to delete
+    it (at least ``keep_last`` newer steps were committed on that node)."""
+    lost = []
+    for node, steps in seen.items():
+        for s in sorted(set(steps) - set(now.get(node, ())) - set(excused.get(node, ()))):
+            if sum(1 for t in steps if t > s) < keep_last:
+                lost.append((node, s))
+    facts = {"lost": [list(x) for x in lost], "keep_last": keep_last}
+    if lost:
+        return Verdict("retained", False, "committed step(s) vanished: " + ", ".join(
+            f"{s} on node {n}" for n, s in lost[:5]), facts)
+    return Verdict("retained", True, "nothing retained went missing", facts)
+
+
+def final_verdict(*, final_step: int, tier2_steps: Collection[int] | None, check_ok: bool,
+                  check_error: str | None, leftovers: Sequence[str], finished: bool) -> Verdict:
+    """After the run: the job finished, its final checkpoint is complete on tier 2 and
+    verifies in full (``check_ok``), and no process of the run is alive (``leftovers``:
+    their command lines)."""
+    facts = {"final_step": final_step, "tier2_steps": sorted(tier2_steps or ()),
+             "tier2_check_ok": check_ok, "tier2_check_error": check_error,
+             "leftovers": list(leftovers), "finished": finished}
+    bad = []
+    if not finished:
+        bad.append("the job did not finish")
+    if tier2_steps is None or final_step not in tier2_steps:
+        bad.append(f"final step {final_step} is not on tier 2")
+    elif not check_ok:
+        bad.append(f"tier 2's step {final_step} does not verify: {check_error}")
+    if leftovers:
+        bad.append(f"{len(leftovers)} process(es) left behind: {leftovers[0][:120]}")
+    if bad:
+        return Verdict("final", False, "; ".join(bad), facts)
+    return Verdict("final", True, f"step {final_step} on tier 2, verified; nothing left "
+                   "running", facts)
+
+
+def summarize(cycles: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per fault kind: the cycles that drew it and how many passed or violated an
+    invariant; and the violations by invariant. ``cycles`` are the report's cycle records
+    (``index``, ``kinds``, ``violations``: invariant names)."""
+    by_kind: dict[str, dict[str, Any]] = {}
+    by_invariant: dict[str, int] = {}
+    for c in cycles:
+        for kind in dict.fromkeys(c["kinds"]):
+            k = by_kind.setdefault(kind, {"cycles": [], "passed": 0, "violated": 0})
+            k["cycles"].append(c["index"])
+            k["violated" if c["violations"] else "passed"] += 1
+        for name in c["violations"]:
+            by_invariant[name] = by_invariant.get(name, 0) + 1
+    return {"by_kind": {k: by_kind[k] for k in KINDS if k in by_kind},
+            "violations_by_invariant": by_invariant}
