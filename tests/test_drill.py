@@ -218,6 +218,13 @@ def test_verdicts_and_marks() -> None:
                      {"kind": "kill", "t_s": 4.0, "rank": 1, "step": None}]
 
 
+def test_demo_finds_the_reference_trainer() -> None:
+    """make demo runs examples/train.py from the checkout (found relative to cli/demo.py)."""
+    from tierckpt.cli import demo
+
+    assert demo.EXAMPLE.resolve() == EXAMPLE.resolve() and demo.EXAMPLE.is_file()
+
+
 def test_demo_plan_uses_measured_c_w_r_for_64_nodes_at_32_days() -> None:
     p = demo_plan({"C_s": 2.0, "W_s": 1.0, "R_s": 30.0})
     assert p is not None and p.M == 32 * 86400 / 64

@@ -39,7 +39,7 @@ TRAIN_FLAGS = ("--layers", "2", "--dim", "64", "--samples", "1024", "--save-ever
 """The example's flags for the demo: its default small GPT, a save every 4 steps."""
 STEPS = 16
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train.py"  # src/tierckpt/cli/
 
 
 def demo_plan(measured: Mapping[str, float | None], *, nodes: int = CLUSTER_NODES,
