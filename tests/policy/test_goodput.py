@@ -49,3 +49,19 @@ def test_a_prediction_needs_an_mtbf() -> None:
     g = goodput.account(_run(), node_mtbf_s=3600.0, nodes=2)
     assert g.M_s == 1800.0 and g.predicted_waste is not None and 0 < g.predicted_waste < 1
     assert goodput.account([]).wall_s == 0.0
+
+
+def test_other_processes_are_not_incarnations() -> None:
+    """The uploader (source "uploader") and a drill that kills from outside log into the same
+    file with rank 0; only training processes are incarnations, and an outside failure
+    report marks the training process alive at that time (found on a 60-cycle chaos run,
+    where they made restart time exceed the wall time)."""
+    recs = _run()
+    recs += [_ev(12.0 + i, "upload_started", 99, step=9, source="uploader") for i in range(40)]
+    recs += [_ev(33.0, "failure_detected", 77, how="kill")]  # the drill, pid 77
+    g = goodput.account(recs)
+    assert [i.pid for i in g.incarnations] == [1, 2]
+    assert g.incarnations[0].failure_t == 33.0
+    assert g.seconds["restart"] == pytest.approx(60 - 33.0)
+    assert g.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)

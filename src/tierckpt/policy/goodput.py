@@ -83,35 +83,51 @@ def _num(x: object) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+TRAINING_EVENTS = frozenset({"process_start", "first_step", "progress", "save_staged",
+                             "restore_started"})
+"""Events only a training process writes: a pid without any is another process (the uploader,
+a drill injecting faults) whose failure reports belong to the training process alive then."""
+
+
 def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
-    """Rank 0's processes, in start order, with what the accounting needs of each."""
+    """Rank 0's training processes, in start order, with what the accounting needs of each."""
     by_pid: dict[int, list[Mapping[str, Any]]] = {}
     for r in records:
-        if r.get("rank", 0) == 0 and _num(r.get("t")) is not None:
+        if r.get("rank", 0) == 0 and _num(r.get("t")) is not None \
+                and r.get("source") != "uploader":
             by_pid.setdefault(int(r.get("pid", 0)), []).append(r)
+    trainers = {pid for pid, recs in by_pid.items()
+                if any(r["event"] in TRAINING_EVENTS for r in recs)}
+    failures_from_outside = sorted(float(r["t"]) for pid, recs in by_pid.items()
+                                   if pid not in trainers for r in recs
+                                   if r["event"] == "failure_detected")
     out = []
-    for pid, recs in by_pid.items():
-        recs = sorted(recs, key=lambda r: float(r["t"]))
+    for pid in trainers:
+        recs = sorted(by_pid[pid], key=lambda r: float(r["t"]))
         kinds = {r["event"]: r for r in reversed(recs)}  # first of each kind
         steps = [int(r["step"]) for r in recs if isinstance(r.get("step"), int)
                  and r["event"] in ("progress", "save_staged", "first_step")]
         first = kinds.get("first_step") or kinds.get("progress")
         restored = kinds.get("restore_done")
+        start, end = float(recs[0]["t"]), float(recs[-1]["t"])
         failure = kinds.get("failure_detected")
+        failure_t = None if failure is None else float(failure["t"])
+        outside = [f for f in failures_from_outside if start <= f <= end]
+        if outside and (failure_t is None or outside[0] < failure_t):
+            failure_t = outside[0]
         out.append(Incarnation(
-            pid=pid, start=float(recs[0]["t"]),
-            first_step_t=None if first is None else float(first["t"]),
-            end=float(recs[-1]["t"]), first_step=min(steps, default=None),
-            last_step=max(steps, default=None),
+            pid=pid, start=start, first_step_t=None if first is None else float(first["t"]),
+            end=end, first_step=min(steps, default=None), last_step=max(steps, default=None),
             resumed_from=None if restored is None else int(restored.get("step", -1)),
-            failure_t=None if failure is None else float(failure["t"])))
+            failure_t=failure_t))
     return sorted(out, key=lambda i: i.start)
 
 
 def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None = None,
             nodes: int = 1) -> Goodput:
     """The goodput of the run the records describe (see the module docstring)."""
-    recs = [r for r in records if _num(r.get("t")) is not None]
+    recs = [r for r in records if _num(r.get("t")) is not None
+            and r.get("source") != "uploader"]
     incs = incarnations(recs)
     sec = dict.fromkeys(CATEGORIES, 0.0)
     if not incs:
