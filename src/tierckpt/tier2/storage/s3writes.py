@@ -69,19 +69,21 @@ def _pread_full(fd: int, length: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-def _md5_of_file(path: str | os.PathLike[str], crc32c: int, where: str) -> bytes:
-    """The MD5 of the file at ``path``, checking on the same pass that its bytes still have
-    the CRC32C the caller computed when they were written (md5 mode has no server-side
-    CRC check): BadDigestError when they do not."""
-    h, crc = hashlib.md5(), 0
+def _check_file(path: str | os.PathLike[str], crc32c: int, where: str, *,
+                md5: bool) -> bytes | None:
+    """Check, in one pass, that the file's bytes still have the CRC32C the caller computed
+    when they were written (md5 mode has no server-side CRC check): BadDigestError when
+    they do not. Returns the file's MD5 when ``md5``."""
+    h, crc = hashlib.md5() if md5 else None, 0
     with open(path, "rb", buffering=0) as f:
         while chunk := f.read(8 * MiB):
-            h.update(chunk)
+            if h is not None:
+                h.update(chunk)
             crc = checksum.extend(crc, chunk)
     if crc != crc32c:
         raise BadDigestError(f"{where}: {path} has crc32c {checksum.to_hex(crc)}, expected "
                              f"{checksum.to_hex(crc32c)} (changed since it was written)")
-    return h.digest()
+    return None if h is None else h.digest()
 
 
 def _etag_matches(response: dict[str, Any], md5: bytes) -> bool:
@@ -207,11 +209,7 @@ class S3Writes:
             self._put_single(key, full, path, crc32c, size)
         else:
             if self._md5:  # parts carry MD5s only: check the file's CRC32C first
-                local_crc, _ = checksum.of_file(path)
-                if local_crc != crc32c:
-                    raise BadDigestError(
-                        f"put {self.url}/{key}: {path} has crc32c {checksum.to_hex(local_crc)}, "
-                        f"expected {checksum.to_hex(crc32c)} (changed since it was written)")
+                _check_file(path, crc32c, f"put {self.url}/{key}", md5=False)
             self._put_multipart(key, full, path, crc32c, size)
         h = self._head_raw(key)
         if h is None or int(h["ContentLength"]) != size:
@@ -231,7 +229,7 @@ class S3Writes:
 
     def _put_single(self, key: str, full: str, path: str | os.PathLike[str], crc32c: int,
                     size: int) -> None:
-        md5 = _md5_of_file(path, crc32c, f"put {self.url}/{key}") if self._md5 else None
+        md5 = _check_file(path, crc32c, f"put {self.url}/{key}", md5=True) if self._md5 else None
         with open(path, "rb") as f:
             for attempt in range(self.config.digest_attempts):
                 f.seek(0)
