@@ -35,6 +35,8 @@ DEFAULT_NODE_MTBF_S = 30 * 86400.0
 """Node MTBF when none is given (30 days; large GPU fleets see 15–60): warned about."""
 DEFAULT_RESTART_S = 300.0
 """Restart cost R before any restart was measured (5 minutes): stated as a default."""
+CALIBRATION_STEPS = 20
+"""Steps a time-based interval trains before its first save, to measure the step time."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +73,7 @@ class AutoInterval:
     min_interval: float | str = 60.0
     max_interval: float | str = 86400.0
     prior_failures: float = 1.0
-    calibration_steps: int = 20
+    calibration_steps: int = CALIBRATION_STEPS
     rule: str = "young"
 
     def __post_init__(self) -> None:
@@ -174,7 +176,7 @@ class Schedule:
         first after their calibration steps."""
         if not (isinstance(self.policy, Every) and self.policy.steps is not None):
             calib = self.policy.calibration_steps if isinstance(self.policy, AutoInterval) \
-                else 20
+                else CALIBRATION_STEPS
             self.next_step = step + calib - 1
 
     def after_save(self, step: int, interval_s: float, step_s: float | None) -> int | None:
