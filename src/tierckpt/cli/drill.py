@@ -5,7 +5,7 @@ invariant."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,39 +61,38 @@ def drill(
                                    nnodes=2 if nnodes is None else nnodes, steps=steps,
                                    seed=seed, tier2=tier2, out=out, rtol=rtol), as_json)
         return
-    with config_errors():
+    def run(progress: Progress) -> dict[str, Any]:
         cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
                           nnodes=1 if nnodes is None else nnodes,
                           steps=20 if steps is None else steps, seed=seed, tier2=tier2,
                           out=out, rtol=rtol)
-        # with --json, stdout carries only the document: the live view goes to stderr
-        con = Console(stderr=True, highlight=False) if as_json else console()
-        with live_progress(con) as progress:
-            doc = run_drills(cfg, progress)
-    if as_json:
-        emit_json(doc)
-    else:
-        con.print()
-        con.print(summary_table(doc))
-        con.print(f"report: {escape(doc['files']['md'])}  timeline: "
-                  f"{escape(doc['files']['png'])}")
-    if not doc["ok"]:
-        raise typer.Exit(EXIT_FAILED)
+        return run_drills(cfg, progress)
+    _run_and_render(run, (*DRILLS, "report"), summary_table,
+                    (("report", "md"), ("timeline", "png")), as_json)
 
 
 def _chaos(make: Callable[[], ChaosConfig], as_json: bool) -> None:
     """``--chaos N``: the chaos drill's live view, its totals, exit 1 on a violation."""
+    _run_and_render(lambda progress: run_chaos(make(), progress), (*STAGES, "report"),
+                    chaos_table, (("report", "md"),), as_json)
+
+
+def _run_and_render(run: Callable[[Progress], dict[str, Any]], stages: tuple[str, ...],
+                    table: Callable[[dict[str, Any]], Table],
+                    files: Sequence[tuple[str, str]], as_json: bool) -> None:
+    """Run a drill under the live view (on stderr with --json, so stdout carries only the
+    document), then print its JSON or its table and report files; exit 1 unless it passed.
+    A ConfigError (bad arguments) exits 2."""
     with config_errors():
-        cfg = make()
         con = Console(stderr=True, highlight=False) if as_json else console()
-        with live_progress(con, (*STAGES, "report")) as progress:
-            doc = run_chaos(cfg, progress)
+        with live_progress(con, stages) as progress:
+            doc = run(progress)
     if as_json:
         emit_json(doc)
     else:
         con.print()
-        con.print(chaos_table(doc))
-        con.print(f"report: {escape(doc['files']['md'])}")
+        con.print(table(doc))
+        con.print("  ".join(f"{label}: {escape(doc['files'][key])}" for label, key in files))
     if not doc["ok"]:
         raise typer.Exit(EXIT_FAILED)
 
