@@ -74,3 +74,37 @@ def test_signing_refuses_unsigned_and_wrong_key() -> None:
         mf.verify_marker(signed, b, key=b"k2")
     with pytest.raises(SignatureError, match="unsigned"):
         mf.verify_marker(mf.marker_bytes(b, 5, "abc-5"), b, key=b"k1")
+
+
+def _with_chunks(chunks: list) -> bytes:
+    body = json.loads(_m().to_bytes())
+    body["files"][0]["chunks"] = chunks
+    return json.dumps(body).encode()
+
+
+def test_chunks_roundtrip_and_lookup() -> None:
+    chunks = (mf.Chunk(0, 4, 0xA), mf.Chunk(4, 6, 0xB))
+    e = mf.FileEntry(name="__0_0.distcp", size=10, crc32c=1, rank=0, chunks=chunks)
+    m = _m(files=(e,))
+    again = mf.Manifest.from_bytes(m.to_bytes())
+    assert again == m and again.file("__0_0.distcp").chunk(4, 6) == mf.Chunk(4, 6, 0xB)
+    assert again.file("__0_0.distcp").chunk(4, 5) is None
+
+
+def test_entries_without_chunks_serialise_as_before() -> None:
+    # an older manifest (no "chunks" key) parses and re-serialises to the same bytes
+    assert "chunks" not in _m().to_bytes().decode()
+    assert mf.Manifest.from_bytes(_m().to_bytes()).files[0].chunks == ()
+
+
+@pytest.mark.parametrize("chunks", [
+    [[0, 11, "0000000a"]],                       # past the end of the 10-byte file
+    [[0, 6, "0000000a"], [5, 2, "0000000b"]],    # overlapping
+    [[0, "4", "0000000a"]],                      # not an int
+    [[0, 4]],                                    # no crc
+    [[0, 4, "xyz"]],                             # bad crc
+    "0:4:a",                                     # not a list
+])
+def test_malformed_chunks_are_integrity_errors(chunks: object) -> None:
+    with pytest.raises(IntegrityError):
+        mf.Manifest.from_bytes(_with_chunks(chunks))  # type: ignore[arg-type]

@@ -22,6 +22,49 @@ def extend(crc: int, data: bytes | bytearray | memoryview) -> int:
     return int(_impl.crc32c(data, crc))
 
 
+_POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """``a * b`` modulo the CRC32C polynomial (reflected bit order, as in zlib)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> tuple[int, ...]:
+    p, out = 1 << 30, []  # x^1
+    for _ in range(32):
+        out.append(p)
+        p = _multmodp(p, p)
+    return tuple(out)
+
+
+_X2N = _x2n_table()  # x^(2^n) mod P
+
+
+def combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC32C of ``A + B`` from ``crc1`` = CRC32C(A), ``crc2`` = CRC32C(B), ``len2`` = len(B).
+
+    zlib's ``crc32_combine`` (multiply by x^(8·len2) mod P), O(log len2) and pure Python:
+    ~0.1 ms. It lets one pass over the bytes give both a per-record and a whole-file CRC.
+    """
+    if len2 < 0:
+        raise ValueError(f"len2 must be >= 0, got {len2}")
+    n, k, p = len2, 3, 1 << 31  # x^0; bytes are 2^3 bits
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1 & 0xFFFFFFFF) ^ (crc2 & 0xFFFFFFFF)
+
+
 def to_hex(crc: int) -> str:
     """Manifest form: 8 lower-case hex digits."""
     return f"{crc & 0xFFFFFFFF:08x}"

@@ -28,19 +28,44 @@ FORMAT_VERSION = 1
 SIGNING_KEY_ENV = "TIERCKPT_SIGNING_KEY"
 
 
+class Chunk(NamedTuple):
+    """One stored record of a shard file (a DCP item: one tensor chunk or bytes blob):
+    its byte range and the CRC32C of exactly those bytes, so a reader that fetches only
+    this range can verify it without the rest of the file."""
+
+    offset: int
+    length: int
+    crc32c: int
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FileEntry:
     """One file of a checkpoint. ``rank`` is the writer (None for files the coordinator
-    writes, such as ``.metadata``, which every tier-1 domain holds a copy of)."""
+    writes, such as ``.metadata``, which every tier-1 domain holds a copy of).
+
+    ``chunks`` lists the file's records in offset order (written by tierckpt since the
+    ranged reader; empty in older manifests, whose files can only be verified whole)."""
 
     name: str
     size: int
     crc32c: int
     rank: int | None = None
+    chunks: tuple[Chunk, ...] = ()
+
+    def chunk(self, offset: int, length: int) -> Chunk | None:
+        """The recorded chunk with exactly this range, or None."""
+        for c in self.chunks:
+            if c.offset == offset and c.length == length:
+                return c
+        return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "crc32c": checksum.to_hex(self.crc32c),
-                "rank": self.rank}
+        d: dict[str, Any] = {"name": self.name, "size": self.size,
+                             "crc32c": checksum.to_hex(self.crc32c), "rank": self.rank}
+        if self.chunks:  # absent, not empty, so older manifests keep their exact bytes
+            d["chunks"] = [[c.offset, c.length, checksum.to_hex(c.crc32c)]
+                           for c in self.chunks]
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FileEntry:
@@ -50,7 +75,23 @@ class FileEntry:
         if rank is not None and (not isinstance(rank, int) or rank < 0):
             raise IntegrityError(f"manifest file rank must be a non-negative int, got {rank!r}")
         return cls(name=safe_member_name(str(d["name"])), size=size,
-                   crc32c=checksum.from_hex(str(d["crc32c"])), rank=rank)
+                   crc32c=checksum.from_hex(str(d["crc32c"])), rank=rank,
+                   chunks=_chunks_from_json(d.get("chunks", ()), size))
+
+
+def _chunks_from_json(raw: Any, size: int) -> tuple[Chunk, ...]:
+    """Parse a file entry's ``chunks``: in order, non-overlapping, inside the file."""
+    if not isinstance(raw, list | tuple):
+        raise IntegrityError(f"manifest chunks must be a list, got {type(raw).__name__}")
+    out, end = [], 0
+    for c in raw:
+        if not (isinstance(c, list) and len(c) == 3 and all(isinstance(v, int) for v in c[:2])
+                and c[0] >= end and c[1] >= 0 and c[0] + c[1] <= size):
+            raise IntegrityError(f"manifest chunk {c!r} is malformed, overlaps the previous "
+                                 f"one or lies outside the file ({size} bytes)")
+        out.append(Chunk(c[0], c[1], checksum.from_hex(str(c[2]))))
+        end = c[0] + c[1]
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

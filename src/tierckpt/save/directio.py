@@ -33,8 +33,10 @@ DEFAULT_BUFFER = 16 * 1024 * 1024
 class DirectFile(io.RawIOBase):
     """Create ``path`` exclusively and write it sequentially (see the module docstring).
 
-    ``crc`` and ``size`` describe everything written so far. Errors from the writer thread
-    (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``.
+    ``crc`` and ``size`` describe everything written so far; :meth:`mark` ends a record
+    and returns the CRC32C of the bytes written since the previous mark (one CRC pass
+    serves both). Errors from the writer thread (ENOSPC, EIO, ...) are re-raised by the
+    next ``write`` or by ``close``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
@@ -55,7 +57,9 @@ class DirectFile(io.RawIOBase):
         if not self.direct:
             self._fd = os.open(path, flags, mode)
         self._fsync = fsync
-        self.crc = 0
+        self._base_crc = 0   # CRC32C of bytes before the last mark
+        self._base_size = 0
+        self._span_crc = 0   # CRC32C of bytes since the last mark
         self.size = 0
         self._bufsize = buffer_size
         self._maps = [mmap.mmap(-1, buffer_size) for _ in range(2)]
@@ -81,7 +85,7 @@ class DirectFile(io.RawIOBase):
         total = len(mv)
         if total == 0:
             return 0
-        self.crc = checksum.extend(self.crc, mv)
+        self._span_crc = checksum.extend(self._span_crc, mv)
         src = np.frombuffer(mv, dtype=np.uint8)
         done = 0
         while done < total:
@@ -93,6 +97,18 @@ class DirectFile(io.RawIOBase):
                 self._submit(self._bufsize)
         self.size += total
         return total
+
+    @property
+    def crc(self) -> int:
+        """CRC32C of everything written so far."""
+        return checksum.combine(self._base_crc, self._span_crc, self.size - self._base_size)
+
+    def mark(self) -> int:
+        """End a record: return the CRC32C of the bytes written since the last mark (or
+        the start) and begin the next record here."""
+        span = self._span_crc
+        self._base_crc, self._base_size, self._span_crc = self.crc, self.size, 0
+        return span
 
     def _submit(self, nbytes: int) -> None:
         self._wait()

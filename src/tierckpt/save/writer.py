@@ -4,7 +4,9 @@ wrote (name, size, CRC32C) for the manifest.
 
 Files are byte-for-byte what DCP's ``FileSystemWriter`` produces (``torch.save``'d items in
 ``__{rank}_{i}.distcp``, a pickled ``.metadata``), so ``FileSystemReader`` and plain
-``dcp.load`` read a committed checkpoint. DCP's call order (per its ``StorageWriter``
+``dcp.load`` read a committed checkpoint. Each item's record also gets its own CRC32C (a
+manifest :class:`~tierckpt.format.manifest.Chunk`, from the same pass), so a reader that
+fetches one tensor's byte range can verify just that range. DCP's call order (per its ``StorageWriter``
 docstring): ``reset`` → ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) →
 ``prepare_global_plan`` (coordinator) → ``write_data`` (every rank) → ``finish``
 (coordinator, with every rank's results).
@@ -36,7 +38,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from tierckpt.format import checksum, layout
-from tierckpt.format.manifest import FileEntry
+from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.save.directio import DirectFile
 from tierckpt.tier1.fs import DEFAULT_FILE_MODE
 
@@ -203,6 +205,7 @@ class ShardWriter(StorageWriter):
                     planner: SavePlanner) -> list[WriteResult]:
         path = self.path / layout.safe_member_name(name)
         out: list[WriteResult] = []
+        chunks: list[Chunk] = []
         f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync)
         try:
             # bytes items first (as DCP does), then tensors largest first
@@ -216,6 +219,7 @@ class ShardWriter(StorageWriter):
                     assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
                     torch.save(data, f)  # type: ignore[arg-type]
                 length = f.size - offset
+                chunks.append(Chunk(offset, length, f.mark()))
                 out.append(WriteResult(index=item.index, size_in_bytes=length,
                                        storage_data=_StorageInfo(name, offset, length)))
             f.close()  # flush, truncate, fsync
@@ -230,7 +234,8 @@ class ShardWriter(StorageWriter):
                 raise f.error from e
             raise
         with self._lock:
-            self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank))
+            self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank,
+                                        chunks=tuple(chunks)))
         return out
 
 
