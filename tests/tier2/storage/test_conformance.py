@@ -264,3 +264,34 @@ def test_open_storage_rejects_bad_urls(tmp_path: Path) -> None:
         open_storage("s3://bucket/p", no_such_option=1)
     (tmp_path / "d").mkdir()
     assert isinstance(open_storage((tmp_path / "d").as_uri()), LocalStorage)
+
+
+@pytest.mark.parametrize("offset,length", [(0, 0), (0, 1), (4095, 10), (0, 6 * MiB + 123),
+                                           (MiB - 3, 5 * MiB + 7), (6 * MiB + 122, 1)])
+def test_get_range_returns_exactly_those_bytes(storage: Storage, tmp_path: Path,
+                                               offset: int, length: int) -> None:
+    data = os.urandom(6 * MiB + 123)
+    p, crc = write(tmp_path / "f", data)
+    storage.put_file("obj", p, crc32c=crc, size=len(data))
+    before = storage.bytes_read
+    assert storage.get_range("obj", offset, length) == data[offset:offset + length]
+    assert storage.bytes_read - before == length  # what a reader fetched, counted
+
+
+def test_get_range_past_the_end_or_missing_is_an_error(storage: Storage) -> None:
+    storage.put_bytes("small", b"0123456789")
+    with pytest.raises(StorageError):
+        storage.get_range("small", 5, 10)
+    with pytest.raises(ObjectNotFoundError):
+        storage.get_range("nope", 0, 1)
+    with pytest.raises(ConfigError):
+        storage.get_range("small", -1, 2)
+
+
+def test_bytes_read_counts_every_get(storage: Storage, tmp_path: Path) -> None:
+    p, crc = write(tmp_path / "f", b"x" * 1000)
+    storage.put_file("a", p, crc32c=crc, size=1000)
+    before = storage.bytes_read
+    storage.get_bytes("a")
+    storage.get_file("a", tmp_path / "out")
+    assert storage.bytes_read - before == 2000

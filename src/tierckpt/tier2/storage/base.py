@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Protocol, runtime_checkable
 
 from tierckpt.errors import (  # re-exported: the storage errors callers catch
@@ -30,7 +31,7 @@ from tierckpt.errors import (  # re-exported: the storage errors callers catch
     StorageError,
 )
 
-__all__ = ["TMP_MARK", "BadDigestError", "ObjectExistsError", "ObjectInfo",
+__all__ = ["TMP_MARK", "BadDigestError", "ByteCounter", "check_range", "ObjectExistsError", "ObjectInfo",
            "ObjectNotFoundError", "Storage", "StorageError", "validate_key", "validate_prefix"]
 
 TMP_MARK = ".tierckpt-tmp."
@@ -45,6 +46,23 @@ class ObjectInfo:
     key: str
     size: int
     crc32c: int | None = None
+
+
+class ByteCounter:
+    """A thread-safe running total of bytes (what a backend's gets returned)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._n += n
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._n
 
 
 @runtime_checkable
@@ -103,6 +121,19 @@ class Storage(Protocol):
         when it reports one. Raises :class:`ObjectNotFoundError` or :class:`BadDigestError`."""
         ...
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes of ``key`` from ``offset`` (a ranged GET; large ranges
+        in parallel parts). Not verified here — no store checksums a range — so the caller
+        checks them against its own CRC32C (a manifest chunk). A range past the end of the
+        object is a :class:`StorageError`; a missing key :class:`ObjectNotFoundError`."""
+        ...
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes returned by this backend's gets so far (``get_file``, ``get_bytes``,
+        ``get_range``), for reports and for tests that bound what a reader fetched."""
+        ...
+
     def head(self, key: str) -> ObjectInfo | None:
         """Size and full-object CRC32C of ``key`` as the store reports them now, or None if
         it does not exist. Strongly consistent with completed puts and deletes."""
@@ -153,6 +184,12 @@ def validate_key(key: str) -> str:
                 f"invalid object key {key!r}: use '/'-separated names without empty, '.', "
                 f"'..' parts, backslashes or NUL")
     return key
+
+
+def check_range(offset: int, length: int) -> None:
+    """Refuse a negative offset or length (:class:`ConfigError`)."""
+    if offset < 0 or length < 0:
+        raise ConfigError(f"byte range needs offset >= 0 and length >= 0, got {offset}+{length}")
 
 
 def validate_prefix(prefix: str) -> str:

@@ -21,6 +21,8 @@ from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier1.fs import fsync_dir
 from tierckpt.tier2.storage.base import (
+    ByteCounter,
+    check_range,
     TMP_MARK,
     BadDigestError,
     ObjectExistsError,
@@ -98,9 +100,14 @@ class LocalStorage:
                 "file system it belongs on first (it is never created: an unmounted mount "
                 "point must not receive uploads)")
         self.url = self.root.as_uri()
+        self._reads = ByteCounter()
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.url!r})"
+
+    @property
+    def bytes_read(self) -> int:
+        return self._reads.value
 
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
@@ -204,6 +211,7 @@ class LocalStorage:
             raise self._err("get", key, e) from e
         except OSError as e:
             raise self._err("get", key, e) from e
+        self._reads.add(size)
         return ObjectInfo(key=key, size=size, crc32c=got)
 
     def get_bytes(self, key: str) -> bytes:
@@ -217,7 +225,29 @@ class LocalStorage:
         want = _get_crc(src)
         if want is not None and checksum.extend(0, data) != want:
             raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")
+        self._reads.add(len(data))
         return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        try:
+            with open(self._path(key), "rb", buffering=0) as f:
+                buf = bytearray(length)
+                view, done = memoryview(buf), 0
+                while done < length:
+                    n = os.preadv(f.fileno(), [view[done:]], offset + done)
+                    if n <= 0:
+                        raise StorageError(f"get {self.url}/{key}: range {offset}+{length} "
+                                           f"ends past the object ({offset + done} bytes)")
+                    done += n
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"get {self.url}/{key}: no such object") from e
+        except StorageError:
+            raise
+        except OSError as e:
+            raise self._err("get", key, e) from e
+        self._reads.add(length)
+        return bytes(buf)
 
     def head(self, key: str) -> ObjectInfo | None:
         p = self._path(key)

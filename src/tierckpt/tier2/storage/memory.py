@@ -19,14 +19,17 @@ from tierckpt.format import checksum
 from tierckpt.tier1.fs import write_durably
 from tierckpt.tier2.storage.base import (
     BadDigestError,
+    ByteCounter,
     ObjectExistsError,
     ObjectInfo,
     ObjectNotFoundError,
+    check_range,
     validate_key,
     validate_prefix,
 )
 
-OPS = ("put_file", "put_bytes", "get_file", "get_bytes", "head", "list", "delete")
+OPS = ("put_file", "put_bytes", "get_file", "get_bytes", "get_range", "head", "list",
+       "delete")
 
 
 @dataclasses.dataclass
@@ -50,6 +53,11 @@ class MemoryStorage:
         self._lock = threading.Lock()
         self.calls: dict[str, int] = dict.fromkeys(OPS, 0)
         """How many times each operation was called (faulted calls included)."""
+        self._reads = ByteCounter()
+
+    @property
+    def bytes_read(self) -> int:
+        return self._reads.value
 
     def __repr__(self) -> str:
         return f"MemoryStorage({self.url!r})"
@@ -142,6 +150,7 @@ class MemoryStorage:
         except OSError as e:
             raise StorageError(f"get {self.url}/{key}: cannot write {path}: {e.strerror}") from e
         self._fault("get_file", key, after=True)
+        self._reads.add(len(data))
         return ObjectInfo(key=key, size=len(data), crc32c=want)
 
     def get_bytes(self, key: str) -> bytes:
@@ -149,7 +158,18 @@ class MemoryStorage:
         if checksum.extend(0, data) != stored:
             raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")
         self._fault("get_bytes", key, after=True)
+        self._reads.add(len(data))
         return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        data, _stored = self._read("get_range", key)
+        if offset + length > len(data):
+            raise StorageError(f"get {self.url}/{key}: range {offset}+{length} ends past the "
+                               f"object ({len(data)} bytes)")
+        self._fault("get_range", key, after=True)
+        self._reads.add(length)
+        return data[offset:offset + length]
 
     def head(self, key: str) -> ObjectInfo | None:
         validate_key(key)

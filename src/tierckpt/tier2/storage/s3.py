@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,10 @@ from tierckpt.tier2.capabilities import IntegrityMode
 from tierckpt.tier2.storage.base import (
     TMP_MARK,
     BadDigestError,
+    ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
+    check_range,
     validate_key,
     validate_prefix,
 )
@@ -66,22 +69,32 @@ class S3Storage(S3Writes):
         self._md5 = self.config.integrity == IntegrityMode.MD5.value
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client: Any = make_client(self.config, session)
+        self._reads = ByteCounter()
+
+    @property
+    def bytes_read(self) -> int:
+        return self._reads.value
 
     def __repr__(self) -> str:
         return f"S3Storage({self.url!r})"
 
     # -- gets ---------------------------------------------------------------------------
-    def _get_range(self, key: str, etag: str, fd: int, offset: int, length: int) -> None:
-        """Write bytes [offset, offset+length) of ``key`` at ``offset`` of ``fd``, retrying
-        a body that breaks off mid-stream (botocore retries only up to the headers)."""
+    def _get_range(self, key: str, etag: str | None, offset: int, length: int,
+                   sink: Callable[[int, bytes], None]) -> None:
+        """Hand bytes [offset, offset+length) of ``key`` to ``sink(position, data)`` in
+        pieces, retrying a body that breaks off mid-stream (botocore retries only up to the
+        headers); with ``etag`` the object must still be that version."""
         full = self._key(key)
+        match = {"IfMatch": etag} if etag is not None else {}
         for attempt in range(self.config.max_attempts):
-            r = self._call("get", key, self._client.get_object, Key=full, IfMatch=etag,
-                           Range=f"bytes={offset}-{offset + length - 1}")
+            r = self._call("get", key, self._client.get_object, Key=full,
+                           Range=f"bytes={offset}-{offset + length - 1}", **match)
             pos = offset
             try:
                 for chunk in r["Body"].iter_chunks(chunk_size=MiB):
-                    os.pwrite(fd, chunk, pos)
+                    if pos + len(chunk) > offset + length:
+                        break
+                    sink(pos, chunk)
                     pos += len(chunk)
                 if pos == offset + length:
                     return
@@ -89,10 +102,31 @@ class S3Storage(S3Writes):
                 pass
             finally:
                 r["Body"].close()
+            if pos < offset + length and int(r.get("ContentLength", length)) < length:
+                raise StorageError(f"get {self.url}/{key}: range {offset}+{length} ends past "
+                                   "the object")
             if attempt + 1 < self.config.max_attempts:
                 backoff(attempt)
         raise StorageError(f"get {self.url}/{key}: range at {offset} broke off "
                            f"{self.config.max_attempts} times")
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        if length == 0:
+            if self.head(key) is None:
+                raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
+            return b""
+        buf = bytearray(length)
+        view = memoryview(buf)
+
+        def sink(pos: int, data: bytes) -> None:
+            view[pos - offset:pos - offset + len(data)] = data
+
+        part = self.config.part_size
+        parts = [(offset + o, min(part, length - o)) for o in range(0, length, part)]
+        self._parallel(parts, lambda p: self._get_range(key, None, p[0], p[1], sink))
+        self._reads.add(length)
+        return bytes(buf)
 
     def get_file(self, key: str, path: str | os.PathLike[str], *,
                  crc32c: int | None = None) -> ObjectInfo:
@@ -112,7 +146,7 @@ class S3Storage(S3Writes):
                 try:
                     os.ftruncate(fd, size)
                     self._parallel(ranges, lambda r, fd=fd: self._get_range(  # type: ignore[misc]
-                        key, etag, fd, r[0], r[1]))
+                        key, etag, r[0], r[1], lambda pos, data, fd=fd: os.pwrite(fd, data, pos)))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -120,6 +154,7 @@ class S3Storage(S3Writes):
                 if n == size and (want is None or got == want):
                     os.replace(tmp, dest)
                     fsync_dir(dest.parent)
+                    self._reads.add(size)
                     return ObjectInfo(key=key, size=size, crc32c=got)
             raise BadDigestError(f"get {self.url}/{key}: downloaded bytes do not match crc32c "
                                  f"{checksum.to_hex(want or 0)} "

@@ -30,6 +30,7 @@ from tierckpt.format import checksum
 from tierckpt.tier2.capabilities import MarkerMode
 from tierckpt.tier2.storage.base import (
     BadDigestError,
+    ByteCounter,
     ObjectExistsError,
     ObjectInfo,
     ObjectNotFoundError,
@@ -102,6 +103,7 @@ class S3Writes:
     config: S3Config
     _client: Any
     _md5: bool
+    _reads: ByteCounter
 
     @property
     def integrity(self) -> str:
@@ -377,6 +379,7 @@ class S3Writes:
                 continue
             want = crc_of_head(r)
             if want is None or checksum.extend(0, data) == want:
+                self._reads.add(len(data))
                 return bytes(data)
             if attempt + 1 >= self.config.digest_attempts:
                 raise BadDigestError(f"get {self.url}/{key}: bytes do not match stored crc32c")
