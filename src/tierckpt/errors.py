@@ -8,6 +8,8 @@
     │   ├── SignatureError(IntegrityError)   manifest signature missing or wrong
     │   ├── MissingFilesError(IntegrityError)    intact, but files this node needs are
     │   │                                    elsewhere (fetchable from tier 2; not damage)
+    │   ├── UnsafeCheckpointError(IntegrityError)    DCP's pickled ``.metadata`` names a
+    │   │                                    global outside its allowlist (maybe planted)
     │   └── CorruptDataError(IntegrityError)     verified, yet its data failed to load
     │                                        (CRC found while reading, unreadable record)
     ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root,
@@ -62,6 +64,19 @@ class MissingFilesError(IntegrityError):
     def __init__(self, message: str, missing: list[str]) -> None:
         super().__init__(message)
         self.missing = missing
+
+
+class UnsafeCheckpointError(IntegrityError):
+    """A checkpoint's ``.metadata`` pickle references a global (a class or function) outside
+    what DCP's checkpoint metadata pickles: it may have been planted to run code on load.
+    Nothing of it was called; restore quarantines the checkpoint and falls back to the next
+    older step. ``refused`` is the global (``module.qualname``), ``source`` the file.
+    (Keyword defaults keep it picklable: DCP gathers rank errors with pickle.)"""
+
+    def __init__(self, message: str, *, refused: str = "", source: str = "") -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.source = source
 
 
 class LockError(CheckpointError):

@@ -16,7 +16,7 @@ app = typer.Typer(
 )
 
 COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc",
-                              "doctor", "report", "drill")
+                              "doctor", "report", "drill", "inspect", "export")
 
 
 def load_commands() -> typer.Typer:

@@ -43,7 +43,7 @@ class RestoreInfo:
         return self.world_size != self.saved_world_size
 
 
-class _SafeLoadPlanner(DefaultLoadPlanner):
+class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default planner, but non-tensor items load with ``weights_only=True``."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
@@ -68,10 +68,20 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -
     fine); :class:`CorruptDataError` when the data fails while being read — each file's
     CRC32C is checked from the bytes read (:class:`DirectReader`), a record that does not
     unpickle counts too — after which ``state`` holds part of this checkpoint and must be
-    loaded again (the manager falls back to the next older step)."""
+    loaded again (the manager falls back to the next older step). A ``.metadata`` that
+    names a global outside DCP's metadata classes
+    (:class:`~tierckpt.errors.UnsafeCheckpointError`) or does not unpickle is a
+    :class:`CorruptDataError` too, raised on every rank before anything is loaded."""
     entries = {f.name: f for f in read_committed(ckpt_dir, step=None).manifest.files}
     reader = DirectReader(ckpt_dir, verify=entries)
-    md = reader.read_metadata()
+    try:
+        md, bad = reader.read_metadata(), None
+    except IntegrityError as e:  # UnsafeCheckpointError too: a planted pickle, not run
+        md, bad = None, f"rank {comm.rank}: {e}"
+    bad = next((b for b in comm.all_gather(bad) if b), None)  # node-local copies may differ
+    if bad is not None:
+        raise CorruptDataError(f"{ckpt_dir.name}: {bad} (nothing was loaded)")
+    assert md is not None
     src = comm.rank if saved_world == comm.world_size else comm.rank % saved_world
     key = f"{RANK_STATE}.{src}"
     blob_md: Any = md.state_dict_metadata.get(key)
@@ -85,7 +95,7 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -
             "loaded. Build the model (and optimizer) the checkpoint was saved from, or "
             "start a new tier1 directory")
     try:
-        dcp.load(target, storage_reader=reader, planner=_SafeLoadPlanner(),
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(),
                  process_group=comm.group, no_dist=comm.group is None)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         if isinstance(e, KeyboardInterrupt | SystemExit):

@@ -7,7 +7,8 @@ storage), the raw bytes sit uncompressed in the item's zip record, so this reade
 them (zip central directory + local header, a few hundred bytes) and ``readinto``\\s the
 destination's own memory. Anything else — narrowed reads, non-contiguous or non-CPU
 destinations, dtype or size mismatches, byte items — takes DCP's path unchanged. Items are
-read in file order, so each file is read sequentially once.
+read in file order, so each file is read sequentially once. ``.metadata`` is unpickled with
+:func:`~tierckpt.restore.metadata.load_metadata` (an allowlist), never ``pickle.load``.
 
 Given the manifest's entries (``verify=``), each file's CRC32C is checked from the bytes
 that pass through anyway (the destinations, just filled, plus the few header bytes between
@@ -31,13 +32,14 @@ from typing import Any, BinaryIO
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
 from tierckpt.format.manifest import FileEntry
+from tierckpt.restore.metadata import read_metadata_file
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _PIECE = 8 * 1024 * 1024
@@ -121,6 +123,13 @@ class DirectReader(FileSystemReader):
         self.verified_files: list[str] = []
         self.unverified_files: list[str] = []
         self._md_props: dict[str, torch.dtype] = {}
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's ``read_metadata`` (``rank=`` picks a rank-local file, as there), but the
+        pickle may name only DCP's metadata classes: anything else raises
+        :class:`~tierckpt.errors.UnsafeCheckpointError` before it runs."""
+        return read_metadata_file(self._get_metadata_path(kwargs.get("rank")),
+                                  load_id=self.load_id)
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:

@@ -6,10 +6,12 @@ Files are byte-for-byte what DCP's ``FileSystemWriter`` produces (``torch.save``
 ``__{rank}_{i}.distcp``, a pickled ``.metadata``), so ``FileSystemReader`` and plain
 ``dcp.load`` read a committed checkpoint. Each item's record also gets its own CRC32C (a
 manifest :class:`~tierckpt.format.manifest.Chunk`, from the same pass), so a reader that
-fetches one tensor's byte range can verify just that range. DCP's call order (per its ``StorageWriter``
-docstring): ``reset`` → ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) →
-``prepare_global_plan`` (coordinator) → ``write_data`` (every rank) → ``finish``
-(coordinator, with every rank's results).
+fetches one tensor's byte range can verify just that range.
+
+DCP's call order (per its ``StorageWriter`` docstring): ``reset`` →
+``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) → ``prepare_global_plan``
+(coordinator) → ``write_data`` (every rank) → ``finish`` (coordinator, with every rank's
+results).
 """
 
 from __future__ import annotations

@@ -31,8 +31,19 @@ from tierckpt.errors import (  # re-exported: the storage errors callers catch
     StorageError,
 )
 
-__all__ = ["TMP_MARK", "BadDigestError", "ByteCounter", "check_range", "ObjectExistsError", "ObjectInfo",
-           "ObjectNotFoundError", "Storage", "StorageError", "validate_key", "validate_prefix"]
+__all__ = [
+    "TMP_MARK",
+    "BadDigestError",
+    "ByteCounter",
+    "ObjectExistsError",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "Storage",
+    "StorageError",
+    "check_range",
+    "validate_key",
+    "validate_prefix",
+]
 
 TMP_MARK = ".tierckpt-tmp."
 """Names containing this are a backend's in-flight temporaries; never valid key parts."""

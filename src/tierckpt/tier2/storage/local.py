@@ -21,13 +21,13 @@ from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier1.fs import fsync_dir
 from tierckpt.tier2.storage.base import (
-    ByteCounter,
-    check_range,
     TMP_MARK,
     BadDigestError,
+    ByteCounter,
     ObjectExistsError,
     ObjectInfo,
     ObjectNotFoundError,
+    check_range,
     validate_key,
     validate_prefix,
 )

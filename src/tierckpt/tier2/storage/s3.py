@@ -145,8 +145,11 @@ class S3Storage(S3Writes):
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
                 try:
                     os.ftruncate(fd, size)
-                    self._parallel(ranges, lambda r, fd=fd: self._get_range(  # type: ignore[misc]
-                        key, etag, r[0], r[1], lambda pos, data, fd=fd: os.pwrite(fd, data, pos)))
+                    def sink(pos: int, data: bytes, fd: int = fd) -> None:
+                        os.pwrite(fd, data, pos)
+
+                    self._parallel(ranges, lambda r: self._get_range(key, etag, r[0], r[1],
+                                                                     sink))
                     os.fsync(fd)
                 finally:
                     os.close(fd)

@@ -1,0 +1,41 @@
+"""The checkpoint a sharing command (``inspect``, ``export``) reads: ``STEP`` (a number or
+``latest``) on ``--tier1 DIR`` or ``--tier2 URL`` (``--tier`` picks when both are given)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tierckpt.errors import ConfigError
+from tierckpt.share.source import Step
+
+
+def parse_step(text: str) -> Step:
+    """``"latest"`` or a non-negative step number."""
+    if text == "latest":
+        return "latest"
+    try:
+        step = int(text)
+    except ValueError:
+        raise ConfigError(f"STEP must be a step number or 'latest', got {text!r}") from None
+    if step < 0:
+        raise ConfigError(f"STEP must be >= 0, got {step}")
+    return step
+
+
+def source_of(tier: int | None, tier1: Path | None, tier2: str | None) -> str:
+    """The source to open: the tier-1 root or the tier-2 URL, as the options say."""
+    if tier not in (None, 1, 2):
+        raise ConfigError(f"--tier must be 1 or 2, got {tier}")
+    if tier is None:
+        if tier1 is not None and tier2 is not None:
+            raise ConfigError("both --tier1 and --tier2 given: say which to read with --tier")
+        tier = 2 if tier2 is not None else 1
+    if tier == 1:
+        if tier1 is None:
+            raise ConfigError("reading tier 1 needs --tier1 DIR (a tier-1 root or a step "
+                              "directory)")
+        return str(Path(tier1).expanduser().absolute())
+    if tier2 is None:
+        raise ConfigError("reading tier 2 needs --tier2 URL (s3://bucket/prefix or "
+                          "file:///path)")
+    return tier2

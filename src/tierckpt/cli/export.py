@@ -1,0 +1,97 @@
+"""``tierckpt export``: a consolidated, serving-ready copy of a checkpoint's model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._source import parse_step, source_of
+from tierckpt.cli._tiers import failures
+from tierckpt.errors import ConfigError
+from tierckpt.policy.units import format_bytes, parse_size
+from tierckpt.share.export import export as run_export
+from tierckpt.share.export import parse_dtype
+
+
+@app.command()
+def export(
+    step: Annotated[str, typer.Argument(help="Step to export, or 'latest'.")],
+    to: Annotated[Path, typer.Option("--to", help="Directory to create (must not exist).")],
+    tier: Annotated[int | None, typer.Option(
+        help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")] = None,
+    tier1: Annotated[Path | None, typer.Option(
+        help="Tier-1 root, or one step directory.")] = None,
+    tier2_url: Annotated[str | None, typer.Option(
+        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="safetensors or torch.")
+                   ] = "safetensors",
+    key: Annotated[list[str] | None, typer.Option(
+        "--keys", help="Top-level key(s) to export; repeatable.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="Cast floating-point tensors: bf16, fp16 or fp32 (integers are kept).")] = None,
+    max_shard_size: Annotated[str, typer.Option(
+        help="Largest shard file, e.g. 5GB or 500MiB.")] = "5GB",
+    strip_prefix: Annotated[str, typer.Option(
+        help="Remove this prefix from names (after the key, e.g. 'module.').")] = "",
+    add_prefix: Annotated[str, typer.Option(help="Put this prefix before names.")] = "",
+    hf_config: Annotated[Path | None, typer.Option(
+        help="A Hugging Face config.json to copy in (from_pretrained then loads the "
+             "directory).")] = None,
+    force: Annotated[bool, typer.Option(
+        help="Replace an earlier export at --to (only once the new one is complete).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md); no progress bar.")] = False,
+) -> None:
+    """Write the model of a committed checkpoint (any world size) as Hugging Face-style
+    sharded safetensors with model.safetensors.index.json and SHA256SUMS, streamed: one
+    tensor in memory at a time, every record checked against its CRC32C."""
+    with failures():
+        if fmt not in ("safetensors", "torch"):
+            raise ConfigError(f"--format must be safetensors or torch, got {fmt!r}")
+        source = source_of(tier, tier1, tier2_url)
+        shard = parse_size(max_shard_size, "--max-shard-size")
+        bar = Progress(TextColumn("export"), BarColumn(), DownloadColumn(),
+                       TransferSpeedColumn(), TimeRemainingColumn(),
+                       console=Console(stderr=True), disable=as_json,
+                       redirect_stdout=False, redirect_stderr=False)
+        task = bar.add_task("export", total=None)
+        with bar:
+            summary = run_export(
+                source, to, step=parse_step(step), keys=tuple(key or ("model",)),
+                format=fmt,  # type: ignore[arg-type]
+                dtype=parse_dtype(dtype), max_shard_bytes=shard, strip_prefix=strip_prefix,
+                add_prefix=add_prefix, hf_config=hf_config, force=force,
+                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    r = summary.result
+    if as_json:
+        emit_json({"step": summary.step, "source": summary.location,
+                   "to": str(summary.out_dir), "format": fmt, "tensors": r.tensors,
+                   "tensor_bytes": r.tensor_bytes, "bytes_read": summary.bytes_read,
+                   "peak_tensor_bytes": r.peak_tensor_bytes, "seconds": summary.seconds,
+                   "skipped": list(summary.skipped),
+                   "files": [{"name": f.name, "size": f.size, "sha256": f.sha256}
+                             for f in r.files]})
+        return
+    out = console()
+    out.print(f"[green]exported[/] step {summary.step} from {escape(summary.location)} to "
+              f"{escape(str(summary.out_dir))}: {r.tensors} tensors, "
+              f"{format_bytes(r.tensor_bytes)} in {len(r.files)} files "
+              f"({summary.seconds:.1f} s, {format_bytes(summary.bytes_read)} read; checksums "
+              "in SHA256SUMS)")
+    if summary.skipped:
+        out.print(f"[yellow]not exported[/] (not tensors): {', '.join(summary.skipped[:5])}")

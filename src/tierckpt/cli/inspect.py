@@ -1,0 +1,69 @@
+"""``tierckpt inspect``: the tensors in one checkpoint, from its verified metadata only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tierckpt.cli._app import app
+from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._source import parse_step, source_of
+from tierckpt.cli._tiers import failures
+from tierckpt.policy.units import format_bytes
+from tierckpt.share.contents import contents
+from tierckpt.share.source import open_checkpoint
+
+
+@app.command()
+def inspect(
+    step: Annotated[str, typer.Argument(help="Step to inspect, or 'latest'.")] = "latest",
+    tier: Annotated[int | None, typer.Option(
+        help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")] = None,
+    tier1: Annotated[Path | None, typer.Option(
+        help="Tier-1 root, or one step directory.")] = None,
+    tier2_url: Annotated[str | None, typer.Option(
+        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")] = None,
+    key: Annotated[list[str] | None, typer.Option(
+        help="Only entries under this top-level key (model, optim, rank_state); repeatable.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
+                                          "docs/cli.md).")] = False,
+) -> None:
+    """Every entry of a committed checkpoint: name, shape, dtype, bytes, the files that
+    hold it, and totals per top-level key. Reads only the marker, manifest and
+    .metadata (verified, and unpickled without running any code)."""
+    with failures():
+        source = source_of(tier, tier1, tier2_url)
+        with open_checkpoint(source, step=parse_step(step)) as ckpt:
+            found = contents(ckpt)
+    entries = [e for e in found.entries if not key or e.key in key]
+    if as_json:
+        doc = found.to_json()
+        doc["entries"] = [e.to_json() for e in entries]
+        emit_json(doc)
+        return
+    out = console()
+    crcs = "per-record CRC32C" if found.has_chunk_crcs else "file CRC32C only (older format)"
+    out.print(f"step {found.step} at {escape(found.location)}: saved by {found.world_size} "
+              f"rank(s), {format_bytes(found.checkpoint_bytes)} in files, {crcs}")
+    table = Table(show_edge=False, pad_edge=False)
+    for col, justify in (("name", "left"), ("shape", "left"), ("dtype", "left"),
+                         ("bytes", "right"), ("files", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for e in entries:
+        shape = "×".join(map(str, e.shape)) if e.shape else ("scalar" if e.shape == () else "")
+        files = ", ".join(e.files) if len(e.files) <= 2 else f"{len(e.files)} files"
+        table.add_row(escape(e.name), shape, e.dtype, format_bytes(e.bytes), files)
+    out.print(table)
+    totals = Table(title="per key", show_edge=False, pad_edge=False)
+    for col in ("key", "entries", "bytes", "stored"):
+        totals.add_column(col, justify="left" if col == "key" else "right")
+    for k, t in found.totals().items():
+        if not key or k in key:
+            totals.add_row(k, str(t["entries"]), format_bytes(t["bytes"]),
+                           format_bytes(t["stored_bytes"]))
+    out.print(totals)

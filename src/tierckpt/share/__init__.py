@@ -1,0 +1,1 @@
+"""Reading checkpoints for evaluation, fine-tuning and serving: load, inspect, export."""
