@@ -38,6 +38,8 @@ _LAZY = {
     "TrainState": "tierckpt.state",
     "Verify": "tierckpt.config",
     "init_distributed": "tierckpt.runtime.distributed",
+    "load": "tierckpt.share.loader",
+    "LoadResult": "tierckpt.share.loader",
 }
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from tierckpt.runtime.distributed import DistInfo, init_distributed
     from tierckpt.runtime.watchdog import HangInfo, StepWatchdog
     from tierckpt.save.saver import SaveHandle, SaveResult
+    from tierckpt.share.loader import LoadResult, load
     from tierckpt.state import TrainState
 
 
@@ -74,6 +77,7 @@ __all__ = [
     "Every",
     "HangInfo",
     "IntegrityError",
+    "LoadResult",
     "LockError",
     "ManagerConfig",
     "NoCheckpointError",
@@ -90,4 +94,5 @@ __all__ = [
     "Verify",
     "__version__",
     "init_distributed",
+    "load",
 ]

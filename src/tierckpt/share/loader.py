@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
-from tierckpt.errors import ConfigError, StateMismatchError
+from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.restore.loader import SafeLoadPlanner
 from tierckpt.share.ranged import RangedReader, VerifyMode
 from tierckpt.share.source import Step, open_checkpoint
@@ -92,8 +92,11 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
         _check(targets, md, ckpt.location, strict)
         reader = RangedReader(ckpt, verify=verify, threads=threads)
         distributed = dist.is_available() and dist.is_initialized()
-        dcp.load(targets, storage_reader=reader, planner=SafeLoadPlanner(),
-                 no_dist=not distributed)
+        try:
+            dcp.load(targets, storage_reader=reader, planner=SafeLoadPlanner(),
+                     no_dist=not distributed)
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            raise _unwrap(e) from e
         for key, module in modules.items():
             set_model_state_dict(module, targets[key], options=StateDictOptions(strict=strict))
         fetcher = reader.fetcher
@@ -113,6 +116,22 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
             seconds=time.perf_counter() - t0, verified="files" if whole else "chunks",
             notes=tuple(notes),
             state_dict=targets[keys[0]] if len(keys) == 1 else targets)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """Our own error inside DCP's CheckpointException (from whichever rank raised it);
+    anything else as it came."""
+    if isinstance(e, KeyboardInterrupt | SystemExit):
+        return e
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        for _rank, (exc, _tb) in sorted(failures.items()):
+            if isinstance(exc, CheckpointError):
+                return exc
+        first = next(iter(failures.values()), None)
+        if first is not None:
+            return CheckpointError(f"loading failed: {type(first[0]).__name__}: {first[0]}")
+    return e
 
 
 def _targets(into: Any, keys: tuple[str, ...], md: Metadata

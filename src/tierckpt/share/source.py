@@ -143,9 +143,11 @@ def _parse_step(step: Step) -> int | None:
     return step
 
 
-def _choose(steps: list[int], wanted: int | None, verify: Callable[[int], mf.Committed],
-            where: str) -> tuple[int, mf.Committed, tuple[tuple[int, str], ...]]:
-    """The newest of ``steps`` (or ``wanted``) whose marker and manifest verify."""
+def _choose(steps: list[int], wanted: int | None, open_one: Callable[[int], Checkpoint],
+            where: str) -> Checkpoint:
+    """The newest of ``steps`` (or ``wanted``) whose marker, manifest and ``.metadata``
+    verify; each one that does not is skipped with its reason (logged, and listed in
+    :attr:`Checkpoint.skipped`)."""
     if wanted is not None:
         if wanted not in steps:
             raise NoCheckpointError(f"{where} has no complete checkpoint at step {wanted} "
@@ -154,10 +156,24 @@ def _choose(steps: list[int], wanted: int | None, verify: Callable[[int], mf.Com
     skipped: list[tuple[int, str]] = []
     for s in sorted(steps, reverse=True):
         try:
-            return s, verify(s), tuple(skipped)
+            ckpt = open_one(s)
         except (IntegrityError, StorageError, OSError) as e:
+            if wanted is not None:
+                raise
             _log.warning("%s: step %d skipped: %s", where, s, e)
             skipped.append((s, str(e)))
+            continue
+        try:
+            ckpt.metadata()
+        except (IntegrityError, StorageError, OSError) as e:
+            ckpt.close()
+            if wanted is not None:
+                raise
+            _log.warning("%s: step %d skipped: %s", where, s, e)
+            skipped.append((s, str(e)))
+            continue
+        ckpt.skipped = tuple(skipped)
+        return ckpt
     why = "; ".join(f"step {s}: {r}" for s, r in skipped) or "no COMPLETE marker anywhere"
     raise NoCheckpointError(f"{where} has no committed checkpoint to read ({why})")
 
@@ -166,28 +182,31 @@ def _open_dir(path: Path, wanted: int | None) -> Checkpoint:
     committed = read_committed(path, step=layout.parse_step_dirname(path.name))
     if wanted is not None and committed.manifest.step != wanted:
         raise NoCheckpointError(f"{path} holds step {committed.manifest.step}, not {wanted}")
-    return _local(path, committed, (), lambda: None)
+    ckpt = _local(path, committed, lambda: None)
+    ckpt.metadata()
+    return ckpt
 
 
 def _open_tier1(cat: Tier1Catalog, wanted: int | None) -> Checkpoint:
-    step, committed, skipped = _choose(cat.complete_steps(), wanted, cat.read_committed,
-                                       f"tier-1 root {cat.root}")
-    holder = f"reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    pinned = False
-    with contextlib.suppress(OSError):  # a read-only root can still be read
-        cat.pin(step, holder)
-        pinned = True
+    def open_one(step: int) -> Checkpoint:
+        committed = cat.read_committed(step)
+        holder = f"reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        pinned = False
+        with contextlib.suppress(OSError):  # a read-only root can still be read
+            cat.pin(step, holder)
+            pinned = True
 
-    def unpin() -> None:
-        if pinned:
-            with contextlib.suppress(OSError):
-                cat.unpin(step, holder)
+        def unpin() -> None:
+            if pinned:
+                with contextlib.suppress(OSError):
+                    cat.unpin(step, holder)
 
-    return _local(cat.step_dir(step), committed, skipped, unpin)
+        return _local(cat.step_dir(step), committed, unpin)
+
+    return _choose(cat.complete_steps(), wanted, open_one, f"tier-1 root {cat.root}")
 
 
-def _local(path: Path, committed: mf.Committed, skipped: tuple[tuple[int, str], ...],
-           close: Callable[[], None]) -> Checkpoint:
+def _local(path: Path, committed: mf.Committed, close: Callable[[], None]) -> Checkpoint:
     def read(name: str, offset: int, length: int) -> bytes:
         try:
             with open(path / layout.safe_member_name(name), "rb", buffering=0) as f:
@@ -206,26 +225,31 @@ def _local(path: Path, committed: mf.Committed, skipped: tuple[tuple[int, str], 
                 "from tier 2 or from the root that has it") from None
 
     ckpt = Checkpoint(step=committed.manifest.step, tier="tier1", location=str(path),
-                      manifest=committed.manifest, skipped=skipped, _read=read, _close=close)
+                      manifest=committed.manifest, skipped=(), _read=read, _close=close)
     ckpt._reads.add(len(committed.manifest_bytes) + len(committed.marker_bytes))
     return ckpt
 
 
 def _open_tier2(storage: Storage, wanted: int | None) -> Checkpoint:
     cat = Tier2Catalog(storage)
+
+    def open_one(step: int) -> Checkpoint:
+        committed = cat.read_committed(step)
+
+        def read(name: str, offset: int, length: int) -> Any:
+            return storage.get_range(cat.key(step, name), offset, length)
+
+        ckpt = Checkpoint(step=step, tier="tier2",
+                          location=f"{storage.url}/{layout.step_dirname(step)}",
+                          manifest=committed.manifest, skipped=(), _read=read,
+                          _close=lambda: None)
+        ckpt._reads.add(len(committed.manifest_bytes) + len(committed.marker_bytes))
+        return ckpt
+
     try:
-        step, committed, skipped = _choose(cat.complete_steps(), wanted, cat.read_committed,
-                                           f"tier 2 {storage.url}")
+        ckpt = _choose(cat.complete_steps(), wanted, open_one, f"tier 2 {storage.url}")
     except BaseException:
         storage.close()
         raise
-
-    def read(name: str, offset: int, length: int) -> Any:
-        return storage.get_range(cat.key(step, name), offset, length)
-
-    where = f"{storage.url}/{layout.step_dirname(step)}"
-    ckpt = Checkpoint(step=step, tier="tier2", location=where,
-                      manifest=committed.manifest, skipped=skipped, _read=read,
-                      _close=storage.close)
-    ckpt._reads.add(len(committed.manifest_bytes) + len(committed.marker_bytes))
+    ckpt._close = storage.close
     return ckpt
