@@ -118,7 +118,7 @@ def test_an_older_manifest_falls_back_to_whole_file_verification(
     assert r.verified == "files" and _equal(model, saved[1][2])
     assert any("predates per-record CRC32C" in n for n in r.notes)
     assert r.bytes_read >= r.checkpoint_bytes - 16_384  # whole files were read
-    path, offset, length = record(root, 2, "optim.state.0.weight.exp_avg")
+    path, offset, _length = record(root, 2, "optim.state.0.weight.exp_avg")
     flip_byte(path, offset + 5)  # in the same file: the whole-file check catches it
     with pytest.raises(CorruptDataError, match="CRC32C"):
         tierckpt.load(root, mlp())
