@@ -54,3 +54,37 @@ def test_direct_false_is_plain_dcp(tmp_path: Path) -> None:
     r = DirectReader(tmp_path, direct=False)
     dcp.load(out, storage_reader=r)
     assert torch.equal(out["x"], torch.ones(5)) and r.direct_items == 0
+
+
+def test_a_file_read_in_part_is_checked_record_by_record(tmp_path: Path) -> None:
+    # a model-only read of a file that also holds the optimizer (gaps of MiBs): the file
+    # cannot be hashed whole from what passed through, so each record is checked alone
+    from tests.share._ckpt import flip_byte, record
+    from tierckpt.errors import IntegrityError
+    from tierckpt.tier1.catalog import read_committed
+
+    model = torch.nn.Linear(512, 1024)  # 2 MiB of weights, 4 MiB of AdamW state
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    opt.step()
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        ck.save(1, tierckpt.TrainState(model=model, optimizer=opt)).wait(60)
+    ckpt = tmp_path / "step-00000001"
+    entries = {f.name: f for f in read_committed(ckpt, step=1).manifest.files}
+
+    def load() -> DirectReader:
+        sd = {"model": {"weight": torch.zeros(1024, 512), "bias": torch.zeros(1024)}}
+        r = DirectReader(ckpt, verify=entries)
+        dcp.load(sd, storage_reader=r, no_dist=True)
+        assert torch.equal(sd["model"]["weight"], model.weight.detach())
+        return r
+
+    r = load()
+    assert (r.verified_records, r.verified_files, r.unverified_files) == (2, [], [])
+    path, offset, length = record(tmp_path, 1, "model.weight")
+    flip_byte(path, offset + length // 2)
+    with pytest.raises(BaseException) as exc:  # DCP wraps it in its CheckpointException
+        load()
+    failures = getattr(exc.value, "failures", {0: (exc.value, None)})
+    (err, _tb), = failures.values()
+    assert isinstance(err, IntegrityError) and "record" in str(err) and "CRC32C" in str(err)

@@ -14,7 +14,9 @@ Given the manifest's entries (``verify=``), each file's CRC32C is checked from t
 that pass through anyway (the destinations, just filled, plus the few header bytes between
 them); a mismatch raises :class:`~tierckpt.errors.IntegrityError` before the load returns.
 A file this rank reads only a small part of (a reshard, or replicated items in another
-rank's file) is left to the other checks: reading all of it would be a second pass.
+rank's file) is checked record by record instead, against the manifest's per-record CRC32Cs
+(``chunks``): each record read, plus its few header bytes; a file from before those were
+recorded is left to the other checks (reading all of it would be a second pass).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from torch.futures import Future
 
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
-from tierckpt.format.manifest import FileEntry
+from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.restore.metadata import read_metadata_file
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
@@ -121,6 +123,9 @@ class DirectReader(FileSystemReader):
         self.bytes_read = 0
         self.direct_items = 0
         self.verified_files: list[str] = []
+        """Files checked whole, from the bytes read (plus small gaps)."""
+        self.verified_records = 0
+        """Records checked one by one (files read in part; reshards)."""
         self.unverified_files: list[str] = []
         self._md_props: dict[str, torch.dtype] = {}
 
@@ -155,13 +160,16 @@ class DirectReader(FileSystemReader):
                     self.bytes_read += info.length
                     job = self._plan_in_place(f, item, info, planner) if self.direct else None
                     if job is None:
-                        seen.append((info.offset, self._read_dcp(f, item, info, planner)))
+                        seen.append((info.offset, self._read_dcp(f, rel, item, info, planner)))
                     else:
                         in_place.append((item, *job))
                 self._read_pieces(f, [(t, off) for _, t, off in in_place])
                 if self.verify is not None:
                     seen += [(off, _bytes_of(t)) for _, t, off in in_place]
-                    self._check_crc(f, rel, seen)
+                    if not self._check_crc(f, rel, seen):
+                        self._check_records(f, rel, [
+                            (self.storage_data[i.storage_index], off, _bytes_of(t))
+                            for i, t, off in in_place])
                 for item, target, _ in in_place:
                     planner.commit_tensor(item, target)
                     self.direct_items += 1
@@ -212,24 +220,23 @@ class DirectReader(FileSystemReader):
                 pass
 
     def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, memoryview | bytes]]
-                   ) -> None:
+                   ) -> bool:
         """CRC32C of file ``rel`` from the ranges that were read, in file order, plus the
-        gaps between them (read now) — when the gaps are small; else left unverified."""
+        gaps between them (read now) — when the gaps are small. Returns False when the file
+        was not checked whole (no entry, overlapping reads, large gaps)."""
         entry = self.verify.get(rel) if self.verify is not None else None
         if entry is None:
             self.unverified_files.append(rel)
-            return
+            return True
         seen.sort(key=lambda s: s[0])
         pos = gaps = 0
         for off, buf in seen:
             if off < pos:  # overlapping reads: not a tiling we can hash in order
-                self.unverified_files.append(rel)
-                return
+                return False
             gaps, pos = gaps + off - pos, off + len(buf)
         gaps += max(0, entry.size - pos)
         if gaps > max(_GAP_MIN, _GAP_FRACTION * entry.size):
-            self.unverified_files.append(rel)
-            return
+            return False
         crc = pos = 0
         fd = f.fileno()
         for off, buf in [*seen, (entry.size, b"")]:
@@ -240,17 +247,55 @@ class DirectReader(FileSystemReader):
             raise IntegrityError(f"{rel} CRC32C {checksum.to_hex(crc)} != manifest "
                                  f"{checksum.to_hex(entry.crc32c)} (found while reading)")
         self.verified_files.append(rel)
+        return True
 
-    def _read_dcp(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
+    def _record_chunk(self, rel: str, info: _StorageInfo) -> Chunk | None:
+        entry = self.verify.get(rel) if self.verify is not None else None
+        return entry.chunk(info.offset, info.length) if entry is not None else None
+
+    def _check_records(self, f: BinaryIO, rel: str,
+                       records: list[tuple[_StorageInfo, int, memoryview]]) -> None:
+        """Check each in-place record of a file read in part against its own CRC32C: the
+        header bytes before the tensor's, the tensor's (already in the destination), the
+        trailer after. Without per-record CRC32Cs the file stays unverified."""
+        entry = self.verify.get(rel) if self.verify is not None else None
+        if entry is None or not entry.chunks:
+            self.unverified_files.append(rel)
+            return
+        fd = f.fileno()
+        for info, raw, buf in records:
+            chunk = self._record_chunk(rel, info)
+            if chunk is None:
+                raise IntegrityError(f"{rel}: the manifest lists no record at "
+                                     f"{info.offset}+{info.length} (.metadata and manifest "
+                                     "disagree)")
+            end = info.offset + info.length
+            crc = checksum.extend(0, os.pread(fd, raw - info.offset, info.offset))
+            crc = checksum.extend(crc, buf)
+            crc = checksum.extend(crc, os.pread(fd, end - raw - len(buf), raw + len(buf)))
+            if crc != chunk.crc32c:
+                raise IntegrityError(f"{rel}: record {info.offset}+{info.length} CRC32C "
+                                     f"{checksum.to_hex(crc)} != manifest "
+                                     f"{checksum.to_hex(chunk.crc32c)} (found while reading)")
+            self.verified_records += 1
+
+    def _read_dcp(self, f: BinaryIO, rel: str, item: ReadItem, info: _StorageInfo,
                   planner: LoadPlanner) -> bytes:
         """DCP's own per-item path (``torch.load`` then copy into the target); returns the
-        item's bytes as read."""
+        item's bytes as read. With a per-record CRC32C they are checked before use."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
         data = os.pread(f.fileno(), info.length, info.offset)
         if len(data) != info.length:
             raise IntegrityError(f"short read of {f.name}: {len(data)} of {info.length} bytes "
                                  f"at {info.offset}")
+        chunk = self._record_chunk(rel, info)
+        if chunk is not None:
+            if checksum.extend(0, data) != chunk.crc32c:
+                raise IntegrityError(f"{rel}: record {info.offset}+{info.length} "
+                                     f"({item.storage_index.fqn}) does not match its CRC32C "
+                                     "in the manifest (found while reading)")
+            self.verified_records += 1
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data))
             return data
