@@ -78,6 +78,13 @@ class ManagerConfig:
     measured C, W, R and failures); None: the loop decides itself.
     ``tier2_require_conditional_writes``: refuse a tier 2 that ignores ``If-None-Match``
     (by default its markers are written and read back; see ``tierckpt doctor``).
+    ``tier0``: keep checkpoints in node RAM (a tmpfs directory that outlives a worker
+    restart; docs/tier0.md): a path, ``"auto"`` (``/dev/shm/tierckpt/<job key>``, and run
+    without tier 0 when it does not fit) or None (off). With tier 0 every ``save()`` lands
+    there; every ``tier1_every``-th is also copied to tier 1 in the background;
+    ``tier0_keep`` generations stay in RAM; ``tier0_replicate`` sends each node's newest
+    to a partner node (at most ``tier0_bandwidth`` bytes/s, None: unbounded), so a
+    replaced node restores from the partner's RAM.
     """
 
     tier1: Path
@@ -104,6 +111,16 @@ class ManagerConfig:
     tier2_required: bool = False
     tier2_require_conditional_writes: bool = False
     interval: Every | AutoInterval | str | None = None
+    tier0: Path | str | None = None
+    tier0_keep: int = 1
+    tier1_every: int = 1
+    tier0_replicate: bool = True
+    tier0_bandwidth: float | None = None
+
+    @property
+    def tier0_auto(self) -> bool:
+        """``tier0="auto"``: the default location, and no tier 0 when it does not fit."""
+        return self.tier0 == "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tier1, str | os.PathLike):
@@ -132,8 +149,20 @@ class ManagerConfig:
         if self.interval is not None and not isinstance(self.interval, Every | AutoInterval):
             raise ConfigError(f"interval must be tierckpt.Every(steps=...|seconds=...), "
                               f"tierckpt.AutoInterval(...) or 'auto', got {self.interval!r}")
+        if self.tier0 is not None and self.tier0 != "auto":
+            if not isinstance(self.tier0, str | os.PathLike) or not os.fspath(self.tier0):
+                raise ConfigError(f"tier0 must be a directory on tmpfs, 'auto' or None, got "
+                                  f"{self.tier0!r}")
+            object.__setattr__(self, "tier0", Path(self.tier0).expanduser().absolute())
+        check_count("tier0_keep", self.tier0_keep)
+        check_count("tier1_every", self.tier1_every)
+        bw = self.tier0_bandwidth
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int | float)
+                               or not 0 < bw < float("inf")):
+            raise ConfigError(f"tier0_bandwidth must be bytes per second > 0 (e.g. 500e6) "
+                              f"or None, got {bw!r}")
         for name in ("fsync", "direct_io", "start_uploader", "tier2_required",
-                     "tier2_require_conditional_writes"):
+                     "tier2_require_conditional_writes", "tier0_replicate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.background_nice, bool) or not isinstance(self.background_nice, int) \

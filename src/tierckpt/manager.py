@@ -41,8 +41,11 @@ from tierckpt.save.inflight import InFlight
 from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
 from tierckpt.state import TrainState
+from tierckpt.tier0.replicate import ring as replicate_ring
+from tierckpt.tier0.root import DEFAULT_BASE, Tier0Root, default_root, remove_dead_roots
+from tierckpt.tier0.root import budget as tier0_budget
 from tierckpt.tier1 import fs
-from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog, read_committed
 from tierckpt.tier1.lock import FileLock
 from tierckpt.tier2 import probe
 from tierckpt.tier2.storage.url import parse_url
@@ -71,6 +74,8 @@ class CheckpointManager:
         self._closed = False
         self.catalog = Tier1Catalog(cfg.tier1)
         self._lock: FileLock | None = None
+        self._tier0_lock: FileLock | None = None
+        self._last_result: SaveResult | None = None
         self._uploader: UploaderSupervisor | None = None
         self.comm = Comm.create(cfg.collective_timeout_s)
         try:
@@ -79,11 +84,14 @@ class CheckpointManager:
             self.domain = next(d for d in self.domains if self.comm.rank in d)
             self.is_owner = self.domain[0] == self.comm.rank
             self._take_lock_and_clean()
+            self.tier0 = self._open_tier0()
             tier2_options = self._probe_tier2()
             self.log = events.EventLog(cfg.tier1 / layout.EVENTS, rank=self.comm.rank,
                                        mode=cfg.file_mode)
             self.run_id = self.comm.broadcast(uuid.uuid4().hex[:12])
             existing = self.catalog.complete_steps() if self.is_owner else []
+            if self.is_owner and self.tier0 is not None:
+                existing = sorted({*existing, *self.tier0.own.complete_steps()}, reverse=True)
             newest = max(self.comm.all_gather(existing[0] if existing else -1))
             self.last_committed: int | None = None if newest < 0 else newest
             self._uploader = self._start_uploader(tier2_options)
@@ -92,7 +100,9 @@ class CheckpointManager:
             self._cadence = None if cfg.interval is None else Cadence(
                 cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS)  # type: ignore[arg-type]
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
-                                     on_committed=self._apply_retention)
+                                     on_committed=self._apply_retention, tier0=self.tier0)
+            self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
+            self._tier0_checked = False
         except BaseException:
             self._release()
             raise
@@ -112,7 +122,8 @@ class CheckpointManager:
         self._check_open()
         _require_state(state)
         info = Restorer(self.config, self.catalog, self.comm, self.domain,
-                        is_owner=self.is_owner, log=self.log).restore(state)
+                        is_owner=self.is_owner, log=self.log, tier0=self.tier0,
+                        domains=self.domains).restore(state)
         self.last_committed = None if info is None else info.step
         return info
 
@@ -142,6 +153,10 @@ class CheckpointManager:
         state.step = step
         staged, nbytes = self._stager.stage(state.state_dict())
         staged_at = time.monotonic()
+        if self.tier0 is not None and not self._tier0_checked:
+            self._check_tier0_budget(nbytes)
+        to_tier1 = self.tier0 is None or self._saves % self.config.tier1_every == 0
+        self._saves += 1
         self.log.emit(events.SAVE_STAGED, step=step, seconds=staged_at - t0, bytes=nbytes)
         staged_f: Future[float] = Future()
         staged_f.set_result(staged_at - t0)
@@ -149,7 +164,7 @@ class CheckpointManager:
         self._inflight.handle = handle
         self._saver.submit(SaveJob(step=step, staged=staged, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
-                                staged_at=staged_at), handle)
+                                staged_at=staged_at, to_tier1=to_tier1), handle)
         if self._cadence is not None:
             self._cadence.saved(step)
         return handle
@@ -169,14 +184,20 @@ class CheckpointManager:
         self._check_open()
         return self._finish_inflight(record_overlap=False, timeout=timeout)
 
-    def close(self) -> None:
+    def close(self, *, flush: bool = True) -> None:
         """Wait for the in-flight save, release the lock and the checkpoint group.
-        Idempotent. Raises the in-flight save's error (after releasing everything)."""
+        Idempotent. Raises the in-flight save's error (after releasing everything). With
+        tier 0, the newest save when it lives in RAM only is first copied to tier 1
+        (collective; ``flush=False`` skips it — leaving a ``with`` block on an exception
+        does, since other ranks may be gone)."""
         if self._closed:
             return
         self._closed = True
         try:
             self._finish_inflight(record_overlap=False)
+            last = self._last_result
+            if flush and last is not None and last.tier == "tier0" and self.tier0 is not None:
+                self._flush_tier0(last)
         finally:
             self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
@@ -190,9 +211,83 @@ class CheckpointManager:
             self.close()
             return
         with contextlib.suppress(CheckpointError):  # don't mask the original exception
-            self.close()
+            self.close(flush=False)
 
     # -- internals ------------------------------------------------------------------------
+    def _open_tier0(self) -> Tier0Root | None:
+        """Collective: every owner opens its node's tier 0 (``tier0=`` config). With
+        ``"auto"`` a node that cannot (no tmpfs, another job's directory) turns tier 0 off
+        for the whole job with a warning; with a path it is a ConfigError everywhere."""
+        cfg = self.config
+        if cfg.tier0 is None:
+            return None
+        path = default_root(cfg.tier1) if cfg.tier0_auto else Path(cfg.tier0)  # type: ignore[arg-type]
+        root, err = Tier0Root(path=path, tier1=cfg.tier1), None
+        if self.is_owner:
+            try:
+                if cfg.tier0_auto:
+                    remove_dead_roots(DEFAULT_BASE, keep=path)
+                self._tier0_lock = root.open(dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
+            except (ConfigError, LockError, OSError) as e:
+                err = f"rank {self.comm.rank}: {e}"
+        paths = self.comm.all_gather(str(path))
+        if len({paths[r] for r in self.domain}) > 1:
+            err = err or (f"ranks {list(self.domain)} share tier1 {cfg.tier1} but not tier0 "
+                          f"({sorted({paths[r] for r in self.domain})}); give the ranks of a "
+                          "node one tier0 directory")
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if not errors:
+            return root
+        if cfg.tier0_auto:
+            self._release_tier0()
+            _log.warning("tier0='auto': running without tier 0: %s", errors[0])
+            return None
+        self._release_tier0()
+        raise ConfigError(errors[0])
+
+    def _check_tier0_budget(self, nbytes: int) -> None:
+        """Collective, at the first save: tier 0's RAM need (own + partner's replica, x
+        ``tier0_keep`` + 1 while a new one commits) against the tmpfs and host RAM."""
+        cfg = self.config
+        self._tier0_checked = True
+        sizes = self.comm.all_gather(nbytes)
+        own = sum(sizes[r] for r in self.domain)
+        ring_ = replicate_ring(self.domains, self.domain) if cfg.tier0_replicate else None
+        peer = sum(sizes[r] for r in ring_[1]) if ring_ is not None else 0
+        need = int((cfg.tier0_keep + 1) * (own + peer) * 1.02)  # + headers, .metadata
+        msg = None
+        if self.is_owner and self.tier0 is not None:
+            b = tier0_budget(self.tier0.path, need)
+            if not b.fits:
+                msg = f"rank {self.comm.rank}: {b.message(self.tier0.path)}"
+        errors = [m for m in self.comm.all_gather(msg) if m]
+        if not errors:
+            return
+        if not cfg.tier0_auto:
+            raise ConfigError(errors[0])
+        self.log.emit(events.TIER0_DISABLED, reason=errors[0])
+        _log.warning("tier0='auto': running without tier 0: %s", errors[0])
+        self.tier0 = self._saver.tier0 = None
+        self._release_tier0()
+
+    def _flush_tier0(self, last: SaveResult) -> None:
+        """Collective, at close: the newest save lives in RAM only; copy it to tier 1 so
+        the run's last state outlives the node (and reaches tier 2)."""
+        path = last.path
+        committed = read_committed(path, step=last.step) if self.is_owner else None
+        self._saver.copy_to_tier1(committed, path)
+        self.log.emit(events.SAVE_COMMITTED, step=last.step, seconds=0.0, write_seconds=0.0,
+                      bytes=last.bytes_total, tier="tier1", flushed=True)
+        if self.is_owner:
+            for p in self._apply_retention(last):
+                with contextlib.suppress(OSError):
+                    fs.remove_tree(p)
+
+    def _release_tier0(self) -> None:
+        if self._tier0_lock is not None:
+            self._tier0_lock.release()
+            self._tier0_lock = None
+
     def _watch_tier2(self) -> None:
         """At each save: the domain owners' supervisors restart a dead uploader and report a
         failing tier 2. With ``tier2_required`` a failing tier 2 is a SaveError on every
@@ -220,6 +315,7 @@ class CheckpointManager:
     def _note(self, result: SaveResult | None) -> None:
         if result is not None:
             self.last_committed = max(self.last_committed or -1, result.step)
+            self._last_result = result
 
     def _apply_retention(self, result: SaveResult) -> list[Path]:
         """Unpublish what tier-1 retention drops; return the directories to reclaim. With a
@@ -309,6 +405,7 @@ class CheckpointManager:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        self._release_tier0()
         if getattr(self, "log", None) is not None:
             self.log.close()
         self.comm.close()

@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--verify", default="sizes")
     ap.add_argument("--tier2", default=None)
     ap.add_argument("--upload-every", type=int, default=1)
+    ap.add_argument("--tier0", default=None, help="tier-0 root ({node} as in --tier1)")
+    ap.add_argument("--tier1-every", type=int, default=1)
+    ap.add_argument("--no-replicate", action="store_true")
     args = ap.parse_args()
 
     info = init_distributed(timeout=timedelta(seconds=60))
@@ -118,10 +121,14 @@ def main() -> None:
                                 extra={"samples": 0})
     attempt = info.restart_count
     # "{node}" in --tier1 becomes this node's rank: one tier-1 root per (simulated) node
-    tier1 = args.tier1.format(node=os.environ.get("GROUP_RANK", "0"))
+    node = os.environ.get("GROUP_RANK", "0")
+    tier1 = args.tier1.format(node=node)
+    tier0 = args.tier0.format(node=node) if args.tier0 else None
     with tierckpt.CheckpointManager(tier1=tier1, keep_last=3, verify=args.verify,
                                     collective_timeout_s=30, tier2=args.tier2,
-                                    upload_every=args.upload_every) as ckpt:
+                                    upload_every=args.upload_every, tier0=tier0,
+                                    tier1_every=args.tier1_every,
+                                    tier0_replicate=not args.no_replicate) as ckpt:
         restored = ckpt.restore(state)
         if restored and rank == 0 and args.dump_restored:
             torch.save({"step": restored.step, **full_state(model, opt)}, args.dump_restored)

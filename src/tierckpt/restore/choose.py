@@ -22,17 +22,33 @@ from tierckpt.errors import (
     SignatureError,
     StorageError,
 )
+from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.restore.verify import required_ranks, verify_checkpoint
 from tierckpt.runtime import events
 from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm
+from tierckpt.tier0.replicate import remove_newer, ring
+from tierckpt.tier0.root import Tier0Root
+from tierckpt.tier0.transfer import Stream, commit_received, transfer
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.fs import remove_tree
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
 
 T = TypeVar("T")
 _log = logging.getLogger("tierckpt")
+
+
+def _drop(catalog: Tier1Catalog, step: int) -> None:
+    """Remove a tier-0 entry that failed verification (RAM is a cache; the reason is
+    logged by the caller)."""
+    try:
+        catalog.delete(step)
+    except OSError:
+        path = catalog.step_dir(step)
+        if path.is_symlink() or path.is_file():
+            os.unlink(path)
 
 class Chooser:
     """Agrees with every domain owner on the newest step restorable everywhere, each
@@ -49,8 +65,9 @@ class Chooser:
     def __init__(self, local: Tier1Catalog, comm: Comm, domain: tuple[int, ...], *,
                  is_owner: bool, full: bool, log: events.EventLog,
                  open_remote: Callable[[], Tier2Catalog] | None = None,
-                 tier2_timeout_s: float = 60.0, exclude: frozenset[int] = frozenset()
-                 ) -> None:
+                 tier2_timeout_s: float = 60.0, exclude: frozenset[int] = frozenset(),
+                 tier0: Tier0Root | None = None,
+                 domains: tuple[tuple[int, ...], ...] = ()) -> None:
         self.local, self.comm, self.domain = local, comm, domain
         self.is_owner, self.full, self.log = is_owner, full, log
         self._open_remote, self.tier2_timeout_s = open_remote, tier2_timeout_s
@@ -63,6 +80,10 @@ class Chooser:
         self.sources: dict[int, str] = {}
         self._checked: set[int] = set()
         self._remote: list[int] | None = None
+        self.tier0, self.domains = tier0, domains
+        self.offers: dict[int, mf.Committed] = {}
+        """Replicas of this domain's checkpoints that its partner holds in RAM (verified
+        there in full, marker checked here)."""
 
     def close(self) -> None:
         if self.remote is not None:
@@ -111,6 +132,8 @@ class Chooser:
     def _check(self, step: int) -> None:
         """Fill ``sources[step]``/``manifests[step]`` if ``step`` is restorable here."""
         self._checked.add(step)
+        if self._check_tier0(step):
+            return
         d = self.local.step_dir(step)
         missing_reason = None
         if os.path.lexists(d):
@@ -147,9 +170,110 @@ class Chooser:
         if missing_reason is not None:
             self._skip(step, missing_reason)
 
+    def _check_tier0(self, step: int) -> bool:
+        """``step`` from this node's RAM (every byte CRC-checked: RAM reads are cheap and
+        a replica that restores wrong data must never win), else from the partner's
+        replica. A failing tier-0 copy is removed (it is a cache) with the reason logged."""
+        if self.tier0 is None:
+            return False
+        d = self.tier0.own.step_dir(step)
+        if os.path.lexists(d):
+            try:
+                self.manifests[step] = verify_checkpoint(
+                    d, step=step, domain=self.domain, world_size=self.comm.world_size,
+                    full=True)
+                self.sources[step] = "tier0"
+                return True
+            except SignatureError as e:
+                self.refused = f"tier 0 {d}: {e}"
+                return True
+            except MissingFilesError:
+                pass  # intact, but a reshard needs other nodes' shards: tier 1 or 2
+            except (IntegrityError, OSError) as e:
+                self._skip(step, f"tier 0: {e}")
+                _log.warning("tier 0 step %d not used: %s", step, e)
+                _drop(self.tier0.own, step)
+        offer = self.offers.get(step)
+        if offer is not None:
+            self.manifests[step] = offer.manifest
+            self.sources[step] = "tier0-peer"
+            return True
+        return False
+
+    def exchange_offers(self) -> None:
+        """Collective: every owner offers the replicas it holds (each fully verified for
+        the domain it belongs to), and learns which of its own its partner holds."""
+        mine: dict[int, tuple[bytes, bytes]] = {}
+        ring_ = ring(self.domains, self.domain) if self.tier0 is not None else None
+        if self.is_owner and self.tier0 is not None and ring_ is not None:
+            pred = ring_[1]
+            for step in self.tier0.peer.complete_steps():
+                d = self.tier0.peer.step_dir(step)
+                try:
+                    verify_checkpoint(d, step=step, domain=pred,
+                                      world_size=self.comm.world_size, full=True)
+                    c = self.tier0.peer.read_committed(step)
+                    mine[step] = (c.manifest_bytes, c.marker_bytes)
+                except MissingFilesError:
+                    pass  # another world size: this replica cannot serve it
+                except (IntegrityError, OSError) as e:
+                    self.log.emit(events.CHECKPOINT_SKIPPED, step=step,
+                                  reason=f"tier 0 replica for ranks {list(pred)}: {e}",
+                                  moved_to=None)
+                    _log.warning("tier 0 replica of step %d (ranks %s) not offered: %s",
+                                 step, list(pred), e)
+                    _drop(self.tier0.peer, step)
+        gathered = self.comm.all_gather(mine)
+        if not (self.is_owner and ring_ is not None):
+            return
+        for step, (mbytes, marker) in gathered[ring_[0][0]].items():
+            try:
+                self.offers[step] = mf.verify_committed(marker, mbytes, step=step,
+                                                        name=f"tier 0 replica step {step}")
+            except IntegrityError as e:
+                self._skip(step, f"tier 0 replica: {e}")
+
+    def pull(self, step: int) -> int:
+        """Collective: a domain whose chosen source is its partner's replica receives
+        those files into its own tier 0 (CRC-checked, committed); the partner sends them.
+        Returns bytes received by this rank."""
+        mine = self.sources.get(step) if self.is_owner else None
+        sources = self.comm.all_gather(mine)
+        if self.tier0 is None or not self.is_owner:
+            return 0
+        streams: list[Stream] = []
+        tmp = None
+        m = self.manifests.get(step)
+        ring_ = ring(self.domains, self.domain)
+        if ring_ is None:
+            return 0
+        partner, pred = ring_
+        if sources[self.domain[0]] == "tier0-peer" and m is not None:
+            tmp = self.tier0.own.root / layout.tmp_dirname(step, m.save_id)
+            tmp.mkdir()
+            streams.append(Stream(peer=partner[0], directory=tmp,
+                                  files=m.files_for_ranks(self.domain), receive=True))
+        if sources[pred[0]] == "tier0-peer":  # I hold the predecessor's replica
+            rm = self.tier0.peer.read_committed(step).manifest
+            streams.append(Stream(peer=pred[0], directory=self.tier0.peer.step_dir(step),
+                                  files=rm.files_for_ranks(pred), receive=False))
+        try:
+            got = transfer(self.comm, streams)
+            if tmp is not None:
+                commit_received(tmp, self.tier0.own.step_dir(step), self.offers[step],
+                                file_mode=0o640)
+        except BaseException:
+            if tmp is not None and tmp.exists():
+                remove_tree(tmp)
+            raise
+        return got
+
     def _newest_valid(self, bound: float) -> int | None:
-        for step in sorted(set(self.local.candidate_steps()) | set(self.remote_steps()),
-                           reverse=True):
+        t0_steps: set[int] = set()
+        if self.tier0 is not None:
+            t0_steps = set(self.tier0.own.complete_steps()) | set(self.offers)
+        for step in sorted(set(self.local.candidate_steps()) | set(self.remote_steps())
+                           | t0_steps, reverse=True):
             if step > bound or step in self.exclude:
                 continue
             if step not in self._checked:
@@ -165,6 +289,7 @@ class Chooser:
         Raises CheckpointError when some domains can restore and others cannot, and
         :class:`SignatureError` on every rank when a signing key is set and a candidate is
         unsigned or badly signed (it is left where it is, not quarantined)."""
+        self.exchange_offers()
         bound: float = float("inf")
         while True:
             proposal = self._newest_valid(bound) if self.is_owner else "n/a"
@@ -207,6 +332,11 @@ class Chooser:
                 reason = (f"newer than the agreed restore point (step {step})" if step >= 0
                           else "not restorable on every node; the job starts fresh")
                 self._skip(newer, reason, self.local.quarantine(newer, reason))
+        if self.tier0 is not None:  # RAM is a cache: newer entries are dropped, not kept
+            for cat in (self.tier0.own, self.tier0.peer):
+                for gone in remove_newer(cat, step):
+                    self._skip(gone, f"tier 0: newer than the agreed restore point "
+                                     f"(step {step})")
 
     def materialize(self, step: int, *, file_mode: int, dir_mode: int) -> int:
         """Owner only: make ``step`` complete in this domain's tier 1 (fetching what is

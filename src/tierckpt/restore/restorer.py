@@ -4,6 +4,7 @@ aside and try the next older one. Collective: every rank of the job calls it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -16,14 +17,16 @@ from tierckpt.restore.loader import RestoreInfo, load_into
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
 from tierckpt.state import TrainState
+from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
 
 _log = logging.getLogger("tierckpt")
 
-Chosen = tuple[int, str, tuple[tuple[int, str], ...], int, int]
-"""``(step, source, skipped, bytes fetched from tier 2, saved world size)``."""
+Chosen = tuple[int, str, tuple[tuple[int, str], ...], int, int, str | None]
+"""``(step, source, skipped, bytes fetched (tier 2, or a partner's RAM), saved world size,
+this domain's source)``."""
 
 
 class Restorer:
@@ -31,9 +34,12 @@ class Restorer:
     deadline) from this process's tier-1 root (``catalog``), in its ``domain``."""
 
     def __init__(self, config: ManagerConfig, catalog: Tier1Catalog, comm: Comm,
-                 domain: tuple[int, ...], *, is_owner: bool, log: events.EventLog) -> None:
+                 domain: tuple[int, ...], *, is_owner: bool, log: events.EventLog,
+                 tier0: Tier0Root | None = None,
+                 domains: tuple[tuple[int, ...], ...] = ()) -> None:
         self.config, self.catalog, self.comm, self.domain = config, catalog, comm, domain
         self.is_owner, self.log = is_owner, log
+        self.tier0, self.domains = tier0, domains or (tuple(domain),)
 
     def restore(self, state: TrainState) -> RestoreInfo | None:
         """The loaded checkpoint, or None on a fresh start (nothing restorable anywhere).
@@ -50,8 +56,10 @@ class Restorer:
                         f"no checkpoint could be loaded (failed while reading: {failed}); the "
                         "state holds part of one of them: build it anew to start fresh")
                 return None
-            step, source, skipped, fetched, saved_world = chosen
-            path = self.config.tier1 / layout.step_dirname(step)
+            step, source, skipped, fetched, saved_world, mine = chosen
+            in_ram = mine in ("tier0", "tier0-peer") and self.tier0 is not None
+            path = (self.tier0.path if in_ram and self.tier0 is not None
+                    else self.config.tier1) / layout.step_dirname(step)
             t_load = time.monotonic()
             try:
                 nbytes = load_into(state, path, saved_world, self.comm)
@@ -61,7 +69,15 @@ class Restorer:
                 self._set_aside(step, str(e))
         now = time.monotonic()
         self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
-        by_source = {"tier1": nbytes, "tier2": fetched}
+        if mine == "tier0-peer":
+            by_source = {"tier0": 0, "tier0-peer": fetched, "tier1": 0, "tier2": 0}
+        elif mine == "tier0":
+            by_source = {"tier0": nbytes, "tier0-peer": 0, "tier1": 0, "tier2": 0}
+        else:
+            by_source = {"tier0": 0, "tier0-peer": 0, "tier1": nbytes,
+                         "tier2": fetched}
+        if mine == "tier0-peer":  # what was read from RAM after the pull
+            by_source["tier0"] = nbytes
         info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
                            bytes_read=nbytes + fetched, bytes_by_source=by_source,
                            world_size=self.comm.world_size, saved_world_size=saved_world,
@@ -76,6 +92,9 @@ class Restorer:
         moved = None
         if self.is_owner and os.path.lexists(self.catalog.step_dir(step)):
             moved = self.catalog.quarantine(step, reason)
+        if self.is_owner and self.tier0 is not None:
+            with contextlib.suppress(OSError):  # RAM is a cache: the bad copy just goes
+                self.tier0.own.delete(step)
         self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason,
                       moved_to=str(moved) if moved else None)
         _log.warning("step %d failed to load and was set aside: %s", step, reason)
@@ -86,7 +105,8 @@ class Restorer:
             else None
         return Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
                        full=cfg.verify is Verify.FULL, log=self.log, open_remote=opener,
-                       tier2_timeout_s=cfg.tier2_timeout_s, exclude=exclude)
+                       tier2_timeout_s=cfg.tier2_timeout_s, exclude=exclude,
+                       tier0=self.tier0, domains=self.domains)
 
     def _choose(self, exclude: frozenset[int]) -> Chosen | None:
         """Collective: agree on a step (not one of ``exclude``), set newer entries aside,
@@ -102,14 +122,20 @@ class Restorer:
                               skipped=[list(s) for s in skipped])
                 return None
             mine = chooser.sources.get(step) if self.is_owner else None
-            source = "+".join(sorted({s for s in comm.all_gather(mine) if s}))
+            owners = comm.all_gather(mine)
+            source = "+".join(sorted({s for s in owners if s}))
+            mine = owners[self.domain[0]]  # my domain's source, on every rank of it
             self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
                           skipped=[list(s) for s in skipped])
             fetched, err = 0, None
-            if self.is_owner:
+            try:
+                fetched = chooser.pull(step)  # collective: replicas back from partners
+            except (CheckpointError, OSError) as e:
+                err = f"rank {comm.rank}: pulling step {step} from the partner failed: {e}"
+            if self.is_owner and err is None:
                 try:
-                    fetched = chooser.materialize(step, file_mode=cfg.file_mode,
-                                                  dir_mode=cfg.dir_mode)
+                    fetched += chooser.materialize(step, file_mode=cfg.file_mode,
+                                                   dir_mode=cfg.dir_mode)
                 except (CheckpointError, OSError) as e:
                     err = f"rank {comm.rank}: fetching step {step} from tier 2 failed: {e}"
             errors = [e for e in comm.all_gather(err) if e]
@@ -117,4 +143,4 @@ class Restorer:
                 raise CheckpointError("; ".join(errors))
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
-        return step, source, skipped, fetched, saved_world
+        return step, source, skipped, fetched, saved_world, mine

@@ -9,8 +9,9 @@ Kinds and their fields (seconds are floats, bytes ints):
 
 ==================  =============================================================
 save_staged         seconds (blocking time C), bytes (staged on this rank)
-save_durable        seconds (stage end → this rank's files fsync'd), bytes
-save_committed      seconds (save() entry → COMPLETE), bytes (all ranks), write_seconds (W)
+save_durable        seconds (stage end → this rank's files fsync'd), bytes, tier
+save_committed      seconds (save() entry → COMPLETE), bytes (all ranks), write_seconds (W),
+                    tier (tier1, or tier0 for a save kept in RAM only)
 save_failed         error
 overlap             seconds (time save() waited for the previous save)
 restore_started     —
@@ -34,6 +35,10 @@ upload_drained      seconds, left (steps close() left on tier 1 only)
 progress            step (at most every PROGRESS_EVERY_S: what goodput's lost work needs)
 interval_decided    interval_s, M_s, step_s, next_step, inputs (C, W, R, node_mtbf, nodes,
                     failures, exposure_s and each one's source)
+tier0_saved         step, bytes (this rank's), seconds (stage end → committed in RAM)
+tier0_replicated    step, bytes (the partner's files received), seconds
+tier0_replication_failed  step, error (the save stands; the replica is missing)
+tier0_disabled      reason (tier0="auto" and it does not fit; the job runs without it)
 ==================  =============================================================
 """
 
@@ -73,6 +78,10 @@ UPLOAD_SKIPPED = "upload_skipped"
 UPLOAD_DRAINED = "upload_drained"
 INTERVAL_DECIDED = "interval_decided"
 PROGRESS = "progress"
+TIER0_SAVED = "tier0_saved"
+TIER0_REPLICATED = "tier0_replicated"
+TIER0_REPLICATION_FAILED = "tier0_replication_failed"
+TIER0_DISABLED = "tier0_disabled"
 
 
 MAX_PENDING = 10_000

@@ -36,6 +36,9 @@ from tierckpt.format import manifest as mf
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
 from tierckpt.save.writer import ShardWriter
+from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
+from tierckpt.tier0.root import Tier0Root
+from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 
@@ -61,6 +64,9 @@ class SaveResult:
     seconds: float
     write_seconds: float
     manifest: mf.Manifest
+    tier: str = "tier1"
+    """Where ``path`` is: ``tier1``, or ``tier0`` for a save kept in RAM only (with tier 0,
+    every ``tier1_every``-th save is also committed on tier 1)."""
 
 
 @dataclasses.dataclass
@@ -97,6 +103,8 @@ class SaveJob:
     save_id: str
     started: float
     staged_at: float
+    to_tier1: bool = True
+    """With tier 0: also copy this save to tier 1 (without tier 0 every save goes there)."""
 
 
 class AsyncSaver:
@@ -108,10 +116,14 @@ class AsyncSaver:
 
     def __init__(self, cfg: ManagerConfig, comm: Comm, domains: tuple[tuple[int, ...], ...],
                  log: events.EventLog,
-                 on_committed: Callable[[SaveResult], list[Path]] | None = None) -> None:
+                 on_committed: Callable[[SaveResult], list[Path]] | None = None,
+                 tier0: Tier0Root | None = None) -> None:
         self.cfg, self.comm, self.domains, self.log = cfg, comm, domains, log
         self.on_committed = on_committed
         self.is_owner = any(d[0] == comm.rank for d in domains)
+        self.domain = next(d for d in domains if comm.rank in d)
+        self.tier0 = tier0
+        """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
                                         initargs=(cfg.background_nice,))
@@ -130,7 +142,7 @@ class AsyncSaver:
                 handle.durable.set_exception(err)
                 return
             reclaim: list[Path] = []
-            if self.is_owner and self.on_committed is not None:
+            if self.is_owner and self.on_committed is not None and result.tier == "tier1":
                 try:  # retention: old checkpoints leave their final names before we resolve
                     reclaim = self.on_committed(result)
                 except Exception as e:  # never fail a committed save over retention
@@ -153,28 +165,34 @@ class AsyncSaver:
         ranks' complete shards included) so failed saves do not fill the disk."""
         if not self.is_owner:
             return
-        tmp = self.cfg.tier1 / layout.tmp_dirname(job.step, job.save_id)
-        try:
-            remove_tree(tmp)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            _log.warning("could not remove %s (start-up cleanup will): %s", tmp, e)
+        roots = [self.cfg.tier1] if self.tier0 is None else [self.tier0.path, self.cfg.tier1]
+        for root in roots:
+            tmp = root / layout.tmp_dirname(job.step, job.save_id)
+            try:
+                remove_tree(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                _log.warning("could not remove %s (start-up cleanup will): %s", tmp, e)
 
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:
         cfg, comm = self.cfg, self.comm
-        tmp = cfg.tier1 / layout.tmp_dirname(job.step, job.save_id)
-        final = cfg.tier1 / layout.step_dirname(job.step)
+        in_ram = self.tier0 is not None
+        root = self.tier0.path if self.tier0 is not None else cfg.tier1
+        tmp = root / layout.tmp_dirname(job.step, job.save_id)
+        final = root / layout.step_dirname(job.step)
         tmp.mkdir(mode=cfg.dir_mode, exist_ok=True)  # ranks of one domain share it
         writer = ShardWriter(tmp, thread_count=cfg.write_threads, file_mode=cfg.file_mode,
-                             fsync=cfg.fsync, direct_io=cfg.direct_io)
+                             fsync=cfg.fsync and not in_ram,
+                             direct_io=cfg.direct_io and not in_ram)
         dcp.save(job.staged, storage_writer=writer, process_group=comm.group,
                  no_dist=comm.group is None)
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
         self.log.emit(events.SAVE_DURABLE, step=job.step,
-                      seconds=durable_at - job.staged_at, bytes=my_bytes)
+                      seconds=durable_at - job.staged_at, bytes=my_bytes,
+                      tier="tier0" if in_ram else "tier1")
 
         per_rank = comm.all_gather(writer.files)
         payload = None
@@ -196,15 +214,66 @@ class AsyncSaver:
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
                               metadata_bytes=meta_bytes, file_mode=cfg.file_mode)
             except Exception as e:
-                error = f"rank {comm.rank}: commit of step {job.step} in {cfg.tier1} failed: {e}"
+                error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
         errors = [e for e in comm.all_gather(error) if e]
         if errors:
             raise SaveError("; ".join(errors))
         manifest = mf.Manifest.from_bytes(mbytes)
+        tier = "tier1"
+        if self.tier0 is not None:
+            committed = mf.Committed(manifest, mbytes, marker)
+            self.log.emit(events.TIER0_SAVED, step=job.step, bytes=my_bytes,
+                          seconds=time.monotonic() - job.staged_at)
+            self._replicate(committed)
+            if job.to_tier1:
+                self.copy_to_tier1(committed, final)
+                final = cfg.tier1 / layout.step_dirname(job.step)
+            else:
+                tier = "tier0"
+            if self.is_owner:
+                keep_newest(self.tier0.own, cfg.tier0_keep)
+                keep_newest(self.tier0.peer, cfg.tier0_keep)
+                self.tier0.touch()
         now = time.monotonic()
         result = SaveResult(step=job.step, path=final, bytes_total=manifest.total_bytes,
                             seconds=now - job.started, write_seconds=now - job.staged_at,
-                            manifest=manifest)
+                            manifest=manifest, tier=tier)
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
-                      write_seconds=result.write_seconds, bytes=result.bytes_total)
+                      write_seconds=result.write_seconds, bytes=result.bytes_total, tier=tier)
         return result
+
+    def _replicate(self, committed: mf.Committed) -> None:
+        """Owners: the ring exchange of tier-0 replicas. A failure is an event and a
+        warning, never a failed save (tier 1 and tier 2 still hold the job)."""
+        cfg, comm, step = self.cfg, self.comm, committed.manifest.step
+        if self.tier0 is None or not cfg.tier0_replicate or len(self.domains) < 2 \
+                or not self.is_owner:
+            return
+        t0 = time.monotonic()
+        try:
+            got = replicate(comm, self.domains, self.domain, self.tier0, committed,
+                            file_mode=cfg.file_mode, dir_mode=cfg.dir_mode,
+                            bandwidth=cfg.tier0_bandwidth)
+        except Exception as e:
+            self.log.emit(events.TIER0_REPLICATION_FAILED, step=step, error=str(e))
+            _log.warning("tier-0 replica of step %d failed: %s", step, e)
+            return
+        self.log.emit(events.TIER0_REPLICATED, step=step, bytes=got,
+                      seconds=time.monotonic() - t0)
+
+    def copy_to_tier1(self, committed: mf.Committed | None, src: Path) -> None:
+        """Collective: owners copy the committed tier-0 step at ``src`` to tier 1
+        (verified; ``committed`` is read by owners, None elsewhere); raises SaveError on
+        every rank when one failed."""
+        cfg, comm = self.cfg, self.comm
+        step = layout.parse_step_dirname(src.name)
+        error = None
+        if self.is_owner and committed is not None:
+            try:
+                copy_to_tier1(src, Tier1Catalog(cfg.tier1), committed, file_mode=cfg.file_mode,
+                              dir_mode=cfg.dir_mode, fsync=cfg.fsync, direct_io=cfg.direct_io)
+            except Exception as e:
+                error = f"rank {comm.rank}: copy of step {step} to tier 1 failed: {e}"
+        errors = [e for e in comm.all_gather(error) if e]
+        if errors:
+            raise SaveError("; ".join(errors) + " (the step stays in tier 0)")

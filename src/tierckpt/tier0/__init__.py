@@ -1,0 +1,2 @@
+"""Tier 0: checkpoints in node RAM (tmpfs) that outlive a worker restart, with a
+replica on a partner node."""

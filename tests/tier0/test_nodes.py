@@ -1,0 +1,172 @@
+"""Tier 0 on two simulated nodes: real torchrun agents (c10d rendezvous on loopback), one
+rank per node, each node with its own tier-0 root on tmpfs (/dev/shm) and tier-1 root on
+disk, real SIGKILLs. Every resume continues with the losses of the uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._launch import WORKLOADS, read_jsonl
+from tierckpt.drill.launch import agent_argv
+from tierckpt.format import layout
+
+TRAIN = WORKLOADS / "fsdp_train.py"
+STEPS = 12  # saves after steps 3, 7, 11
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A fresh directory on tmpfs for this test's tier-0 roots (removed afterwards)."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    d = Path(tempfile.mkdtemp(prefix="tierckpt-test-", dir=base))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run(base: Path, shm: Path, *extra: str, restarts: int = 0, check: bool = True) -> None:
+    """Both nodes' agents; ``extra`` goes to the training script."""
+    port, run_id = _free_port(), uuid.uuid4().hex[:8]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(TRAIN), "--tier1", str(base / "node{node}" / "t1"),
+           "--tier0", str(shm / "node{node}"), "--losses", str(base / "losses.jsonl"),
+           "--steps", str(STEPS), *extra]
+    procs = [subprocess.Popen(agent_argv(cmd, nproc=1, nnodes=2, node_rank=i,
+                                         max_restarts=restarts, port=port, run_id=run_id),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env) for i in (0, 1)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    if check:
+        for p, out in zip(procs, outs, strict=True):
+            assert p.returncode == 0, out[-6000:]
+
+
+def losses(base: Path) -> dict[int, float]:
+    """The loss of each step, from the last attempt that reached it."""
+    out: dict[int, float] = {}
+    for rec in read_jsonl(base / "losses.jsonl"):
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def restores(base: Path, node: int) -> list[dict]:
+    return [e for e in read_jsonl(base / f"node{node}" / "t1" / layout.EVENTS)
+            if e["event"] == "restore_done"]
+
+
+def skipped(base: Path, node: int) -> list[str]:
+    return [e["reason"] for e in read_jsonl(base / f"node{node}" / "t1" / layout.EVENTS)
+            if e["event"] == "checkpoint_skipped"]
+
+
+def flip(path: Path, offset: int = 200) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The uninterrupted run's losses (tier 0 on, as in the runs it is compared with)."""
+    base = tmp_path_factory.mktemp("t0-ref")
+    shm = Path(tempfile.mkdtemp(prefix="tierckpt-ref-", dir="/dev/shm"))
+    try:
+        run(base, shm)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    got = losses(base)
+    assert sorted(got) == list(range(STEPS))
+    return got
+
+
+@pytest.mark.slow
+def test_a_killed_rank_resumes_from_its_own_ram(tmp_path: Path, shm: Path,
+                                                reference: dict[int, float]) -> None:
+    run(tmp_path, shm, "--kill-at", "5", "--kill-rank", "1", "--kill-after-commit", restarts=1)
+    for node in (0, 1):
+        (r,) = restores(tmp_path, node)
+        assert r["step"] == 3 and r["source"] == "tier0"
+        assert r["bytes_by_source"]["tier0"] > 0
+        assert r["bytes_by_source"]["tier1"] == r["bytes_by_source"]["tier2"] == 0
+    assert losses(tmp_path) == reference  # bit-identical floats
+    assert (shm / "node0" / "peer" / layout.step_dirname(11) / layout.COMPLETE).exists()
+
+
+@pytest.mark.slow
+def test_a_replaced_node_restores_from_its_partners_ram(tmp_path: Path, shm: Path,
+                                                        reference: dict[int, float]) -> None:
+    run(tmp_path, shm, "--kill-at", "9", "--kill-rank", "0", "--kill-after-commit",
+        check=False)  # dies, no restart
+    shutil.rmtree(shm / "node1")  # node 1 replaced: its RAM and its disk are gone
+    shutil.rmtree(tmp_path / "node1" / "t1")
+    run(tmp_path, shm)
+    (r0,) = restores(tmp_path, 0)
+    (r1,) = restores(tmp_path, 1)
+    assert r0["step"] == r1["step"] == 7
+    assert r1["source"] == "tier0+tier0-peer" and r1["bytes_by_source"]["tier0-peer"] > 0
+    assert r1["bytes_by_source"]["tier1"] == r1["bytes_by_source"]["tier2"] == 0
+    assert r0["bytes_by_source"]["tier0"] > 0
+    assert losses(tmp_path) == reference
+
+
+@pytest.mark.slow
+def test_damaged_ram_copies_fall_through_to_tier1(tmp_path: Path, shm: Path,
+                                                  reference: dict[int, float]) -> None:
+    run(tmp_path, shm, "--kill-at", "9", "--kill-rank", "0", "--kill-after-commit",
+        check=False)
+    step7 = layout.step_dirname(7)
+    flip(shm / "node1" / step7 / "__1_0.distcp")          # node 1's own RAM copy
+    flip(shm / "node0" / "peer" / step7 / "__1_0.distcp")  # and its replica on node 0
+    run(tmp_path, shm)
+    (r1,) = restores(tmp_path, 1)
+    assert r1["step"] == 7 and r1["bytes_by_source"]["tier1"] > 0
+    assert r1["bytes_by_source"]["tier0"] == r1["bytes_by_source"]["tier0-peer"] == 0
+    reasons = skipped(tmp_path, 1)
+    assert any("tier 0" in r and "CRC32C" in r for r in reasons), reasons
+    reasons0 = skipped(tmp_path, 0)
+    assert any("replica" in r and "CRC32C" in r for r in reasons0), reasons0
+    assert losses(tmp_path) == reference
+
+
+@pytest.mark.slow
+def test_a_ram_only_step_newer_than_tier1_is_the_one_resumed(tmp_path: Path, shm: Path,
+                                                             reference: dict[int, float]
+                                                             ) -> None:
+    # tier 1 every 2nd save: steps 3 and 11 reach the disk, step 7 lives in RAM only
+    run(tmp_path, shm, "--tier1-every", "2", "--kill-at", "9", "--kill-rank", "1",
+        "--kill-after-commit",
+        restarts=1)
+    for node in (0, 1):
+        (r,) = restores(tmp_path, node)
+        assert r["step"] == 7 and r["source"] == "tier0"
+        t1 = tmp_path / f"node{node}" / "t1"
+        assert (t1 / layout.step_dirname(3) / layout.COMPLETE).exists()
+        assert (t1 / layout.step_dirname(11) / layout.COMPLETE).exists()
+        assert not (t1 / layout.step_dirname(7)).exists()
+    assert losses(tmp_path) == reference
