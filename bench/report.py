@@ -12,6 +12,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
              each a Measurement {seconds, bytes, gbps, runs, ...}
     worlds   {"1": {"dcp": {...}, "tierckpt": {...} | {"skipped": reason}}, "2": ...}
     transfer {...} | {"skipped": reason}
+    share    {...} | {"skipped": reason}   (bench/share.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
 ``render_markdown`` only reads that dict, so a results file can be re-rendered later.
@@ -166,4 +167,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         body += _world(r, world, sections)
     if "skipped" in r.get("transfer", {}):
         body += [f"**Upload/download skipped:** {r['transfer']['skipped']}", ""]
+    if "share" in r:  # its rows live with the section; imported here so report stays light
+        from bench.share import markdown as share_markdown
+
+        body += share_markdown(r["share"])
     return "\n".join(body + _targets(r))

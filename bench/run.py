@@ -23,6 +23,7 @@ from bench.dcp_peers import PeerJob, measure_dcp
 from bench.limits import measure_limits
 from bench.machine import fsync_probe, machine_facts
 from bench.report import SCHEMA, write_results
+from bench.share import measure_share
 from bench.state import build_state, make_specs
 from bench.targets import evaluate
 from bench.tierckpt_paths import measure_tierckpt
@@ -44,6 +45,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", type=Path, default=_REPO / "bench" / "out",
                    help="directory on the filesystem under test (checkpoints go here and are "
                         "removed afterwards)")
+    p.add_argument("--share", action=argparse.BooleanOptionalAction, default=None,
+                   help="the sharing readers' section (bench/share.py: tier-2 load, export); "
+                        "on by default, off with --quick")
     return p.parse_args(argv)
 
 
@@ -64,8 +68,11 @@ def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> 
     return out
 
 
-def run(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
-    """Every measurement of one run; the results dict (see ``report``) and section errors."""
+def run(cfg: BenchConfig, *, share: bool | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Every measurement of one run; the results dict (see ``report``) and section errors.
+
+    ``share``: run the sharing readers' section (None: unless ``cfg.quick``).
+    """
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     workdir = cfg.target_dir / f"bench-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +98,12 @@ def run(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
                                      errors),
             }
         transfer = _section("transfer", partial(measure_transfer, cfg), errors)
+        # The sharing readers (bench/share.py): on unless --quick; --share/--no-share decide.
+        if (not cfg.quick) if share is None else share:
+            shared = _section("share", partial(measure_share, workdir / "share",
+                                               cfg.size_bytes, repeats=cfg.repeats), errors)
+        else:
+            shared = {"skipped": "off (--quick or --no-share); pass --share to include it"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     facts["loadavg_end"] = list(os.getloadavg())
@@ -103,7 +116,7 @@ def run(cfg: BenchConfig) -> tuple[dict[str, Any], list[str]]:
                    "repeats": cfg.repeats, "saves": cfg.saves,
                    "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
-        "targets": [t.to_json() for t in targets], "errors": errors,
+        "share": shared, "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors
 
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    results, errors = run(cfg)
+    results, errors = run(cfg, share=args.share)
     stamp = results["started"].replace(":", "")
     json_path, md_path = write_results(results, cfg.out_dir, stamp)
     for t in results["targets"]:
