@@ -3,8 +3,8 @@ Hugging Face-style sharded safetensors (or torch) files, streamed with bounded m
 
 Each tensor is assembled from its saved chunks (any world size), verified record by record
 (:mod:`tierckpt.share.ranged`), cast if asked, and written before the next is read: peak
-RAM is about one tensor plus a few records (:class:`~tierckpt.share.hfwrite.ExportResult`
-reports it). Names are the checkpoint's with the top-level key removed (``model.``), then
+RAM is about one tensor (and its cast copy; ``ExportResult.peak_tensor_bytes``) plus the
+records read ahead, at most half a shard (``max_shard_bytes``, up to 128 MiB). Names are the checkpoint's with the top-level key removed (``model.``), then
 ``strip_prefix`` removed and ``add_prefix`` put in front.
 """
 
@@ -21,12 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from tierckpt.errors import ConfigError
 from tierckpt.share.hfwrite import ExportResult, Format, TensorSpec, write_hf
 from tierckpt.share.loader import top_level_keys
-from tierckpt.share.ranged import RecordFetcher, VerifyMode, assemble
+from tierckpt.share.ranged import (
+    WINDOW,
+    RecordFetcher,
+    SpanReader,
+    VerifyMode,
+    assemble,
+    tensor_plan,
+)
 from tierckpt.share.source import Step, open_checkpoint
 from tierckpt.tier1 import fs
 
@@ -107,11 +114,14 @@ def export(source: str | Any, out_dir: Path, *, step: Step = "latest",
             _check_replaceable(out_dir, force)
         target = out_dir.with_name(f".{out_dir.name}.new-{uuid.uuid4().hex[:8]}") \
             if replace else out_dir
-        fetcher = RecordFetcher(ckpt, verify=verify)
-        result = write_hf(target, specs, lambda s: assemble(fetcher, source_of[s.name]),
-                          format=format, max_shard_bytes=max_shard_bytes, dtype=dtype,
-                          metadata={"tierckpt_step": str(ckpt.step)}, progress=progress,
-                          extra_files=extra)
+        specs.sort(key=lambda sp: _file_position(md, source_of[sp.name]))  # read in order
+        with RecordFetcher(ckpt, verify=verify) as fetcher:
+            spans = SpanReader(fetcher, tensor_plan(md, [source_of[sp.name] for sp in specs]),
+                               window=min(WINDOW, max(1 << 20, max_shard_bytes // 2)))
+            result = write_hf(target, specs, lambda s: assemble(spans, md, source_of[s.name]),
+                              format=format, max_shard_bytes=max_shard_bytes, dtype=dtype,
+                              metadata={"tierckpt_step": str(ckpt.step)}, progress=progress,
+                              extra_files=extra)
         if replace:  # the old export goes only once the new one is complete
             shutil.rmtree(out_dir)
             os.rename(target, out_dir)
@@ -119,6 +129,14 @@ def export(source: str | Any, out_dir: Path, *, step: Step = "latest",
         return ExportSummary(step=ckpt.step, location=ckpt.location, out_dir=out_dir,
                              result=result, bytes_read=ckpt.bytes_read,
                              seconds=time.perf_counter() - t0, skipped=tuple(skipped))
+
+
+def _file_position(md: Any, fqn: str) -> tuple[str, int]:
+    """Where ``fqn``'s first saved chunk is: tensors are read (and shards filled) in file
+    order, so adjacent records merge into one ranged read."""
+    entry = md.state_dict_metadata[fqn]
+    info = md.storage_data[MetadataIndex(fqn, tuple(entry.chunks[0].offsets))]
+    return (info.relative_path, info.offset)
 
 
 def _rename(name: str, strip: str, add: str) -> str:

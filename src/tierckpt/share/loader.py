@@ -97,6 +97,8 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
                      no_dist=not distributed)
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             raise _unwrap(e) from e
+        finally:
+            reader.close()
         for key, module in modules.items():
             set_model_state_dict(module, targets[key], options=StateDictOptions(strict=strict))
         fetcher = reader.fetcher
