@@ -4,7 +4,8 @@ Hugging Face-style sharded safetensors (or torch) files, streamed with bounded m
 Each tensor is assembled from its saved chunks (any world size), verified record by record
 (:mod:`tierckpt.share.ranged`), cast if asked, and written before the next is read: peak
 RAM is about one tensor (and its cast copy; ``ExportResult.peak_tensor_bytes``) plus the
-records read ahead, at most half a shard (``max_shard_bytes``, up to 128 MiB). Names are the checkpoint's with the top-level key removed (``model.``), then
+records read ahead, at most half a shard (``max_shard_bytes``, up to 128 MiB). Names are
+the checkpoint's with the top-level key removed (``model.``), then
 ``strip_prefix`` removed and ``add_prefix`` put in front.
 """
 
