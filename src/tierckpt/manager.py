@@ -42,7 +42,7 @@ from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
 from tierckpt.state import TrainState
 from tierckpt.tier0.replicate import ring as replicate_ring
-from tierckpt.tier0.root import DEFAULT_BASE, Tier0Root, default_root, remove_dead_roots
+from tierckpt.tier0.root import Tier0Root, auto_base, default_root, remove_dead_roots
 from tierckpt.tier0.root import budget as tier0_budget
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog, read_committed
@@ -226,7 +226,7 @@ class CheckpointManager:
         if self.is_owner:
             try:
                 if cfg.tier0_auto:
-                    remove_dead_roots(DEFAULT_BASE, keep=path)
+                    remove_dead_roots(auto_base(), keep=path)
                 self._tier0_lock = root.open(dir_mode=cfg.dir_mode, file_mode=cfg.file_mode)
             except (ConfigError, LockError, OSError) as e:
                 err = f"rank {self.comm.rank}: {e}"

@@ -31,6 +31,8 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
 
 DEFAULT_BASE = Path("/dev/shm/tierckpt")
+BASE_ENV = "TIERCKPT_TIER0_BASE"
+"""Overrides :data:`DEFAULT_BASE` (the parent of ``tier0="auto"`` roots), e.g. another tmpfs."""
 JOB_FILE = "job.json"
 PEER_DIR = "peer"
 LOCK_FILE = ".lock"
@@ -45,8 +47,15 @@ def job_key(tier1: Path) -> str:
     return hashlib.sha256(str(Path(tier1).absolute()).encode()).hexdigest()[:16]
 
 
-def default_root(tier1: Path, base: Path = DEFAULT_BASE) -> Path:
-    return base / job_key(tier1)
+def auto_base() -> Path:
+    """Where ``tier0="auto"`` roots live: ``$TIERCKPT_TIER0_BASE`` or /dev/shm/tierckpt."""
+    env = os.environ.get(BASE_ENV)
+    return Path(env) if env else DEFAULT_BASE
+
+
+def default_root(tier1: Path) -> Path:
+    """The ``tier0="auto"`` root of a tier-1 root."""
+    return auto_base() / job_key(tier1)
 
 
 @dataclasses.dataclass
