@@ -173,6 +173,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verify", default="sizes", choices=["sizes", "full"])
     p.add_argument("--tier2", default=None, help="s3://bucket/prefix or file:///path")
     p.add_argument("--upload-every", type=int, default=1, help="upload saved steps divisible by N")
+    p.add_argument("--tier0", default=None,
+                   help="keep checkpoints in node RAM: a tmpfs directory or 'auto'")
+    p.add_argument("--tier1-every", type=int, default=1,
+                   help="with --tier0: every N-th save also goes to tier 1")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
     args = p.parse_args(argv)
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=args.keep_last,
                                         verify=args.verify, tier2=args.tier2,
                                         upload_every=args.upload_every,
+                                        tier0=args.tier0, tier1_every=args.tier1_every,
                                         collective_timeout_s=args.timeout) as ckpt:
             restored = ckpt.restore(state)
             start = restored.step + 1 if restored else 0

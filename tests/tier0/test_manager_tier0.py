@@ -124,7 +124,9 @@ def test_auto_runs_without_tier0_when_it_does_not_fit(tmp_path: Path, shm: Path,
         assert ck.tier0.path.parent == shm / "base"
 
 
-def test_another_jobs_tier0_is_never_used(tmp_path: Path, shm: Path) -> None:
+def test_another_jobs_tier0_is_never_used(tmp_path: Path, shm: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BASE_ENV, str(shm / "base"))
     root = shm / "t0"
     root.mkdir()
     (root / JOB_FILE).write_text(json.dumps({"tier1": "/elsewhere/t1"}))

@@ -3,15 +3,19 @@ then the plan.
 
 Runs :func:`tierckpt.drill.run_drills` on ``examples/train.py`` with 2 ranks on CPU and the
 embedded ``file://`` tier 2, into ``./demo-out`` (a few minutes on 2 cores), and ends with
-one table: measured C, W and R, the continuity and reshard verdicts, the tier-2-only restore
-time, and the checkpoint interval ``tierckpt.policy.plan`` recommends for a stated cluster (64
-nodes, node MTBF 32 days) from the measured C, W and R. Exit status 1 when a drill fails.
+one table: measured C, W and R (the killed rank restores from tier 0, node RAM), the
+continuity and reshard verdicts, the tier-2-only restore time, and the checkpoint interval
+``tierckpt.policy.plan`` recommends for a stated cluster (64 nodes, node MTBF 32 days) from
+the measured C, W and R. Exit status 1 when a drill fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from tierckpt.policy import goodput
 from tierckpt.policy import plan as planlib
 from tierckpt.policy.units import format_duration
 from tierckpt.runtime.events import read_events
+from tierckpt.tier0.root import BASE_ENV
 
 __all__ = ["CLUSTER_NODES", "NODE_MTBF_S", "TRAIN_FLAGS", "demo_plan", "main", "result_table"]
 
@@ -35,8 +40,9 @@ CLUSTER_NODES = 64
 NODE_MTBF_S = 32 * 86400.0
 """The stated cluster: 64 nodes, each failing once in 32 days on average (job MTBF 12 h)."""
 TRAIN_FLAGS = ("--layers", "2", "--dim", "64", "--samples", "1024", "--save-every", "4",
-               "--timeout", "60")
-"""The example's flags for the demo: its default small GPT, a save every 4 steps."""
+               "--timeout", "60", "--tier0", "auto")
+"""The example's flags for the demo: its default small GPT, a save every 4 steps, tier 0
+in RAM (a killed rank restores from it)."""
 STEPS = 16
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train.py"  # src/tierckpt/cli/
@@ -86,6 +92,10 @@ def result_table(doc: Mapping[str, Any], p: planlib.IntervalPlan | None) -> Tabl
     return t
 
 
+def _shm() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; 0 when every drill passed."""
     ap = argparse.ArgumentParser(prog="python -m tierckpt.cli.demo", description=__doc__)
@@ -105,12 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     con.print(f"Drilling examples/train.py: 2 ranks on CPU, {a.steps} steps per run, "
               f"tier 2 = {cfg.tier2}, output in {cfg.out}")
+    ram = Path(tempfile.mkdtemp(prefix="tierckpt-demo-", dir=_shm()))
+    os.environ[BASE_ENV] = str(ram)  # the runs' tier 0, removed when the demo ends
     try:
         with live_progress(con) as progress:
             doc = run_drills(cfg, progress)
     except ConfigError as e:
         con.print(f"[red]error:[/] {e}")
         return 2
+    finally:
+        shutil.rmtree(ram, ignore_errors=True)
     con.print()
     con.print(result_table(doc, demo_plan(doc["measured"])))
     kill_events = cfg.roots("kill")[0] / layout.EVENTS

@@ -222,7 +222,9 @@ def _kill(cfg: DrillConfig, ref: RunResult, runs: list[RunResult]) -> dict[str, 
             "kill": run.kill.as_dict(), **parts, "restore": restore_summary(run),
             "lost_steps": run.kill.after_step - parts["resumed_from_step"] if resumed else None,
             "summary": f"rank {plan.rank} killed after step {run.kill.after_step}, resumed "
-                       f"from {parts['resumed_from_step']}, R = {parts['R_s']:.2f} s",
+                       f"from {parts['resumed_from_step']} "
+                       f"({(restore_summary(run) or {}).get('source')}), "
+                       f"R = {parts['R_s']:.2f} s",
             **({} if resumed else {"error": "the restart found no checkpoint to resume"})}
 
 

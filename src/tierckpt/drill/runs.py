@@ -20,6 +20,7 @@ from tierckpt.drill.verdicts import KillPlan
 from tierckpt.errors import CheckpointError
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
+from tierckpt.tier0.root import default_root
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
@@ -121,6 +122,7 @@ def drain_and_wipe(roots: list[Path], tier2: str, *, timeout_s: float = 600.0) -
                               "draining the uploader")
     for root in roots:
         shutil.rmtree(root)
+        shutil.rmtree(default_root(root), ignore_errors=True)  # its tier0="auto" RAM too
     return remote
 
 
