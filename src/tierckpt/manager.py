@@ -184,24 +184,27 @@ class CheckpointManager:
         self._check_open()
         return self._finish_inflight(record_overlap=False, timeout=timeout)
 
-    def close(self, *, flush: bool = True) -> None:
+    def close(self, *, after_error: bool = False) -> None:
         """Wait for the in-flight save, release the lock and the checkpoint group.
         Idempotent. Raises the in-flight save's error (after releasing everything). With
         tier 0, the newest save when it lives in RAM only is first copied to tier 1
-        (collective; ``flush=False`` skips it — leaving a ``with`` block on an exception
-        does, since other ranks may be gone)."""
+        (collective); the uploader gets ``upload_drain_s`` to copy what is due.
+        ``after_error=True`` (what leaving a ``with`` block on an exception does) skips
+        both: other ranks may be gone, and a restart should not wait for the drain (the
+        uploader resumes from its records)."""
         if self._closed:
             return
         self._closed = True
         try:
             self._finish_inflight(record_overlap=False)
             last = self._last_result
-            if flush and last is not None and last.tier == "tier0" and self.tier0 is not None:
+            if not after_error and last is not None and last.tier == "tier0" \
+                    and self.tier0 is not None:
                 self._flush_tier0(last)
         finally:
             self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
-            self._release()
+            self._release(drain_s=0.0 if after_error else self.config.upload_drain_s)
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -211,7 +214,7 @@ class CheckpointManager:
             self.close()
             return
         with contextlib.suppress(CheckpointError):  # don't mask the original exception
-            self.close(flush=False)
+            self.close(after_error=True)
 
     # -- internals ------------------------------------------------------------------------
     def _open_tier0(self) -> Tier0Root | None:
@@ -397,10 +400,10 @@ class CheckpointManager:
         if errors:
             raise LockError(errors[0])
 
-    def _release(self) -> None:
+    def _release(self, drain_s: float = 0.0) -> None:
         if getattr(self, "_uploader", None) is not None:
             assert self._uploader is not None
-            self._uploader.close(self.config.upload_drain_s)  # drains what is due, bounded
+            self._uploader.close(drain_s)  # drains what is due, bounded
             self._uploader = None
         if self._lock is not None:
             self._lock.release()
