@@ -13,6 +13,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     worlds   {"1": {"dcp": {...}, "tierckpt": {...} | {"skipped": reason}}, "2": ...}
     transfer {...} | {"skipped": reason}
     share    {...} | {"skipped": reason}   (bench/share.py; absent in older results)
+    tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
 ``render_markdown`` only reads that dict, so a results file can be re-rendered later.
@@ -171,4 +172,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         from bench.share import markdown as share_markdown
 
         body += share_markdown(r["share"])
+    if "tier0" in r:  # likewise: the tier-0 section renders its own rows
+        from bench.tier0 import markdown as tier0_markdown
+
+        body += tier0_markdown(r["tier0"])
     return "\n".join(body + _targets(r))

@@ -26,6 +26,7 @@ from bench.report import SCHEMA, write_results
 from bench.share import measure_share
 from bench.state import build_state, make_specs
 from bench.targets import evaluate
+from bench.tier0 import measure_tier0
 from bench.tierckpt_paths import measure_tierckpt
 from bench.transfer import measure_transfer
 from tierckpt.errors import ConfigError
@@ -48,6 +49,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--share", action=argparse.BooleanOptionalAction, default=None,
                    help="the sharing readers' section (bench/share.py: tier-2 load, export); "
                         "on by default, off with --quick")
+    p.add_argument("--tier0", action=argparse.BooleanOptionalAction, default=None,
+                   help="the tier-0 section (bench/tier0.py: restore from RAM vs tier 1 vs "
+                        "tier 2, C and W with tier 0 on/off, the plan); on by default, off "
+                        "with --quick")
     return p.parse_args(argv)
 
 
@@ -68,10 +73,12 @@ def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> 
     return out
 
 
-def run(cfg: BenchConfig, *, share: bool | None = None) -> tuple[dict[str, Any], list[str]]:
+def run(cfg: BenchConfig, *, share: bool | None = None,
+        tier0: bool | None = None) -> tuple[dict[str, Any], list[str]]:
     """Every measurement of one run; the results dict (see ``report``) and section errors.
 
-    ``share``: run the sharing readers' section (None: unless ``cfg.quick``).
+    ``share``: run the sharing readers' section (None: unless ``cfg.quick``); ``tier0``:
+    the tier-0 section, likewise.
     """
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     workdir = cfg.target_dir / f"bench-{os.getpid()}"
@@ -104,6 +111,14 @@ def run(cfg: BenchConfig, *, share: bool | None = None) -> tuple[dict[str, Any],
                                                cfg.size_bytes, repeats=cfg.repeats), errors)
         else:
             shared = {"skipped": "off (--quick or --no-share); pass --share to include it"}
+        # Tier 0 (bench/tier0.py): on unless --quick; --tier0/--no-tier0 decide.
+        if (not cfg.quick) if tier0 is None else tier0:
+            tier0_section = _section("tier0", partial(measure_tier0, workdir / "tier0",
+                                                      cfg.size_bytes, repeats=cfg.repeats),
+                                     errors)
+        else:
+            tier0_section = {"skipped": "off (--quick or --no-tier0); pass --tier0 to "
+                                        "include it"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     facts["loadavg_end"] = list(os.getloadavg())
@@ -116,7 +131,8 @@ def run(cfg: BenchConfig, *, share: bool | None = None) -> tuple[dict[str, Any],
                    "repeats": cfg.repeats, "saves": cfg.saves,
                    "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
-        "share": shared, "targets": [t.to_json() for t in targets], "errors": errors,
+        "share": shared, "tier0": tier0_section,
+        "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors
 
@@ -131,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    results, errors = run(cfg, share=args.share)
+    results, errors = run(cfg, share=args.share, tier0=args.tier0)
     stamp = results["started"].replace(":", "")
     json_path, md_path = write_results(results, cfg.out_dir, stamp)
     for t in results["targets"]:

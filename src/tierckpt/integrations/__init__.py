@@ -1,0 +1,1 @@
+"""Adapters for training frameworks; each submodule is imported only on demand."""
