@@ -171,9 +171,12 @@ class Chooser:
             self._skip(step, missing_reason)
 
     def _check_tier0(self, step: int) -> bool:
-        """``step`` from this node's RAM (every byte CRC-checked: RAM reads are cheap and
-        a replica that restores wrong data must never win), else from the partner's
-        replica. A failing tier-0 copy is removed (it is a cache) with the reason logged."""
+        """``step`` from this node's RAM (checked like tier 1 here — sizes, ``.metadata``'s
+        CRC32C, every byte with ``verify="full"`` — and every byte's CRC32C while it is read;
+        a copy that fails then is verified in full and removed, and the step is looked for
+        on the other sources: :class:`~tierckpt.restore.restorer.Restorer`), else from the
+        partner's replica (verified in full by its holder before it is offered). A failing
+        tier-0 copy is removed (RAM is a cache) with the reason logged."""
         if self.tier0 is None:
             return False
         d = self.tier0.own.step_dir(step)
@@ -181,7 +184,7 @@ class Chooser:
             try:
                 self.manifests[step] = verify_checkpoint(
                     d, step=step, domain=self.domain, world_size=self.comm.world_size,
-                    full=True)
+                    full=self.full)
                 self.sources[step] = "tier0"
                 return True
             except SignatureError as e:

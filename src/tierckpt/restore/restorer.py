@@ -10,10 +10,11 @@ import os
 import time
 
 from tierckpt.config import ManagerConfig, Verify
-from tierckpt.errors import CheckpointError, CorruptDataError
+from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError
 from tierckpt.format import layout
 from tierckpt.restore.choose import Chooser
 from tierckpt.restore.loader import RestoreInfo, load_into
+from tierckpt.restore.verify import verify_checkpoint
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
 from tierckpt.state import TrainState
@@ -48,6 +49,7 @@ class Restorer:
         t0 = time.monotonic()
         self.log.emit(events.RESTORE_STARTED)
         failed: dict[int, str] = {}  # verified, yet failed to load: never chosen again
+        rechecked: set[int] = set()  # steps whose tier-0 copies were re-verified in full
         while True:
             chosen = self._choose(exclude=frozenset(failed))
             if chosen is None:
@@ -65,6 +67,11 @@ class Restorer:
                 nbytes = load_into(state, path, saved_world, self.comm)
                 break
             except CorruptDataError as e:
+                from_ram = {"tier0", "tier0-peer"} & set(source.split("+"))
+                if from_ram and step not in rechecked:  # the same on every rank
+                    rechecked.add(step)
+                    self._recheck_tier0(step, str(e))
+                    continue  # the step again, without the RAM copies that failed
                 failed[step] = str(e)
                 self._set_aside(step, str(e))
         now = time.monotonic()
@@ -86,6 +93,25 @@ class Restorer:
                       bytes=info.bytes_read, source=source, bytes_by_source=by_source,
                       world_size=info.world_size, saved_world_size=saved_world)
         return info
+
+    def _recheck_tier0(self, step: int, error: str) -> None:
+        """After a load from RAM failed while reading (tier-0 copies are checked by size
+        before use and by CRC32C while read, not twice): each owner verifies its copy of
+        ``step`` in full and removes it if it fails, with the reason logged."""
+        if not (self.is_owner and self.tier0 is not None):
+            return
+        d = self.tier0.own.step_dir(step)
+        if not os.path.lexists(d):
+            return
+        try:
+            verify_checkpoint(d, step=step, domain=self.domain,
+                              world_size=self.comm.world_size, full=True)
+        except (IntegrityError, OSError) as e:
+            reason = f"tier 0: {e} (the load failed: {error})"
+            with contextlib.suppress(OSError):
+                self.tier0.own.delete(step)
+            self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason, moved_to=None)
+            _log.warning("tier 0 step %d removed: %s", step, reason)
 
     def _set_aside(self, step: int, reason: str) -> None:
         """A step that failed to load leaves every root (quarantined with the reason)."""
