@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.tierckpt-installed
+# torchtitan for its integration's tests, without its data/logging dependencies (datasets<4.8
+# would downgrade huggingface_hub under transformers); the checkpointer needs only these.
+TORCHTITAN := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
+	typeguard==4.6.1
 
 .PHONY: demo test lint bench venv clean
 
@@ -15,6 +19,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN)
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -61,7 +61,7 @@ import torch.distributed as dist
 from torch.utils.data import RandomSampler
 
 from tierckpt.errors import ConfigError, StateMismatchError
-from tierckpt.integrations._plain import weights_only_problem
+from tierckpt.integrations._plain import require_plain
 from tierckpt.manager import CheckpointManager as _Manager
 from tierckpt.policy.interval import Every
 from tierckpt.restore.loader import RestoreInfo
@@ -201,8 +201,8 @@ class CheckpointManager:
         acc = self.accelerator
         custom = []
         for i, obj in enumerate(acc._custom_objects):
-            custom.append(_plain(f"registered object {i} ({type(obj).__name__}).state_dict()",
-                                 obj.state_dict()))
+            what = f"registered object {i} ({type(obj).__name__}).state_dict()"
+            custom.append(require_plain(what, obj.state_dict()))
         scaler = acc.scaler.state_dict() if acc.scaler is not None else None
         return {"step": int(acc.step), "save_iteration": int(acc.save_iteration),
                 "custom": custom, "scaler": scaler, "version": accelerate.__version__}
@@ -305,18 +305,6 @@ def _unwrap(optimizers: Sequence[Any]) -> torch.optim.Optimizer | None:
     return getattr(optimizers[0], "optimizer", optimizers[0])  # type: ignore[no-any-return]
 
 
-def _plain(what: str, value: Any) -> Any:
-    """``value``, if it survives ``torch.save`` and ``torch.load(weights_only=True)`` (what
-    a restore unpickles); else a ConfigError naming ``what``."""
-    problem = weights_only_problem(value)
-    if problem is not None:
-        raise ConfigError(
-            f"{what} does not load with torch.load(weights_only=True), so a restart could not "
-            f"read it ({problem}); return dicts, lists, numbers, strings and tensors from it, "
-            "or register the class with torch.serialization.add_safe_globals")
-    return value
-
-
 # -- adapters: Accelerate's lists in TrainState's single slots ------------------------------
 class _Schedulers:
     """Every prepared LR scheduler as one ``state_dict``/``load_state_dict`` object."""
@@ -325,7 +313,7 @@ class _Schedulers:
         self.schedulers = list(schedulers)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"schedulers": [_plain(f"LR scheduler {i}", s.state_dict())
+        return {"schedulers": [require_plain(f"LR scheduler {i}", s.state_dict())
                                for i, s in enumerate(self.schedulers)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -347,7 +335,7 @@ class _Loaders:
         self.loaders = list(loaders)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"loaders": [{"state": _plain(f"data loader {i}", dl.state_dict()),
+        return {"loaders": [{"state": require_plain(f"data loader {i}", dl.state_dict()),
                              "epoch": _resume_epoch(dl)} for i, dl in enumerate(self.loaders)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
