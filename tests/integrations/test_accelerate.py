@@ -25,8 +25,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests._launch import read_jsonl, torchrun
+from tests._launch import torchrun
 from tests._require import require
+from tests.integrations import _runs as runs
 
 JOB = Path(__file__).parent / "accel_train.py"
 HAVE_ACCELERATE = importlib.util.find_spec("accelerate") is not None
@@ -40,21 +41,14 @@ def _needs_accelerate() -> None:
 
 
 def _train(tmp: Path, name: str, *args: str, restarts: int = 0) -> list[dict[str, Any]]:
-    losses = tmp / f"{name}.jsonl"
-    torchrun(JOB, "--tier1", str(tmp / name), "--losses", str(losses),
-             "--restored", str(tmp / f"{name}.restored.jsonl"), *args, max_restarts=restarts)
-    return read_jsonl(losses)
+    return runs.train(JOB, tmp, name, *args, restarts=restarts)
 
 
-def _restored(tmp: Path, name: str) -> list[dict[str, Any]]:
-    path = tmp / f"{name}.restored.jsonl"
-    return read_jsonl(path) if path.exists() else []
+_restored = runs.restored
 
 
 def _assert_same_as(ref: dict[int, dict[str, Any]], rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        want = {k: ref[row["step"]][k] for k in COMPARED}
-        assert {k: row[k] for k in COMPARED} == want, (row["attempt"], row["step"])
+    runs.assert_same_as(ref, rows, COMPARED)
 
 
 @pytest.fixture(scope="module")

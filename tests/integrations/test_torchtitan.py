@@ -18,8 +18,6 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,8 +27,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
-from tests._launch import read_jsonl, torchrun
 from tests._require import require
+from tests.integrations import _runs as runs
 
 JOB = Path(__file__).parent / "titan_train.py"
 HAVE_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None
@@ -48,21 +46,14 @@ def _require_torchtitan() -> None:
 
 
 def _train(tmp: Path, name: str, *args: str, restarts: int = 0) -> list[dict[str, Any]]:
-    losses = tmp / f"{name}.jsonl"
-    torchrun(JOB, "--tier1", str(tmp / name), "--losses", str(losses),
-             "--restored", str(tmp / f"{name}.restored.jsonl"), *args, max_restarts=restarts)
-    return read_jsonl(losses)
+    return runs.train(JOB, tmp, name, *args, restarts=restarts)
 
 
-def _restored(tmp: Path, name: str) -> list[dict[str, Any]]:
-    path = tmp / f"{name}.restored.jsonl"
-    return read_jsonl(path) if path.exists() else []
+_restored = runs.restored
 
 
 def _assert_same_as(ref: dict[int, dict[str, Any]], rows: list[dict[str, Any]]) -> None:
-    for row in rows:
-        want = {k: ref[row["step"]][k] for k in COMPARED}
-        assert {k: row[k] for k in COMPARED} == want, (row["attempt"], row["step"])
+    runs.assert_same_as(ref, rows, COMPARED)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +67,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
     assert sorted(p.name for p in (tmp / "ref").glob("step-*")) == [
         "step-00000012", "step-00000015", "step-00000016"]
     return tmp, {r["step"]: r for r in rows}
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A fresh directory on tmpfs for a tier-0 root (removed afterwards)."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    d = Path(tempfile.mkdtemp(prefix="tierckpt-test-", dir=base))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 # -- two ranks, torchrun ------------------------------------------------------------------

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,14 +19,6 @@ from tierckpt.format import layout
 from tierckpt.runtime import events
 from tierckpt.tier0.root import BASE_ENV, JOB_FILE, default_root, remove_dead_roots
 from tierckpt.tier1.lock import FileLock
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    d = Path(tempfile.mkdtemp(prefix="tierckpt-test-", dir=base))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _state(seed: int = 0) -> tuple[tierckpt.TrainState, nn.Module]:

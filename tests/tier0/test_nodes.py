@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A fresh directory on tmpfs for this test's tier-0 roots (removed afterwards)."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    d = Path(tempfile.mkdtemp(prefix="tierckpt-test-", dir=base))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def run(base: Path, shm: Path, *extra: str, restarts: int = 0, check: bool = True) -> None:

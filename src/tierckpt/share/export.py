@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 
 from tierckpt.errors import ConfigError
 from tierckpt.share.hfwrite import ExportResult, Format, TensorSpec, write_hf
-from tierckpt.share.loader import top_level_keys
+from tierckpt.share.loader import require_keys
 from tierckpt.share.ranged import (
     WINDOW,
     RecordFetcher,
@@ -89,11 +89,7 @@ def export(source: str | Any, out_dir: Path, *, step: Step = "latest",
     t0 = time.perf_counter()
     with open_checkpoint(source, step=step) as ckpt:
         md = ckpt.metadata()
-        have = top_level_keys(md)
-        unknown = [k for k in keys if k not in have]
-        if unknown:
-            raise ConfigError(f"{ckpt.location} has no key {unknown[0]!r}; its keys are "
-                              f"{', '.join(have)}")
+        require_keys(md, keys, ckpt.location)
         specs: list[TensorSpec] = []
         source_of: dict[str, str] = {}
         skipped: list[str] = []

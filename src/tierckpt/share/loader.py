@@ -59,6 +59,14 @@ def top_level_keys(md: Metadata) -> list[str]:
     return sorted({fqn.split(".", 1)[0] for fqn in md.state_dict_metadata})
 
 
+def require_keys(md: Metadata, keys: Sequence[str], where: str) -> None:
+    """ConfigError naming the first of ``keys`` the checkpoint lacks, and those it has."""
+    have = top_level_keys(md)
+    unknown = [k for k in keys if k not in have]
+    if unknown:
+        raise ConfigError(f"{where} has no key {unknown[0]!r}; its keys are {', '.join(have)}")
+
+
 def load(source: str | Any, into: Any = None, *, step: Step = "latest",
          keys: Sequence[str] = ("model",), verify: VerifyMode = "chunks",
          threads: int = 8, strict: bool = True) -> LoadResult:
@@ -83,11 +91,7 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
     t0 = time.perf_counter()
     with open_checkpoint(source, step=step) as ckpt:
         md = ckpt.metadata()
-        have = top_level_keys(md)
-        unknown = [k for k in keys if k not in have]
-        if unknown:
-            raise ConfigError(f"{ckpt.location} has no key {unknown[0]!r}; its keys are "
-                              f"{', '.join(have)}")
+        require_keys(md, keys, ckpt.location)
         targets, modules = _targets(into, keys, md)
         _check(targets, md, ckpt.location, strict)
         reader = RangedReader(ckpt, verify=verify, threads=threads)
