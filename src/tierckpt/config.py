@@ -13,6 +13,8 @@ from tierckpt.policy.retention import RetentionPolicy
 from tierckpt.policy.units import check_count, check_seconds
 from tierckpt.tier2.storage.url import parse_url
 
+STAGING_MODES = ("overlap", "sync")
+
 
 class OnSaveError(str, enum.Enum):
     """What the next ``save()`` does when the previous background save failed.
@@ -85,6 +87,14 @@ class ManagerConfig:
     ``tier0_keep`` generations stay in RAM; ``tier0_replicate`` sends each node's newest
     to a partner node (at most ``tier0_bandwidth`` bytes/s, None: unbounded), so a
     replaced node restores from the partner's RAM.
+    ``staging``: ``"overlap"`` (default) copies parameters and optimizer state to host
+    memory while the next forward/backward runs, and ``optimizer.step()`` waits for the copy
+    (a step pre-hook), so ``save()`` blocks only for buffers and small state. It relies on
+    one rule: between ``save()`` and the next ``optimizer.step()`` nothing else writes the
+    parameters or the optimizer state in place (an in-place write that torch's version
+    counter sees fails that save with a clear error; writes through ``.data`` are not seen).
+    ``"sync"`` copies everything before ``save()`` returns. Without an optimizer in the
+    ``TrainState`` staging is always synchronous.
     """
 
     tier1: Path
@@ -116,6 +126,7 @@ class ManagerConfig:
     tier1_every: int = 1
     tier0_replicate: bool = True
     tier0_bandwidth: float | None = None
+    staging: str = "overlap"
 
     @property
     def tier0_auto(self) -> bool:
@@ -154,6 +165,9 @@ class ManagerConfig:
                 raise ConfigError(f"tier0 must be a directory on tmpfs, 'auto' or None, got "
                                   f"{self.tier0!r}")
             object.__setattr__(self, "tier0", Path(self.tier0).expanduser().absolute())
+        if self.staging not in STAGING_MODES:
+            raise ConfigError(f"staging must be one of {list(STAGING_MODES)}, got "
+                              f"{self.staging!r}")
         check_count("tier0_keep", self.tier0_keep)
         check_count("tier1_every", self.tier1_every)
         bw = self.tier0_bandwidth

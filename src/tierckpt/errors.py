@@ -88,6 +88,11 @@ class SaveError(CheckpointError):
     """A background save failed; raised at the next save(), wait() or close()."""
 
 
+class StagingRaceError(SaveError):
+    """With ``staging="overlap"``: a tensor copied in the background was changed in place
+    before its copy landed (a write outside ``optimizer.step()``); that save fails."""
+
+
 class StorageError(CheckpointError, OSError):
     """A storage backend operation failed after retries."""
 

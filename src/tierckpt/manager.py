@@ -37,6 +37,7 @@ from tierckpt.runtime import events
 from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.runtime.topology import Comm, discover_domains
+from tierckpt.save.gate import StagingGate
 from tierckpt.save.inflight import InFlight
 from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
@@ -96,6 +97,7 @@ class CheckpointManager:
             self.last_committed: int | None = None if newest < 0 else newest
             self._uploader = self._start_uploader(tier2_options)
             self._stager = HostStager()
+            self._gate = StagingGate(self.log)
             self._inflight = InFlight(cfg, self.log)
             self._cadence = None if cfg.interval is None else Cadence(
                 cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS)  # type: ignore[arg-type]
@@ -121,6 +123,7 @@ class CheckpointManager:
         """
         self._check_open()
         _require_state(state)
+        self._gate.settle()  # no background copy may read what the restore overwrites
         info = Restorer(self.config, self.catalog, self.comm, self.domain,
                         is_owner=self.is_owner, log=self.log, tier0=self.tier0,
                         domains=self.domains).restore(state)
@@ -128,9 +131,14 @@ class CheckpointManager:
         return info
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
-        """Stage ``state`` into host buffers (blocking: this is C), then write and commit it
-        in the background. Waits first for a previous save still in flight (an ``overlap``
-        event records the wait) and raises its :class:`SaveError` if it failed — with
+        """Stage ``state`` into host buffers, then write and commit it in the background.
+        With ``staging="overlap"`` (the default, when ``state`` has an optimizer) only
+        buffers and small state are copied before this returns; parameters and optimizer
+        state are copied during the next forward/backward, and ``state.optimizer.step()``
+        waits for that copy (see :mod:`tierckpt.save.gate`); ``"sync"`` copies everything
+        first. The blocked time is C (``handle.staged``, the ``save_staged`` event).
+        Waits first for a previous save still in flight (an ``overlap`` event records the
+        wait) and raises its :class:`SaveError` if it failed — with
         ``on_save_error="continue"``, logs it instead, until ``max_consecutive_save_failures``
         saves in a row have failed. A previous save still writing after ``wait_timeout_s``
         is never given the host buffers it reads: the new save raises (or, in continue mode,
@@ -139,6 +147,7 @@ class CheckpointManager:
         _require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
+        self._gate.settle()
         previous, skip = self._inflight.settle()
         self._note(previous)
         if skip is not None:
@@ -151,23 +160,38 @@ class CheckpointManager:
                 "use a new tier1 directory)")
         t0 = time.monotonic()
         state.step = step
-        staged, nbytes = self._stager.stage(state.state_dict())
+        defer = state.overlap_filter() if self.config.staging == "overlap" else None
+        if defer is not None and state.optimizer is not None:
+            self._gate.watch(state.optimizer)
+        staged = self._stager.stage(state.state_dict(), defer=defer)
         staged_at = time.monotonic()
-        if self.tier0 is not None and not self._tier0_checked:
-            self._check_tier0_budget(nbytes)
+        nbytes = staged.nbytes
         to_tier1 = self.tier0 is None or self._saves % self.config.tier1_every == 0
+        handle = SaveHandle(step=step, staged=Future(), durable=Future())
+        self._gate.begin(step=step, blocked_s=staged_at - t0, nbytes=nbytes,
+                         deferred_bytes=staged.deferred_bytes, ready=staged.ready,
+                         staged=handle.staged)
+        if self.tier0 is not None and not self._tier0_checked:
+            try:
+                self._check_tier0_budget(nbytes)
+            except BaseException:
+                self._gate.settle()  # the buffers are not handed to a writer: let go
+                raise
         self._saves += 1
-        self.log.emit(events.SAVE_STAGED, step=step, seconds=staged_at - t0, bytes=nbytes)
-        staged_f: Future[float] = Future()
-        staged_f.set_result(staged_at - t0)
-        handle = SaveHandle(step=step, staged=staged_f, durable=Future())
         self._inflight.handle = handle
-        self._saver.submit(SaveJob(step=step, staged=staged, nbytes=nbytes,
+        self._saver.submit(SaveJob(step=step, staged=staged.tree, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
-                                staged_at=staged_at, to_tier1=to_tier1), handle)
+                                staged_at=staged_at, to_tier1=to_tier1,
+                                ready=staged.ready), handle)
         if self._cadence is not None:
             self._cadence.saved(step)
         return handle
+
+    def wait_for_staging(self) -> None:
+        """Block until the last save's background copies (``staging="overlap"``) landed —
+        what the step pre-hook on ``state.optimizer`` does. Call it before writing the
+        parameters or optimizer state anywhere other than ``optimizer.step()``."""
+        self._gate.settle()
 
     def should_save(self, step: int) -> bool:
         """Whether to save after ``step`` under ``interval=`` (cheap: call it every step;
@@ -182,6 +206,7 @@ class CheckpointManager:
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until the in-flight save (if any) is committed; raise its error."""
         self._check_open()
+        self._gate.settle()
         return self._finish_inflight(record_overlap=False, timeout=timeout)
 
     def close(self, *, after_error: bool = False) -> None:
@@ -196,6 +221,7 @@ class CheckpointManager:
             return
         self._closed = True
         try:
+            self._gate.close()
             self._finish_inflight(record_overlap=False)
             last = self._last_result
             if not after_error and last is not None and last.tier == "tier0" \

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -115,6 +115,30 @@ class TrainState:
         """Model and optimizer state as :meth:`state_dict` saves it (every key, live
         tensors, no per-rank blob): what a restore checks the checkpoint against."""
         return self._model_optim()
+
+    def overlap_filter(self) -> Callable[[tuple[Any, ...], torch.Tensor], bool] | None:
+        """For ``staging="overlap"``: which tensors of :meth:`state_dict` may be copied after
+        ``save()`` returns — those whose storage is a parameter's or the optimizer state's,
+        which only ``optimizer.step()`` changes (the manager waits for the copy in a step
+        pre-hook). Buffers, the per-rank blob and anything else are copied at once. None
+        without an optimizer: no step would wait for the copy."""
+        if self.optimizer is None:
+            return None
+        live = {_storage_ptr(t) for t in self._step_tensors()}
+        live.discard(0)
+        return lambda path, t: _storage_ptr(t) in live
+
+    def _step_tensors(self) -> Iterator[torch.Tensor]:
+        """The tensors ``optimizer.step()`` writes: parameters and optimizer state (an
+        optimizer container's inner optimizers' too)."""
+        yield from self.model.parameters()
+        todo = [self.optimizer]
+        while todo:
+            opt = todo.pop()
+            for per_param in getattr(opt, "state", {}).values():
+                if isinstance(per_param, Mapping):
+                    yield from (v for v in per_param.values() if isinstance(v, torch.Tensor))
+            todo.extend(getattr(opt, "optimizers", ()))
 
     def _model_optim(self) -> dict[str, Any]:
         model_sd, optim_sd = self._model_optim_state()
@@ -224,6 +248,11 @@ def _set_path(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
     for k in path[:-1]:
         tree = tree.setdefault(k, {})
     tree[path[-1]] = value
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return int(local.untyped_storage().data_ptr())
 
 
 def _rank() -> int:

@@ -28,6 +28,7 @@ def _two_checkpoints(root: Path) -> None:
     st = _state()
     with tierckpt.CheckpointManager(tier1=root) as ck:
         ck.save(1, st)
+        ck.wait_for_staging()  # the write below is not an optimizer step
         with torch.no_grad():
             st.model.weight.add_(1.0)
         ck.save(2, st).wait()

@@ -10,10 +10,10 @@ Who calls what (torchtitan's ``trainer.py``, on every rank)::
         ▼                                                   tier 1 (and tier 0, tier 2)
     checkpointer.load(step=-1)                              newest complete, verified step on
         ▼                                                   tier 0/1/2; else initial_load_path
-    every step:  maybe_wait_for_staging()                   a no-op: staging ended in save()
+    every step:  maybe_wait_for_staging()                   waits for save()'s background copy
                  optimizers.step(); lr_schedulers.step()
                  save(step, last_step=...)                  torchtitan's interval rule; blocks
-        ▼                                                   only while staging (C)
+        ▼                                                   for buffers and small state (C)
     checkpointer.close()                                    waits for the last save, drains
                                                             tier 2, releases tier 1
 
@@ -46,6 +46,7 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
@@ -248,10 +249,11 @@ class TierckptCheckpointManager(BaseCheckpointManager):
         return True
 
     def _maybe_wait_for_staging(self) -> None:
-        """Nothing to wait for: tierckpt copies the state into its host buffers inside
-        ``save()`` (and synchronises the device there), so once ``save()`` returned the
-        optimizer may change the parameters. torchtitan calls this before every
-        ``optimizers.step()`` for its pinned-memory mode, which stages in the background."""
+        """Wait for the last save's background copies (``staging="overlap"``: parameters
+        and optimizer state are copied during the forward/backward after ``save()``).
+        torchtitan calls this before every ``optimizers.step()``; the step pre-hook tierckpt
+        puts on the optimizers container would wait as well."""
+        self.manager.wait_for_staging()
 
     def _wait_for_saving(self) -> None:
         """Block until the in-flight save is committed on tier 1 (or tier 0); raise its
@@ -404,6 +406,12 @@ class _TitanState(TrainState):
     def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         optim = self.optimizer.state_dict() if self.optimizer is not None else {}
         return self.wrapper.state_dict(), optim
+
+    def _step_tensors(self) -> Iterator[Any]:
+        """Every model part's parameters (pipeline stages), not only the first part's."""
+        for part in self.wrapper.model[1:]:
+            yield from part.parameters()
+        yield from super()._step_tensors()
 
     def load_state_dict(self, state_dict: Any) -> None:
         """TrainState's, with the model parts and the optimizers container applied by

@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import struct
 import sys
-import zipfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,9 +39,9 @@ from torch.futures import Future
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
 from tierckpt.format.manifest import Chunk, FileEntry
+from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.restore.metadata import read_metadata_file
 
-_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
 _PIECE = 8 * 1024 * 1024
 _READ_THREADS = 4
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
@@ -81,27 +79,14 @@ class _Slice(io.RawIOBase):
         return got
 
 
-def _raw_data_offset(f: BinaryIO, info: _StorageInfo) -> tuple[int, int] | None:
-    """``(absolute offset, size)`` of the single stored tensor record inside a
-    ``torch.save`` zip, or None when the item is not a plain one-storage record."""
-    view = _Slice(f, info.offset, info.length)
-    try:
-        with zipfile.ZipFile(io.BufferedReader(view, 1 << 16)) as z:
-            data = [i for i in z.infolist() if i.filename.split("/", 1)[-1].startswith("data/")]
-            if len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED:
-                return None
-            entry = data[0]
-    except (zipfile.BadZipFile, ValueError, OSError):
-        return None
-    header = os.pread(f.fileno(), _LOCAL_HEADER.size, info.offset + entry.header_offset)
-    if len(header) != _LOCAL_HEADER.size:
-        return None
-    fields = _LOCAL_HEADER.unpack(header)
-    if fields[0] != 0x04034B50:
-        return None
-    name_len, extra_len = fields[9], fields[10]
-    start = entry.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-    return info.offset + start, entry.file_size
+def _raw_data_offset(fd: int, info: _StorageInfo, nbytes: int) -> int | None:
+    """Absolute file offset of the ``nbytes`` raw tensor bytes in the ``torch.save`` record
+    ``info`` points at, or None when it is not a plain one-storage record of that size."""
+    def read(offset: int, n: int) -> bytes:
+        return os.pread(fd, n, info.offset + offset)
+
+    off = tensor_data_offset(read, info.length, nbytes)
+    return None if off is None else info.offset + off
 
 
 class DirectReader(FileSystemReader):
@@ -128,13 +113,17 @@ class DirectReader(FileSystemReader):
         """Records checked one by one (files read in part; reshards)."""
         self.unverified_files: list[str] = []
         self._md_props: dict[str, torch.dtype] = {}
+        self._metadata: dict[Any, Metadata] = {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """DCP's ``read_metadata`` (``rank=`` picks a rank-local file, as there), but the
         pickle may name only DCP's metadata classes: anything else raises
         :class:`~tierckpt.errors.UnsafeCheckpointError` before it runs."""
-        return read_metadata_file(self._get_metadata_path(kwargs.get("rank")),
-                                  load_id=self.load_id)
+        rank = kwargs.get("rank")
+        if rank not in self._metadata:  # parsed once: the restore and DCP's load both ask
+            self._metadata[rank] = read_metadata_file(self._get_metadata_path(rank),
+                                                      load_id=self.load_id)
+        return self._metadata[rank]
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
@@ -153,60 +142,75 @@ class DirectReader(FileSystemReader):
             with open(Path(self.path) / rel, "rb") as f:
                 with contextlib.suppress(OSError, AttributeError):
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                in_place: list[tuple[ReadItem, torch.Tensor, int]] = []
-                seen: list[tuple[int, memoryview | bytes]] = []  # what passed through
+                self.bytes_read += sum(self.storage_data[i.storage_index].length
+                                       for i in items)
+                in_place = self._plan_file(f, items, planner) if self.direct else {}
+                seen: list[tuple[int, int, int]] = []  # (offset, length, CRC32C) read
                 for item in items:
-                    info = self.storage_data[item.storage_index]
-                    self.bytes_read += info.length
-                    job = self._plan_in_place(f, item, info, planner) if self.direct else None
-                    if job is None:
-                        seen.append((info.offset, self._read_dcp(f, rel, item, info, planner)))
-                    else:
-                        in_place.append((item, *job))
-                self._read_pieces(f, [(t, off) for _, t, off in in_place])
-                if self.verify is not None:
-                    seen += [(off, _bytes_of(t)) for _, t, off in in_place]
-                    if not self._check_crc(f, rel, seen):
-                        self._check_records(f, rel, [
-                            (self.storage_data[i.storage_index], off, _bytes_of(t))
-                            for i, t, off in in_place])
-                for item, target, _ in in_place:
+                    if id(item) not in in_place:
+                        info = self.storage_data[item.storage_index]
+                        data = self._read_dcp(f, rel, item, info, planner)
+                        seen.append((info.offset, len(data), checksum.extend(0, data)))
+                jobs = list(in_place.values())
+                seen += self._read_pieces(f, [(t, off) for _, t, off in jobs])
+                if self.verify is not None and not self._check_crc(f, rel, seen):
+                    self._check_records(f, rel, [
+                        (self.storage_data[i.storage_index], off, _bytes_of(t))
+                        for i, t, off in jobs])
+                for item, target, _ in jobs:
                     planner.commit_tensor(item, target)
                     self.direct_items += 1
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _plan_in_place(self, f: BinaryIO, item: ReadItem, info: _StorageInfo,
-                       planner: LoadPlanner) -> tuple[torch.Tensor, int] | None:
-        """``(destination, file offset of its raw bytes)`` when the item can be read in
-        place, else None (DCP's path)."""
-        if item.type != LoadItemType.TENSOR or info.transform_descriptors:
-            return None
-        if any(o != 0 for o in item.storage_offsets):
-            return None
-        target = planner.resolve_tensor(item).detach()
-        if (target.device.type != "cpu" or not target.is_contiguous()
-                or tuple(target.shape) != tuple(item.lengths)
-                or self._md_props.get(item.storage_index.fqn) != target.dtype):
-            return None
-        loc = _raw_data_offset(f, info)
-        if loc is None or loc[1] != target.numel() * target.element_size():
-            return None
-        return target, loc[0]
+    def _plan_file(self, f: BinaryIO, items: list[ReadItem], planner: LoadPlanner
+                   ) -> dict[int, tuple[ReadItem, torch.Tensor, int]]:
+        """The items of one file that can be read in place, by ``id(item)``:
+        ``(item, destination, file offset of its raw bytes)``, in file order; the others
+        take DCP's path. The records' headers are located on the read threads (two small
+        reads each, in parallel: on a cold disk their latency adds up)."""
+        wanted: list[tuple[ReadItem, torch.Tensor]] = []
+        for item in items:
+            info = self.storage_data[item.storage_index]
+            if item.type != LoadItemType.TENSOR or info.transform_descriptors:
+                continue
+            if any(o != 0 for o in item.storage_offsets):
+                continue
+            target = planner.resolve_tensor(item).detach()
+            if (target.device.type != "cpu" or not target.is_contiguous()
+                    or tuple(target.shape) != tuple(item.lengths)
+                    or self._md_props.get(item.storage_index.fqn) != target.dtype
+                    or target.numel() == 0):
+                continue
+            wanted.append((item, target))
+        fd = f.fileno()
 
-    def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]) -> None:
+        def locate(job: tuple[ReadItem, torch.Tensor]) -> int | None:
+            item, target = job
+            return _raw_data_offset(fd, self.storage_data[item.storage_index],
+                                    target.numel() * target.element_size())
+
+        with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
+            offsets = list(pool.map(locate, wanted))
+        return {id(item): (item, target, off)
+                for (item, target), off in zip(wanted, offsets, strict=True) if off is not None}
+
+    def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]
+                     ) -> list[tuple[int, int, int]]:
         """Read every destination's bytes, in ~8 MiB pieces on several threads (preadv
-        releases the GIL; a device serves parallel requests faster than one stream)."""
+        releases the GIL; a device serves parallel requests faster than one stream); each
+        piece's CRC32C is taken on its thread while its bytes are hot in cache (crc32c
+        releases the GIL too). Returns ``(file offset, length, CRC32C)`` per piece."""
         pieces: list[tuple[memoryview, int]] = []
         for target, offset in jobs:
             buf = _bytes_of(target)
             pieces.extend((buf[i:i + _PIECE], offset + i) for i in range(0, len(buf), _PIECE))
         if not pieces:
-            return
-        fd = f.fileno()
+            return []
+        fd, crc = f.fileno(), self.verify is not None
 
-        def read(piece: tuple[memoryview, int]) -> None:
+        def read(piece: tuple[memoryview, int]) -> tuple[int, int, int]:
             buf, off = piece
             done = 0
             while done < len(buf):
@@ -214,35 +218,35 @@ class DirectReader(FileSystemReader):
                 if n <= 0:
                     raise IntegrityError(f"short read of {f.name} at {off + done}")
                 done += n
+            return off, len(buf), checksum.extend(0, buf) if crc else 0
 
         with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
-            for _ in pool.map(read, pieces):
-                pass
+            return list(pool.map(read, pieces))
 
-    def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, memoryview | bytes]]
-                   ) -> bool:
-        """CRC32C of file ``rel`` from the ranges that were read, in file order, plus the
-        gaps between them (read now) — when the gaps are small. Returns False when the file
-        was not checked whole (no entry, overlapping reads, large gaps)."""
+    def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, int, int]]) -> bool:
+        """CRC32C of file ``rel`` from the ranges that were read (``(offset, length, their
+        CRC32C)``), combined in file order with the gaps between them (read now) — when the
+        gaps are small. Returns False when the file was not checked whole (no entry,
+        overlapping reads, large gaps)."""
         entry = self.verify.get(rel) if self.verify is not None else None
         if entry is None:
             self.unverified_files.append(rel)
             return True
-        seen.sort(key=lambda s: s[0])
+        seen.sort()
         pos = gaps = 0
-        for off, buf in seen:
+        for off, n, _ in seen:
             if off < pos:  # overlapping reads: not a tiling we can hash in order
                 return False
-            gaps, pos = gaps + off - pos, off + len(buf)
+            gaps, pos = gaps + off - pos, off + n
         gaps += max(0, entry.size - pos)
         if gaps > max(_GAP_MIN, _GAP_FRACTION * entry.size):
             return False
         crc = pos = 0
         fd = f.fileno()
-        for off, buf in [*seen, (entry.size, b"")]:
+        for off, n, part in [*seen, (entry.size, 0, 0)]:
             if off > pos:
                 crc = checksum.extend(crc, os.pread(fd, off - pos, pos))
-            crc, pos = checksum.extend(crc, buf), off + len(buf)
+            crc, pos = checksum.combine(crc, part, n) if n else crc, off + n
         if crc != entry.crc32c or pos != entry.size:
             raise IntegrityError(f"{rel} CRC32C {checksum.to_hex(crc)} != manifest "
                                  f"{checksum.to_hex(entry.crc32c)} (found while reading)")

@@ -71,9 +71,11 @@ class SaveResult:
 
 @dataclasses.dataclass
 class SaveHandle:
-    """Returned by every ``save()``. ``staged`` resolves to the blocking seconds (C) before
-    ``save()`` returns; ``durable`` to a :class:`SaveResult` once the checkpoint is committed
-    on every rank (or to a :class:`SaveError`)."""
+    """Returned by every ``save()``. ``staged`` resolves to the blocking seconds (C) once
+    staging is over — before ``save()`` returns with ``staging="sync"``, when the background
+    copies landed (at the latest in the next ``optimizer.step()``) with ``"overlap"``;
+    ``durable`` to a :class:`SaveResult` once the checkpoint is committed on every rank (or
+    to a :class:`SaveError`)."""
 
     step: int
     staged: Future[float]
@@ -105,6 +107,9 @@ class SaveJob:
     staged_at: float
     to_tier1: bool = True
     """With tier 0: also copy this save to tier 1 (without tier 0 every save goes there)."""
+    ready: Future[float] | None = None
+    """Resolves when the background part of staging landed (``staging="overlap"``); the
+    writer waits for it, and its error (a tensor changed while copied) fails the save."""
 
 
 class AsyncSaver:
@@ -178,6 +183,11 @@ class AsyncSaver:
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:
         cfg, comm = self.cfg, self.comm
+        staged_at = job.staged_at
+        if job.ready is not None:
+            waited = not job.ready.done()
+            job.ready.result()  # copies still running end before the next optimizer step
+            staged_at = time.monotonic() if waited else staged_at
         in_ram = self.tier0 is not None
         root = self.tier0.path if self.tier0 is not None else cfg.tier1
         tmp = root / layout.tmp_dirname(job.step, job.save_id)
@@ -191,7 +201,7 @@ class AsyncSaver:
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
         self.log.emit(events.SAVE_DURABLE, step=job.step,
-                      seconds=durable_at - job.staged_at, bytes=my_bytes,
+                      seconds=durable_at - staged_at, bytes=my_bytes,
                       tier="tier0" if in_ram else "tier1")
 
         per_rank = comm.all_gather(writer.files)
@@ -223,7 +233,7 @@ class AsyncSaver:
         if self.tier0 is not None:
             committed = mf.Committed(manifest, mbytes, marker)
             self.log.emit(events.TIER0_SAVED, step=job.step, bytes=my_bytes,
-                          seconds=time.monotonic() - job.staged_at)
+                          seconds=time.monotonic() - staged_at)
             self._replicate(committed)
             if job.to_tier1:
                 self.copy_to_tier1(committed, final)
@@ -236,7 +246,7 @@ class AsyncSaver:
                 self.tier0.touch()
         now = time.monotonic()
         result = SaveResult(step=job.step, path=final, bytes_total=manifest.total_bytes,
-                            seconds=now - job.started, write_seconds=now - job.staged_at,
+                            seconds=now - job.started, write_seconds=now - staged_at,
                             manifest=manifest, tier=tier)
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
                       write_seconds=result.write_seconds, bytes=result.bytes_total, tier=tier)

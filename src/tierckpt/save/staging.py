@@ -1,32 +1,69 @@
 """Copy a state dict into host buffers that are allocated once and reused across saves.
 
-Staging is the only part of a save that blocks training (it is C). Each tensor gets its own
-contiguous host buffer (pinned when CUDA is available), keyed by its path in the state dict
-and reused while shape and dtype stay the same, so steady-state saves allocate nothing.
+Staging is the only part of a save that can block training (it is C). Each tensor gets its
+own contiguous host buffer (pinned when CUDA is available), keyed by its path in the state
+dict and reused while shape and dtype stay the same, so steady-state saves allocate nothing.
 DTensors keep their sharding: the local shard is staged and re-wrapped with the same mesh and
 placements, which is what DCP's planner needs to write the shard without gathering.
+
+Two modes (``CheckpointManager(staging=...)``):
+
+- ``stage(sd)`` copies everything before it returns (``"sync"``).
+- ``stage(sd, defer=...)`` copies only what ``defer`` rejects before it returns; the rest —
+  parameters and optimizer state, which change only in ``optimizer.step()`` — is copied in
+  the background while the next forward/backward runs (``"overlap"``). The returned
+  :class:`Staged` has a ``ready`` future that resolves once every copy landed; the caller
+  waits for it before anything may change those tensors (the manager's optimizer step
+  pre-hook) and before the buffers are written. Each deferred source's autograd version
+  counter is read when the copy is queued and again after it landed: an in-place change in
+  between (a write outside ``optimizer.step()``) fails ``ready`` with
+  :class:`StagingRaceError` instead of saving a torn tensor.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from tierckpt.errors import StagingRaceError
+
 Path = tuple[str | int, ...]
 _PIECE_BYTES = 8 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """What :meth:`HostStager.stage` returns: the host copy of the state dict (same
+    structure; valid until the next ``stage``), its byte count, the bytes still being
+    copied in the background, and ``ready`` — resolved with the seconds the background
+    copies took (0.0 when there were none) or failed with :class:`StagingRaceError`."""
+
+    tree: Any
+    nbytes: int
+    deferred_bytes: int
+    ready: Future[float]
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return int(t._version)
+    except RuntimeError:  # inference tensors have no version counter
+        return None
 
 
 class HostStager:
     """Owns the reusable host buffers of one :class:`CheckpointManager`.
 
-    ``stage(sd)`` returns ``(staged_sd, nbytes)``: a structure like ``sd`` whose tensors are
-    host copies that stay valid until the next ``stage`` call (the caller must not stage
-    again while a background write still reads them). Non-tensor leaves are deep-copied.
+    The caller must not stage again while a background write (or the previous ``ready``)
+    still uses the buffers. Non-tensor leaves are deep-copied at ``stage`` time.
     """
 
     def __init__(self, *, pin_memory: bool | None = None, copy_threads: int | None = None) -> None:
@@ -38,10 +75,13 @@ class HostStager:
         self.copy_threads = copy_threads or min(8, os.cpu_count() or 1)
         self._pool = (ThreadPoolExecutor(self.copy_threads, thread_name_prefix="tierckpt-stage")
                       if self.copy_threads > 1 else None)
-        self._jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Background staging: one coordinator that runs (or fans out) the deferred copies.
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-stage-bg")
+        self._stream: Any = None  # the CUDA stream of deferred device-to-host copies
 
     def close(self) -> None:
-        """Stop the copy threads. Idempotent."""
+        """Stop the copy threads (after any background copy finished). Idempotent."""
+        self._background.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -51,54 +91,81 @@ class HostStager:
         """Host bytes held in staging buffers."""
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
-    def stage(self, sd: Any) -> tuple[Any, int]:
-        seen: set[Path] = set()
-        counter = [0]
-        self._jobs = []
-        staged = self._walk(sd, (), seen, counter)
-        self._run_copies()
-        for stale in set(self._buffers) - seen:  # keys that disappeared: free their buffers
+    def stage(self, sd: Any, *, defer: Callable[[Path, torch.Tensor], bool] | None = None
+              ) -> Staged:
+        """Copy ``sd`` into the host buffers. With ``defer``, tensors for which it returns
+        True (given their path and the tensor; a DTensor's local shard) are copied in the
+        background; everything else before this returns."""
+        walk = _Walk(self, defer)
+        tree = walk.visit(sd, ())
+        for stale in set(self._buffers) - walk.seen:  # keys that disappeared: free them
             del self._buffers[stale]
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # non_blocking D2H copies must land before writing
-        return staged, counter[0]
+        self._copy_now(walk.now, walk.now_cuda)
+        ready: Future[float]
+        if walk.later or walk.later_cuda:
+            ready = self._copy_later(walk.later, walk.later_cuda)
+        else:
+            ready = Future()
+            ready.set_result(0.0)
+        return Staged(tree, walk.nbytes, walk.deferred_bytes, ready)
 
-    def _walk(self, obj: Any, path: Path, seen: set[Path], counter: list[int]) -> Any:
-        if isinstance(obj, DTensor):
-            local = self._copy(obj.to_local(), path, seen, counter)
-            return DTensor.from_local(local, obj.device_mesh, obj.placements,
-                                      run_check=False, shape=obj.shape, stride=obj.stride())
-        if isinstance(obj, torch.Tensor):
-            return self._copy(obj, path, seen, counter)
-        if isinstance(obj, dict):
-            return {k: self._walk(v, (*path, k), seen, counter) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [self._walk(v, (*path, i), seen, counter) for i, v in enumerate(obj)]
-        if isinstance(obj, tuple):
-            return tuple(self._walk(v, (*path, i), seen, counter) for i, v in enumerate(obj))
-        return copy.deepcopy(obj)
-
-    def _copy(self, t: torch.Tensor, path: Path, seen: set[Path],
-              counter: list[int]) -> torch.Tensor:
-        seen.add(path)
-        t = t.detach()
+    # -- copies ---------------------------------------------------------------------------
+    def buffer(self, path: Path, t: torch.Tensor) -> torch.Tensor:
+        """The reusable host buffer for ``t`` at ``path`` (allocated on first use)."""
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu",
                               pin_memory=self.pin_memory and t.is_cuda)
             self._buffers[path] = buf
             self.allocations += 1
-        if t.is_cuda or self._pool is None:
-            buf.copy_(t, non_blocking=t.is_cuda)
-        else:
-            self._jobs.append((buf, t))
-        counter[0] += buf.numel() * buf.element_size()
         return buf
 
-    def _run_copies(self) -> None:
-        """Copy the queued host tensors in ~8 MiB pieces spread over the copy threads."""
-        jobs, self._jobs = self._jobs, []
+    def _copy_now(self, jobs: list[tuple[torch.Tensor, torch.Tensor]],
+                  cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for dst, src in cuda_jobs:
+            dst.copy_(src, non_blocking=True)
+        self._run_copies(jobs)
+        if cuda_jobs:
+            torch.cuda.synchronize()  # non_blocking D2H copies must land before writing
+
+    def _copy_later(self, jobs: list[tuple[torch.Tensor, torch.Tensor]],
+                    cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> Future[float]:
+        started = time.monotonic()
+        versions = [_version(src) for _, src in (*jobs, *cuda_jobs)]
+        event = None
+        if cuda_jobs:  # queue the device-to-host copies behind the work issued so far
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                for dst, src in cuda_jobs:
+                    src.record_stream(self._stream)
+                    dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+
+        def run() -> float:
+            self._run_copies(jobs)
+            if event is not None:
+                event.synchronize()
+            for (_, src), before in zip((*jobs, *cuda_jobs), versions, strict=True):
+                if before is not None and _version(src) != before:
+                    raise StagingRaceError(
+                        "a tensor staged in the background (shape "
+                        f"{tuple(src.shape)}, {src.dtype}) was changed in place before its "
+                        "copy landed: with staging='overlap', parameters and optimizer state "
+                        "may change only in optimizer.step() until the copy is done; use "
+                        "staging='sync' if the loop writes them elsewhere")
+            return time.monotonic() - started
+        return self._background.submit(run)
+
+    def _run_copies(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy host tensors in ~8 MiB pieces spread over the copy threads."""
         if not jobs:
+            return
+        if self._pool is None:
+            for dst, src in jobs:
+                dst.copy_(src)
             return
         pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in jobs:
@@ -109,6 +176,49 @@ class HostStager:
                 continue
             d, s = dst.view(-1), src.reshape(-1)
             pieces.extend((d[i:i + step], s[i:i + step]) for i in range(0, n, step))
-        assert self._pool is not None
         for _ in self._pool.map(lambda ds: ds[0].copy_(ds[1]), pieces):
             pass
+
+
+class _Walk:
+    """One pass over a state dict: the host-side structure, and the copies to run now or
+    later, split by ``defer`` and by device."""
+
+    def __init__(self, stager: HostStager,
+                 defer: Callable[[Path, torch.Tensor], bool] | None) -> None:
+        self.stager, self.defer = stager, defer
+        self.seen: set[Path] = set()
+        self.nbytes = self.deferred_bytes = 0
+        self.now: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.now_cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.later_cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def visit(self, obj: Any, path: Path) -> Any:
+        if isinstance(obj, DTensor):
+            local = self.tensor(obj.to_local(), path)
+            return DTensor.from_local(local, obj.device_mesh, obj.placements,
+                                      run_check=False, shape=obj.shape, stride=obj.stride())
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj, path)
+        if isinstance(obj, dict):
+            return {k: self.visit(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.visit(v, (*path, i)) for i, v in enumerate(obj)]
+        if isinstance(obj, tuple):
+            return tuple(self.visit(v, (*path, i)) for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+    def tensor(self, t: torch.Tensor, path: Path) -> torch.Tensor:
+        self.seen.add(path)
+        t = t.detach()
+        buf = self.stager.buffer(path, t)
+        size = buf.numel() * buf.element_size()
+        self.nbytes += size
+        later = self.defer is not None and self.defer(path, t)
+        if later:
+            self.deferred_bytes += size
+        queue = (self.later_cuda if t.is_cuda else self.later) if later else \
+            (self.now_cuda if t.is_cuda else self.now)
+        queue.append((buf, t))
+        return buf

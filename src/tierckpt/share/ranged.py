@@ -21,11 +21,9 @@ and the tensor; the destination may then hold part of the checkpoint.
 from __future__ import annotations
 
 import io
-import struct
 import sys
 import threading
 import warnings
-import zipfile
 from collections.abc import Sequence
 from concurrent.futures import Future as CFuture
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +43,7 @@ from torch.futures import Future
 
 from tierckpt.errors import ConfigError, CorruptDataError
 from tierckpt.format import checksum
+from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.share.source import Checkpoint
 
 VerifyMode = Literal["chunks", "files"]
@@ -195,9 +194,6 @@ class SpanReader:
         return self.fetcher.check(info, record, self._what[k])
 
 
-_LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")
-
-
 def record_tensor(data: memoryview, dtype: torch.dtype, shape: Sequence[int]
                   ) -> torch.Tensor:
     """The tensor in a ``torch.save`` record, as a view of ``data`` when the record holds
@@ -209,23 +205,12 @@ def record_tensor(data: memoryview, dtype: torch.dtype, shape: Sequence[int]
         nbytes *= s
     nbytes *= torch.empty((), dtype=dtype).element_size()
     if sys.byteorder == "little" and nbytes > 0:
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                entries = [i for i in z.infolist()
-                           if i.filename.split("/", 1)[-1].startswith("data/")]
-            if len(entries) == 1 and entries[0].compress_type == zipfile.ZIP_STORED \
-                    and entries[0].file_size == nbytes:
-                e = entries[0]
-                fields = _LOCAL_HEADER.unpack_from(data, e.header_offset)
-                if fields[0] == 0x04034B50:
-                    start = e.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
-                    raw = data[start:start + nbytes]
-                    if len(raw) == nbytes:
-                        with warnings.catch_warnings():  # read-only bytes: only read from
-                            warnings.simplefilter("ignore", UserWarning)
-                            return torch.frombuffer(raw, dtype=dtype).view(tuple(shape))
-        except (zipfile.BadZipFile, ValueError, struct.error):
-            pass
+        start = tensor_data_offset(lambda off, n: data[off:off + n], len(data), nbytes)
+        if start is not None:
+            with warnings.catch_warnings():  # read-only bytes: only ever read from
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(data[start:start + nbytes],
+                                        dtype=dtype).view(tuple(shape))
     return load_record(data)
 
 
