@@ -4,10 +4,17 @@
 from the caller's bytes and copies them into one of two page-aligned buffers; a full
 buffer is handed to a writer thread (``os.write`` on an ``O_DIRECT`` descriptor, GIL
 released) while the caller fills the other, so checksumming, copying and device I/O
-overlap. Writing around the page cache is what lets a save approach the device's
-sequential write limit, and it keeps a 1 GiB checkpoint from evicting training data
-from the cache. The tail is written padded to the block size and the file truncated to
-its true length; ``close`` fsyncs (O_DIRECT does not make size or metadata durable).
+overlap. A large write from page-aligned memory (a tensor's bytes in a staging buffer
+that :class:`~tierckpt.save.staging.HostStager` allocated page-aligned) is not copied: it
+is written straight from the caller's memory, in pieces, each checksummed just before it
+is queued. For O_DIRECT its file offset must be page-aligned too, so zero padding is
+inserted *before* the record being written (its header is still in the buffer); the
+record's start moves, which :meth:`DirectFile.mark` reports, and the padding belongs to
+no record (readers locate records by offset; the file CRC32C covers every byte).
+Writing around the page cache is what lets a save approach the device's sequential write
+limit, and it keeps a 1 GiB checkpoint from evicting training data from the cache. The
+tail is written padded to the block size and the file truncated to its true length;
+``close`` fsyncs (O_DIRECT does not make size or metadata durable).
 
 File systems without O_DIRECT (tmpfs, some FUSE and network mounts) get the same class
 with plain buffered writes: the contract — bytes, size, CRC32C, fsync — is identical.
@@ -27,21 +34,25 @@ import numpy as np
 from tierckpt.format import checksum
 
 ALIGN = 4096
-DEFAULT_BUFFER = 16 * 1024 * 1024
+DEFAULT_BUFFER = 4 * 1024 * 1024
+ZERO_COPY_MIN = 1024 * 1024   # writes at least this large may skip the buffers
+_PIECE = 16 * 1024 * 1024     # a zero-copy write is checksummed and queued in these
 
 
 class DirectFile(io.RawIOBase):
     """Create ``path`` exclusively and write it sequentially (see the module docstring).
 
-    ``crc`` and ``size`` describe everything written so far; :meth:`mark` ends a record
-    and returns the CRC32C of the bytes written since the previous mark (one CRC pass
-    serves both). Errors from the writer thread (ENOSPC, EIO, ...) are re-raised by the
-    next ``write`` or by ``close``.
+    ``crc`` and ``size`` describe everything written so far (padding included);
+    :meth:`mark` ends a record and returns its ``(offset, length, CRC32C)`` (one CRC pass
+    serves both). ``zero_copy=True`` lets large writes skip the buffers: the caller then
+    promises that the memory it passes stays unchanged until :meth:`close` returns;
+    ``zero_copied`` counts the bytes written that way. Errors from the writer thread
+    (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
                  direct: bool = True, fsync: bool = True,
-                 buffer_size: int = DEFAULT_BUFFER) -> None:
+                 buffer_size: int = DEFAULT_BUFFER, zero_copy: bool = False) -> None:
         super().__init__()
         if buffer_size % ALIGN:
             raise ValueError(f"buffer_size must be a multiple of {ALIGN}")
@@ -68,6 +79,8 @@ class DirectFile(io.RawIOBase):
         self._fill = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-io")
         self._pending: Future[None] | None = None
+        self.zero_copy = zero_copy
+        self.zero_copied = 0
         self._closed_fd = False
         self.error: OSError | None = None  # first I/O error (torch.save hides what we raise)
 
@@ -85,9 +98,15 @@ class DirectFile(io.RawIOBase):
         total = len(mv)
         if total == 0:
             return 0
+        if self.zero_copy and total >= ZERO_COPY_MIN and self._zero_copy(mv):
+            return total
         self._span_crc = checksum.extend(self._span_crc, mv)
+        self._copy(mv)
+        return total
+
+    def _copy(self, mv: memoryview) -> None:
         src = np.frombuffer(mv, dtype=np.uint8)
-        done = 0
+        done, total = 0, len(mv)
         while done < total:
             take = min(self._bufsize - self._fill, total - done)
             self._views[self._cur][self._fill:self._fill + take] = src[done:done + take]
@@ -96,19 +115,59 @@ class DirectFile(io.RawIOBase):
             if self._fill == self._bufsize:
                 self._submit(self._bufsize)
         self.size += total
-        return total
+
+    def _zero_copy(self, mv: memoryview) -> bool:
+        """Write ``mv`` from the caller's memory (which must stay unchanged until
+        ``close``); False, having done nothing, when alignment does not allow it."""
+        addr = np.frombuffer(mv, dtype=np.uint8).ctypes.data
+        if self.direct and (addr % ALIGN or not self._align_record()):
+            return False
+        if self._fill:
+            self._submit(self._fill)  # page-aligned length in direct mode (see above)
+        bulk = len(mv) - len(mv) % ALIGN if self.direct else len(mv)
+        for i in range(0, bulk, _PIECE):
+            piece = mv[i:min(bulk, i + _PIECE)]
+            self._span_crc = checksum.extend(self._span_crc, piece)
+            self._wait()
+            self._pending = self._pool.submit(self._write_all, piece)
+        self.size += bulk
+        self.zero_copied += bulk
+        if bulk < len(mv):
+            self._span_crc = checksum.extend(self._span_crc, mv[bulk:])
+            self._copy(mv[bulk:])
+        return True
+
+    def _align_record(self) -> bool:
+        """Make the next byte's file offset page-aligned by inserting zeros before the
+        current record, whose bytes so far must all still be in the buffer. False when
+        they are not (or the buffer is too full): the caller copies instead."""
+        pad = -self.size % ALIGN
+        if pad == 0:
+            return True
+        record = self.size - self._base_size
+        if record > self._fill or self._fill + pad > self._bufsize:
+            return False
+        view, start = self._views[self._cur], self._fill - record
+        view[start + pad:self._fill + pad] = view[start:self._fill].copy()
+        view[start:start + pad] = 0
+        self._base_crc = checksum.combine(self._base_crc, checksum.extend(0, bytes(pad)), pad)
+        self._base_size += pad
+        self._fill += pad
+        self.size += pad
+        return True
 
     @property
     def crc(self) -> int:
         """CRC32C of everything written so far."""
         return checksum.combine(self._base_crc, self._span_crc, self.size - self._base_size)
 
-    def mark(self) -> int:
-        """End a record: return the CRC32C of the bytes written since the last mark (or
-        the start) and begin the next record here."""
-        span = self._span_crc
+    def mark(self) -> tuple[int, int, int]:
+        """End a record: return ``(offset, length, CRC32C)`` of the bytes written since
+        the last mark (or the start; alignment padding before them excluded) and begin the
+        next record here."""
+        record = (self._base_size, self.size - self._base_size, self._span_crc)
         self._base_crc, self._base_size, self._span_crc = self.crc, self.size, 0
-        return span
+        return record
 
     def _submit(self, nbytes: int) -> None:
         self._wait()

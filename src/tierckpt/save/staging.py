@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tierckpt.errors import StagingRaceError
+from tierckpt.save.directio import ZERO_COPY_MIN
 
 Path = tuple[str | int, ...]
 _PIECE_BYTES = 8 * 1024 * 1024
@@ -50,6 +52,15 @@ class Staged:
     nbytes: int
     deferred_bytes: int
     ready: Future[float]
+
+
+def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor | None:
+    """An uninitialised CPU tensor that owns exactly ``nbytes`` of page-aligned memory (an
+    anonymous mapping), or None when torch cannot wrap one for ``dtype``."""
+    try:
+        return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -111,11 +122,16 @@ class HostStager:
 
     # -- copies ---------------------------------------------------------------------------
     def buffer(self, path: Path, t: torch.Tensor) -> torch.Tensor:
-        """The reusable host buffer for ``t`` at ``path`` (allocated on first use)."""
+        """The reusable host buffer for ``t`` at ``path`` (allocated on first use; large
+        ones page-aligned, so the shard writer can write them without another copy)."""
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                              pin_memory=self.pin_memory and t.is_cuda)
+            pinned = self.pin_memory and t.is_cuda
+            nbytes = t.numel() * t.element_size()
+            buf = (_page_aligned(t.shape, t.dtype, nbytes)
+                   if not pinned and nbytes >= ZERO_COPY_MIN else None)
+            if buf is None:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned)
             self._buffers[path] = buf
             self.allocations += 1
         return buf

@@ -139,6 +139,8 @@ class ShardWriter(StorageWriter):
         self.files: list[FileEntry] = []
         self.metadata_entry: FileEntry | None = None
         self.metadata_bytes: bytes | None = None
+        self.zero_copied = 0
+        """Bytes written straight from the staged tensors (no copy into I/O buffers)."""
         self._lock = threading.Lock()
 
     # -- StorageWriter protocol -----------------------------------------------------------
@@ -208,11 +210,12 @@ class ShardWriter(StorageWriter):
         path = self.path / layout.safe_member_name(name)
         out: list[WriteResult] = []
         chunks: list[Chunk] = []
-        f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync)
+        # zero_copy: the items are staged tensors, unchanged until the save ends
+        f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync,
+                       zero_copy=True)
         try:
             # bytes items first (as DCP does), then tensors largest first
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
-                offset = f.size
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
                     assert isinstance(data, io.BytesIO)
@@ -220,8 +223,8 @@ class ShardWriter(StorageWriter):
                 else:
                     assert isinstance(data, torch.Tensor) and data.device.type == "cpu"
                     torch.save(data, f)  # type: ignore[arg-type]
-                length = f.size - offset
-                chunks.append(Chunk(offset, length, f.mark()))
+                offset, length, crc = f.mark()  # after any alignment padding
+                chunks.append(Chunk(offset, length, crc))
                 out.append(WriteResult(index=item.index, size_in_bytes=length,
                                        storage_data=_StorageInfo(name, offset, length)))
             f.close()  # flush, truncate, fsync
@@ -236,6 +239,7 @@ class ShardWriter(StorageWriter):
                 raise f.error from e
             raise
         with self._lock:
+            self.zero_copied += f.zero_copied
             self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank,
                                         chunks=tuple(chunks)))
         return out
