@@ -21,6 +21,7 @@ resolves the ambiguous cases where a request succeeded but its response was lost
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import uuid
 from collections.abc import Callable
@@ -79,6 +80,22 @@ class S3Storage(S3Writes):
         return f"S3Storage({self.url!r})"
 
     # -- gets ---------------------------------------------------------------------------
+    def _range_into(self, fd: int, key: str, etag: str | None, r: tuple[int, int]) -> int:
+        """Write bytes ``r = (offset, length)`` of ``key`` into ``fd`` at the same offsets;
+        returns their CRC32C, taken as they arrive (a retried body starts it over)."""
+        offset, length = r
+        crc = 0
+
+        def sink(pos: int, data: bytes) -> None:
+            nonlocal crc
+            if pos == offset:
+                crc = 0
+            os.pwrite(fd, data, pos)
+            crc = checksum.extend(crc, data)
+
+        self._get_range(key, etag, offset, length, sink)
+        return crc
+
     def _get_range(self, key: str, etag: str | None, offset: int, length: int,
                    sink: Callable[[int, bytes], None]) -> None:
         """Hand bytes [offset, offset+length) of ``key`` to ``sink(position, data)`` in
@@ -145,15 +162,14 @@ class S3Storage(S3Writes):
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
                 try:
                     os.ftruncate(fd, size)
-                    def sink(pos: int, data: bytes, fd: int = fd) -> None:
-                        os.pwrite(fd, data, pos)
-
-                    self._parallel(ranges, lambda r: self._get_range(key, etag, r[0], r[1],
-                                                                     sink))
+                    crcs = self._parallel(ranges, functools.partial(self._range_into, fd,
+                                                                    key, etag))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                got, n = checksum.of_file(tmp)
+                got, n = 0, 0  # the file's CRC32C from the ranges' (taken as they arrived)
+                for (_, length), crc in zip(ranges, crcs, strict=True):
+                    got, n = checksum.combine(got, crc, length), n + length
                 if n == size and (want is None or got == want):
                     os.replace(tmp, dest)
                     fsync_dir(dest.parent)
