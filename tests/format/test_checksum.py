@@ -23,6 +23,13 @@ def test_combine_at_large_lengths() -> None:
         checksum.extend(0, a + b)
 
 
+def test_combine_past_512_mib() -> None:
+    """2^29 bytes is 2^32 bits, where a 32-entry x^(2^n) table would wrap."""
+    a, b = os.urandom(17), bytes((1 << 29) + 4096)
+    assert checksum.combine(checksum.extend(0, a), checksum.extend(0, b), len(b)) == \
+        checksum.extend(checksum.extend(0, a), b)
+
+
 def test_combine_refuses_negative_length() -> None:
     with pytest.raises(ValueError, match="len2"):
         checksum.combine(1, 2, -1)

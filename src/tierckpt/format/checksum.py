@@ -39,13 +39,13 @@ def _multmodp(a: int, b: int) -> int:
 
 def _x2n_table() -> tuple[int, ...]:
     p, out = 1 << 30, []  # x^1
-    for _ in range(32):
+    for _ in range(64):
         out.append(p)
         p = _multmodp(p, p)
     return tuple(out)
 
 
-_X2N = _x2n_table()  # x^(2^n) mod P
+_X2N = _x2n_table()  # x^(2^n) mod P, n < 64: lengths below 2^61 bytes
 
 
 def combine(crc1: int, crc2: int, len2: int) -> int:
@@ -59,7 +59,9 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     n, k, p = len2, 3, 1 << 31  # x^0; bytes are 2^3 bits
     while n:
         if n & 1:
-            p = _multmodp(_X2N[k & 31], p)
+            # No ``k & 31`` as in zlib: for CRC32C's polynomial x^(2^32) is not x, so a
+            # wrapped table gave wrong CRCs for len2 >= 512 MiB (2^32 bits).
+            p = _multmodp(_X2N[k], p)
         n >>= 1
         k += 1
     return _multmodp(p, crc1 & 0xFFFFFFFF) ^ (crc2 & 0xFFFFFFFF)
