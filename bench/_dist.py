@@ -1,7 +1,8 @@
 """Run one function on W spawned gloo ranks and collect what each rank returns.
 
 Each rank gets ``MASTER_ADDR=127.0.0.1``, a free port, one intra-op thread, a gloo process
-group, and returns a JSON-able dict; the parent receives the list ordered by rank. A rank's
+group, and returns a JSON-able dict; the parent receives the list ordered by rank, each with
+``pg_init_seconds`` (this rank's ``init_process_group``) added unless ``fn`` set it. A rank's
 exception fails the whole call (``torch.multiprocessing`` re-raises it).
 
 One torch thread per rank at every world size (torchrun's default for multi-rank jobs): with
@@ -17,6 +18,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,12 +41,15 @@ def _entry(rank: int, world: int, port: int, fn: RankFn[J], job: J, out: str) ->
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    start = time.perf_counter()
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    pg_init = time.perf_counter() - start
     try:
         result = fn(rank, world, job)
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    result.setdefault("pg_init_seconds", pg_init)
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 

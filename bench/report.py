@@ -11,7 +11,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     limits   {copy_2threads, write_buffered_fsync, write_odirect_fsync, cold_read}
              each a Measurement {seconds, bytes, gbps, runs, ...}
     worlds   {"1": {"dcp": {...}, "tierckpt": {...} | {"skipped": reason}}, "2": ...}
-    transfer {...} | {"skipped": reason}
+    transfer {...} | {"skipped": reason}   (bench/transfer.py)
     share    {...} | {"skipped": reason}   (bench/share.py; absent in older results)
     tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
@@ -38,7 +38,9 @@ _ROWS = (
     ("dcp", "async_default_blocking", "C: dcp.async_save default", "copy_2threads"),
     ("dcp", "async_stager_blocking", "C: dcp.async_save + reused DefaultStager",
      "copy_2threads"),
-    ("tierckpt", "blocking", "C: tierckpt save()", "copy_2threads"),
+    ("tierckpt", "blocking", "C: tierckpt save(), staging='sync'", "copy_2threads"),
+    ("tierckpt", "blocking_overlap", "C: tierckpt save(), staging='overlap' (+ wait in step)",
+     "copy_2threads"),
     ("dcp", "save_t1", "durable: dcp.save thread_count=1", "write_odirect_fsync"),
     ("dcp", "save_t4", "durable: dcp.save thread_count=4", "write_odirect_fsync"),
     ("dcp", "torch_save_rank0", "durable: torch.save gathered on rank 0", "write_odirect_fsync"),
@@ -48,7 +50,8 @@ _ROWS = (
     ("dcp", "load_cold", "cold restore: dcp.load", "cold_read"),
     ("tierckpt", "restore_cold", "cold restore: tierckpt restore()", "cold_read"),
 )
-_DCP_FOR = {"blocking": "async_default_blocking", "durable": "save_t1",
+_DCP_FOR = {"blocking": "async_default_blocking", "blocking_overlap": "async_default_blocking",
+            "durable": "save_t1",
             "restore_cold": "load_cold"}
 
 
@@ -166,8 +169,10 @@ def render_markdown(r: dict[str, Any]) -> str:
     body = head + _machine(r) + _limits(r)
     for world, sections in r["worlds"].items():
         body += _world(r, world, sections)
-    if "skipped" in r.get("transfer", {}):
-        body += [f"**Upload/download skipped:** {r['transfer']['skipped']}", ""]
+    if "transfer" in r:  # the tier-2 transfer section renders its own rows, as share does
+        from bench.transfer import markdown as transfer_markdown
+
+        body += transfer_markdown(r["transfer"])
     if "share" in r:  # its rows live with the section; imported here so report stays light
         from bench.share import markdown as share_markdown
 

@@ -25,6 +25,7 @@ from bench.machine import fsync_probe, machine_facts
 from bench.report import SCHEMA, write_results
 from bench.share import measure_share
 from bench.state import build_state, make_specs
+from bench.sweep import run_sweep
 from bench.targets import evaluate
 from bench.tier0 import measure_tier0
 from bench.tierckpt_paths import measure_tierckpt
@@ -53,6 +54,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="the tier-0 section (bench/tier0.py: restore from RAM vs tier 1 vs "
                         "tier 2, C and W with tier 0 on/off, the plan); on by default, off "
                         "with --quick")
+    p.add_argument("--sweep", action="store_true",
+                   help="only the cost curves (bench/sweep.py): C, durable, restore and RAM "
+                        "over --sizes × --world (default 64MiB,256MiB,1GiB,4GiB × 1,2,4), "
+                        "and the planner at 1 to 16,384 GPUs")
+    p.add_argument("--sizes", help="with --sweep: comma-separated total state sizes")
     return p.parse_args(argv)
 
 
@@ -104,7 +110,7 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
                 "tierckpt": _section(f"tierckpt world {w}", partial(measure_tierckpt, job, w),
                                      errors),
             }
-        transfer = _section("transfer", partial(measure_transfer, cfg), errors)
+        transfer = _section("transfer", partial(measure_transfer, cfg, workdir / "xfer"), errors)
         # The sharing readers (bench/share.py): on unless --quick; --share/--no-share decide.
         if (not cfg.quick) if share is None else share:
             shared = _section("share", partial(measure_share, workdir / "share",
@@ -140,6 +146,11 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, write results; print where they are and each verdict."""
     args = _parse(argv)
+    if args.sweep:
+        return run_sweep(sizes=args.sizes, world=args.world, out=args.out, target=args.target)
+    if args.sizes:
+        print("bench: --sizes is for --sweep; use --size for one state", file=sys.stderr)
+        return 2
     try:
         world = args.world or ("1" if args.quick else None)
         cfg = make_config(size=args.size, quick=args.quick, world=world, out=args.out,

@@ -30,7 +30,6 @@ credentials and endpoint from the environment) or a SeaweedFS started on loopbac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import os
@@ -39,8 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +49,12 @@ from bench.limits import write_limits
 from bench.measure import best_of
 from bench.pagecache import files_under, resident_fraction
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
-from bench.transfer import ENDPOINT_ENV
+from bench.transfer import remove_remote, tier2
 from tierckpt import CheckpointManager, TrainState
 from tierckpt.format import layout
 from tierckpt.share.export import export
 from tierckpt.share.loader import load
 from tierckpt.share.source import open_checkpoint
-from tierckpt.tier2.catalog import Tier2Catalog
-from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.storage.url import parse_url
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
@@ -290,55 +285,16 @@ def _export_vs_write(work: Path, root: Path, model: StateModule,
                            "ratio_vs_largest_tensor": peak / largest_tensor}}
 
 
-@contextlib.contextmanager
-def tier2(work: Path, url: str | None = None) -> Iterator[tuple[str, str]]:
-    """``(url, server)``: a fresh prefix under ``url`` or ``$TIERCKPT_BENCH_S3_URL``
-    (server ``given``), else a SeaweedFS on loopback under ``work`` with its AWS_*
-    variables in ``os.environ`` meanwhile (server ``seaweedfs``)."""
-    given = url or os.environ.get(ENDPOINT_ENV)
-    if given:
-        yield f"{given.rstrip('/')}/bench-share-{uuid.uuid4().hex[:8]}", "given"
-        return
-    from bench import tier2_servers as t2  # the tests' helpers: only to start a server
-
-    base = work.absolute() / "seaweedfs"  # weed runs with this as its working directory
-    base.mkdir(parents=True, exist_ok=True)
-    proc, server = t2.start_server(base)
-    env = server.env()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield f"s3://{server.bucket}/bench-share", "seaweedfs"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        t2.stop_server(proc, server.ports)
-
-
-def _remove_remote(url: str) -> None:
-    """Delete the bench's own (fresh) prefix; a failure is reported on stderr, not raised,
-    so that the measurements already taken still come back."""
-    try:
-        with open_storage(url) as st:
-            Tier2Catalog(st).delete(STEP)  # the marker first
-            for info in st.list(""):
-                st.delete(info.key)
-    except Exception as exc:
-        print(f"bench.share: could not remove {url}: {exc!r}", file=sys.stderr)
-
-
 def measure_share(work: Path, total_bytes: int, *, url: str | None = None,
                   repeats: int = 2) -> dict[str, Any]:
     """The section: a checkpoint of about ``total_bytes`` under ``work`` (created; the
-    export of the last repeat is left in it), tier 2 per :func:`tier2`. JSON-able."""
+    export of the last repeat is left in it), tier 2 per :func:`bench.transfer.tier2`.
+    JSON-able."""
     work = work.absolute()  # the export child and the server run in other directories
     work.mkdir(parents=True, exist_ok=True)
     root = work / "tier1"
     model, opt = _model_and_optimizer(total_bytes // 3)
-    with tier2(work, url) as (remote, server):
+    with tier2(work, url, "share") as (remote, server):
         try:
             out: dict[str, Any] = {"server": server, "url": remote,
                                    "model_bytes": state_bytes(dict(model.named_parameters()))}
@@ -348,7 +304,7 @@ def measure_share(work: Path, total_bytes: int, *, url: str | None = None,
             out["checkpoint"].update(bytes=saved.total_bytes, shard_objects=len(saved.objects))
             out.update(_load_vs_boto3(saved, model, repeats))
         finally:
-            _remove_remote(remote)
+            remove_remote(remote, "share")
     out.update(_export_vs_write(work, root, model, repeats))
     return out
 

@@ -58,6 +58,10 @@ def _throughput(entry: Section, limits: dict[str, Any]) -> float | None:
     return entry.get("ratio")
 
 
+def _vs_boto3(entry: Section, limits: dict[str, Any]) -> float | None:
+    return entry.get("ratio_vs_boto3")  # boto3 ran in the transfer section, not in limits
+
+
 def _ram(entry: Section, limits: dict[str, Any]) -> float | None:
     return entry.get("ratio")
 
@@ -77,6 +81,9 @@ GOALS: tuple[Goal, ...] = (
          (("dcp", "async_default_blocking", "dcp.async_save default"),
           ("dcp", "async_stager_blocking", "dcp.async_save + reused DefaultStager"),
           ("tierckpt", "blocking", "tierckpt save()"))),
+    Goal("overlap", "C with staging overlapped ≤ 0.1× the copy limit (compute > copy)",
+         "<=", 0.1, _blocking,
+         (("tierckpt", "blocking_overlap", "tierckpt save(), staging='overlap'"),)),
     Goal("durable", "durable write ≥ 0.9× the O_DIRECT+fsync limit", ">=", 0.9, _durable,
          (("dcp", "save_t1", "dcp.save thread_count=1"),
           ("dcp", "save_t4", "dcp.save thread_count=4"),
@@ -92,17 +99,19 @@ GOALS: tuple[Goal, ...] = (
          (("dcp", "ram_thread", "dcp.async_save thread mode"),
           ("dcp", "ram_process", "dcp.async_save process mode"),
           ("tierckpt", "ram", "tierckpt save()")), also=_ram_growth),
-    Goal("upload", "upload ≥ 0.9× a plain boto3 transfer", ">=", 0.9,
-         lambda entry, limits: entry.get("ratio_vs_boto3"),
+    Goal("upload", "upload ≥ 0.9× a plain boto3 transfer", ">=", 0.9, _vs_boto3,
          (("transfer", "tierckpt_upload", "tierckpt upload"),)),
+    Goal("download", "download ≥ 0.9× a plain boto3 transfer", ">=", 0.9, _vs_boto3,
+         (("transfer", "tierckpt_download", "tierckpt fetch"),)),
     Goal("upload_throughput", "training throughput while uploading ≥ 0.9× idle", ">=", 0.9,
          _throughput, (("transfer", "throughput_uploading", "during tierckpt upload"),)),
 )
 
 # What a tierckpt figure is compared with in the "vs DCP" column: the default peer.
-DCP_REFERENCE = {"blocking": "async_default_blocking", "durable": "save_t1",
+DCP_REFERENCE = {"blocking": "async_default_blocking", "overlap": "async_default_blocking",
+                 "durable": "save_t1",
                  "restore": "load_cold", "throughput": "throughput", "ram": "ram_thread",
-                 "upload": "", "upload_throughput": ""}
+                 "upload": "", "download": "", "upload_throughput": ""}
 
 
 @dataclass(frozen=True)

