@@ -8,6 +8,9 @@
   refuses O_DIRECT (tmpfs).
 - cold read: the buffered file read sequentially into a reused buffer after the page cache
   dropped it (see ``pagecache``); ``cold`` says whether it really was.
+- cold read × N (``cold_read_x<N>``, for each world size N > 1): N threads each read their
+  own 1/N of the same evicted file at once — the disk's aggregate rate when N ranks of one
+  node restore together, which is the fair floor for a world-N restore on one disk.
 """
 
 from __future__ import annotations
@@ -134,14 +137,48 @@ def cold_read_limit(path: Path, repeats: int) -> tuple[Measurement, dict[str, An
             {"method": evictions[-1]["method"], "honoured": cold, "evictions": evictions})
 
 
-def measure_limits(directory: Path, state: dict[str, torch.Tensor],
-                   repeats: int) -> tuple[dict[str, Measurement], dict[str, Any]]:
-    """All limits; returns the measurements and the cache-drop record."""
+def concurrent_cold_read_limit(path: Path, readers: int, repeats: int) -> Measurement:
+    """``readers`` threads each read their own contiguous 1/readers of ``path`` (evicted
+    first) at once; aggregate bytes ÷ wall seconds."""
+    size = path.stat().st_size
+    bounds = [size * i // readers for i in range(readers + 1)]
+    runs, cold = [], True
+
+    def read(i: int) -> None:
+        buf = bytearray(_CHUNK)
+        with open(path, "rb", buffering=0) as f:
+            pos, end = bounds[i], bounds[i + 1]
+            while pos < end:
+                n = os.preadv(f.fileno(), [memoryview(buf)[:min(_CHUNK, end - pos)]], pos)
+                if n <= 0:
+                    break
+                pos += n
+
+    for _ in range(repeats):
+        cold = cold and evict([path]).honoured
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        runs.append(time.perf_counter() - start)
+    return best_of(runs, size, f"{readers} concurrent readers, 1/{readers} of the file each",
+                   cold=cold)
+
+
+def measure_limits(directory: Path, state: dict[str, torch.Tensor], repeats: int,
+                   worlds: tuple[int, ...] = ()) -> tuple[dict[str, Measurement],
+                                                          dict[str, Any]]:
+    """All limits (a concurrent cold read for each world size > 1); returns the
+    measurements and the cache-drop record."""
     limits = {"copy_2threads": copy_limit(state, max(5, repeats))}  # cheap: take more tries
     limits.update(write_limits(directory, state, repeats))
     buffered = directory / "limit-buffered.bin"
     try:
         limits["cold_read"], cache = cold_read_limit(buffered, repeats)
+        for w in sorted(set(worlds) - {1}):
+            limits[f"cold_read_x{w}"] = concurrent_cold_read_limit(buffered, w, repeats)
     finally:
         buffered.unlink(missing_ok=True)
     return limits, cache

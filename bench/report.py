@@ -25,6 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.targets import limits_for
+
 SCHEMA = "tierckpt-bench/1"
 
 _LIMIT_LABELS = {
@@ -97,7 +99,10 @@ def _machine(r: dict[str, Any]) -> list[str]:
 
 def _limits(r: dict[str, Any]) -> list[str]:
     lines = ["## Limits (same run)", "", "| limit | seconds | GB/s | note |", "|---|---|---|---|"]
-    for key, label in _LIMIT_LABELS.items():
+    labels = {**_LIMIT_LABELS, **{k: f"cold read, {k.rsplit('x', 1)[1]} concurrent readers "
+                                     "(the world-size limit)"
+                                  for k in r["limits"] if k.startswith("cold_read_x")}}
+    for key, label in labels.items():
         m = r["limits"].get(key, {})
         note = m.get("note", "") or ("" if m.get("cold", True) else "not cold")
         lines.append(f"| {label} | {_f(m.get('seconds'))} | {_f(m.get('gbps'))} | {note} |")
@@ -112,7 +117,7 @@ def _world(r: dict[str, Any], world: str, sections: dict[str, Any]) -> list[str]
         m = sections.get(section, {}).get(entry)
         if m is None or "seconds" not in m:
             continue
-        limit = r["limits"].get(limit_key, {})
+        limit = limits_for(r["limits"], int(world)).get(limit_key, {})
         if limit_key == "copy_2threads":
             vs_limit = m["seconds"] / limit["seconds"] if limit.get("seconds") else None
         else:

@@ -95,7 +95,7 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
         facts["fsync"] = fsync_probe(workdir)
         _log(f"limits on {cfg.size_bytes / 2**20:.0f} MiB in {workdir} ({facts['target_fs']})")
         state = build_state(make_specs(cfg.size_bytes))
-        measured, cache = measure_limits(workdir, state, cfg.repeats)
+        measured, cache = measure_limits(workdir, state, cfg.repeats, cfg.worlds)
         del state
         gc.collect()
         limits = {k: m.to_json() for k, m in measured.items()}

@@ -144,8 +144,16 @@ def _note(entry: Section | None, section: Section) -> str:
     return ""
 
 
+def limits_for(limits: dict[str, Any], world: int) -> dict[str, Any]:
+    """The limits a world-``world`` figure is held to: its ranks share one disk, so its
+    cold-read limit is the concurrent one (``cold_read_x<world>``) where it was measured."""
+    concurrent = limits.get(f"cold_read_x{world}")
+    return {**limits, "cold_read": concurrent} if concurrent else limits
+
+
 def _verdicts(goal: Goal, world: int, sections: dict[str, Section],
               limits: dict[str, Any]) -> list[Verdict]:
+    limits = limits_for(limits, world)
     out = []
     dcp_ref = sections.get("dcp", {}).get(DCP_REFERENCE.get(goal.key, ""))
     for section_name, entry_name, label in goal.subjects:

@@ -190,3 +190,19 @@ def test_markdown_says_why_a_section_was_skipped(tmp_path: Path) -> None:
     json_path, md_path = write_results(r, tmp_path / "res", "stamp")
     assert json.loads(json_path.read_text())["targets"] == r["targets"]
     assert md_path.read_text() == md
+
+
+def test_a_world_is_held_to_the_concurrent_cold_read(tmp_path: Path) -> None:
+    """World 2's ranks share the disk: its restore is compared with two readers at once,
+    world 1's with one; the concurrent limit really reads the whole file."""
+    from bench.limits import concurrent_cold_read_limit
+
+    limits = {"cold_read": _m(1.0), "cold_read_x2": _m(0.5)}  # two readers: 2 GB/s
+    worlds = {w: {"tierckpt": {"restore_cold": _m(1.0)}} for w in (1, 2)}
+    ratio = {t.world: t.ratio for t in evaluate(limits, worlds) if t.goal == "restore"
+             and t.subject == "tierckpt restore()"}
+    assert ratio[1] == pytest.approx(1.0) and ratio[2] == pytest.approx(0.5)
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 << 20))
+    m = concurrent_cold_read_limit(path, 2, repeats=1)
+    assert m.bytes == 3 << 20 and m.seconds > 0
