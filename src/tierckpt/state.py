@@ -171,7 +171,8 @@ class TrainState:
 
     def _rank_blob(self, small: dict[tuple[Any, ...], Any]) -> torch.Tensor:
         payload: dict[str, Any] = {
-            "small": small,
+            "small": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                      for k, v in small.items()},  # loadable on a host without that GPU
             "step": self.step, "rank": _rank(), "world_size": _world(),
             "rng": _rng.capture() if self.rng else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -186,7 +187,8 @@ class TrainState:
     @staticmethod
     def _decode_blob(blob: torch.Tensor) -> dict[str, Any]:
         try:
-            payload = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
+            payload = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True,
+                                 map_location="cpu")  # set_state_dict moves them back
         except (pickle.UnpicklingError, RuntimeError) as e:
             raise CheckpointError(
                 "per-rank state (extra/dataloader/scheduler) holds objects that do not load "

@@ -30,10 +30,18 @@ def make_state(step: int = 0) -> tierckpt.TrainState:
     """A two-layer model whose every weight equals ``step`` (so a restore names its step)."""
     model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, WIDTH))
     set_weights(model, step)
-    return tierckpt.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model._fault_optimizer = opt  # type: ignore[assignment]  # set_weights steps it first
+    return tierckpt.TrainState(model=model, optimizer=opt)
 
 
 def set_weights(model: nn.Module, step: int) -> None:
+    """Every weight := ``step``, as a training step would change them: the optimizer steps
+    first (no gradients: it changes nothing, but a save's background copy of the weights —
+    staging="overlap" — is waited for in its pre-hook, as in a real loop)."""
+    opt = getattr(model, "_fault_optimizer", None)
+    if opt is not None:
+        opt.step()
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(float(step))

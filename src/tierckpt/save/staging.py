@@ -88,7 +88,7 @@ class HostStager:
                       if self.copy_threads > 1 else None)
         # Background staging: one coordinator that runs (or fans out) the deferred copies.
         self._background = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-stage-bg")
-        self._stream: Any = None  # the CUDA stream of deferred device-to-host copies
+        self._streams: dict[torch.device, Any] = {}  # per device: deferred D2H copies
 
     def close(self) -> None:
         """Stop the copy threads (after any background copy finished). Idempotent."""
@@ -141,28 +141,32 @@ class HostStager:
         for dst, src in cuda_jobs:
             dst.copy_(src, non_blocking=True)
         self._run_copies(jobs)
-        if cuda_jobs:
-            torch.cuda.synchronize()  # non_blocking D2H copies must land before writing
+        for device in {src.device for _, src in cuda_jobs}:
+            torch.cuda.synchronize(device)  # non_blocking D2H copies land before writing
 
     def _copy_later(self, jobs: list[tuple[torch.Tensor, torch.Tensor]],
                     cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> Future[float]:
         started = time.monotonic()
         versions = [_version(src) for _, src in (*jobs, *cuda_jobs)]
-        event = None
-        if cuda_jobs:  # queue the device-to-host copies behind the work issued so far
-            if self._stream is None:
-                self._stream = torch.cuda.Stream()
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
+        events = []
+        for device in dict.fromkeys(src.device for _, src in cuda_jobs):
+            # per device: a side stream queued behind the work issued so far on it
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
                 for dst, src in cuda_jobs:
-                    src.record_stream(self._stream)
-                    dst.copy_(src, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._stream)
+                    if src.device == device:
+                        src.record_stream(stream)
+                        dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event(blocking=True)  # the waiter sleeps, not spins
+                event.record(stream)
+                events.append(event)
 
         def run() -> float:
             self._run_copies(jobs)
-            if event is not None:
+            for event in events:
                 event.synchronize()
             for (_, src), before in zip((*jobs, *cuda_jobs), versions, strict=True):
                 if before is not None and _version(src) != before:
