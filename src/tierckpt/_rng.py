@@ -21,7 +21,7 @@ def capture() -> dict[str, Any]:
     assert isinstance(np_state, tuple)
     name, keys, pos, has_gauss, cached = np_state
     state: dict[str, Any] = {
-        "python": random.getstate(),
+        "python": _python_state(),
         "numpy": (str(name), torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64)),
                   int(pos), int(has_gauss), float(cached)),
         "torch": torch.get_rng_state(),
@@ -33,7 +33,7 @@ def capture() -> dict[str, Any]:
 
 def restore(state: dict[str, Any]) -> None:
     """Put every stream back exactly as :func:`capture` saw it."""
-    random.setstate(_as_tuple(state["python"]))
+    random.setstate(_python_restore(state["python"]))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
@@ -55,6 +55,22 @@ def rederive(source: dict[str, Any], *, step: int, rank: int, world_size: int) -
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
     return seed
+
+
+def _python_state() -> tuple[int, torch.Tensor, float | None]:
+    """``random.getstate()`` with its 625 words as one tensor: one object to pickle instead
+    of 625 (the per-rank blob is serialised inside ``save()``, on the blocking path)."""
+    version, words, gauss = random.getstate()
+    return version, torch.tensor(words, dtype=torch.int64), gauss
+
+
+def _python_restore(saved: Any) -> Any:
+    """The state for ``random.setstate`` from :func:`_python_state`'s form, or from the
+    plain tuple that older checkpoints hold (loaded as nested lists)."""
+    version, words, gauss = saved
+    if isinstance(words, torch.Tensor):
+        return version, tuple(int(w) for w in words.tolist()), gauss
+    return _as_tuple(saved)
 
 
 def _as_tuple(x: Any) -> Any:

@@ -42,7 +42,7 @@ from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.restore.metadata import read_metadata_file
 
-_PIECE = 8 * 1024 * 1024
+_PIECE = 16 * 1024 * 1024
 _READ_THREADS = 4
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
@@ -198,10 +198,14 @@ class DirectReader(FileSystemReader):
 
     def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]
                      ) -> list[tuple[int, int, int]]:
-        """Read every destination's bytes, in ~8 MiB pieces on several threads (preadv
-        releases the GIL; a device serves parallel requests faster than one stream); each
-        piece's CRC32C is taken on its thread while its bytes are hot in cache (crc32c
-        releases the GIL too). Returns ``(file offset, length, CRC32C)`` per piece."""
+        """Read every destination's bytes in ~16 MiB pieces. The pieces, in file order, are
+        cut into ``_READ_THREADS`` contiguous runs of about equal bytes, one per thread,
+        each read front to back: every thread is one sequential stream that the kernel's
+        readahead follows (interleaving small pieces across threads defeated it: 0.55× the
+        single-stream rate on a virtual disk), and a device that serves parallel streams
+        faster gets several. preadv and crc32c release the GIL; each piece's CRC32C is
+        taken on its thread while its bytes are hot in cache. Returns ``(file offset,
+        length, CRC32C)`` per piece, in file order."""
         pieces: list[tuple[memoryview, int]] = []
         for target, offset in jobs:
             buf = _bytes_of(target)
@@ -220,8 +224,10 @@ class DirectReader(FileSystemReader):
                 done += n
             return off, len(buf), checksum.extend(0, buf) if crc else 0
 
-        with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
-            return list(pool.map(read, pieces))
+        runs = _runs(pieces, _READ_THREADS)
+        with ThreadPoolExecutor(len(runs), thread_name_prefix="tierckpt-read") as pool:
+            done = pool.map(lambda run: [read(p) for p in run], runs)
+            return [crc for run in done for crc in run]
 
     def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, int, int]]) -> bool:
         """CRC32C of file ``rel`` from the ranges that were read (``(offset, length, their
@@ -312,6 +318,20 @@ class DirectReader(FileSystemReader):
         target.copy_(tensor)
         planner.commit_tensor(item, target)
         return data
+
+
+def _runs(pieces: list[tuple[memoryview, int]], k: int) -> list[list[tuple[memoryview, int]]]:
+    """``pieces`` (in file order) cut into at most ``k`` contiguous runs of about equal
+    bytes, none empty."""
+    total = sum(len(buf) for buf, _ in pieces)
+    runs: list[list[tuple[memoryview, int]]] = [[]]
+    acc = 0
+    for piece in pieces:
+        if runs[-1] and acc >= total * len(runs) / k and len(runs) < k:
+            runs.append([])
+        runs[-1].append(piece)
+        acc += len(piece[0])
+    return runs
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:

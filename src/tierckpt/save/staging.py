@@ -38,6 +38,7 @@ from tierckpt.errors import StagingRaceError
 from tierckpt.save.directio import ZERO_COPY_MIN
 
 Path = tuple[str | int, ...]
+_ATOMIC = frozenset({int, float, bool, str, bytes, type(None), complex})  # copies are moot
 _PIECE_BYTES = 8 * 1024 * 1024
 
 
@@ -221,17 +222,22 @@ class _Walk:
                                       run_check=False, shape=obj.shape, stride=obj.stride())
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, path)
+        if type(obj) in _ATOMIC:
+            return obj
         if isinstance(obj, dict):
             return {k: self.visit(v, (*path, k)) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [self.visit(v, (*path, i)) for i, v in enumerate(obj)]
-        if isinstance(obj, tuple):
+        if isinstance(obj, list | tuple):
+            if all(type(v) in _ATOMIC for v in obj):  # e.g. param_groups' "params": a copy
+                return list(obj) if isinstance(obj, list) else obj
+            if isinstance(obj, list):
+                return [self.visit(v, (*path, i)) for i, v in enumerate(obj)]
             return tuple(self.visit(v, (*path, i)) for i, v in enumerate(obj))
         return copy.deepcopy(obj)
 
     def tensor(self, t: torch.Tensor, path: Path) -> torch.Tensor:
         self.seen.add(path)
-        t = t.detach()
+        if t.requires_grad:  # (state dicts hold detached tensors: detach() costs µs each)
+            t = t.detach()
         buf = self.stager.buffer(path, t)
         size = buf.numel() * buf.element_size()
         self.nbytes += size
