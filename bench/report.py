@@ -131,7 +131,9 @@ def _world(r: dict[str, Any], world: str, sections: dict[str, Any]) -> list[str]
     lines += ["", "| loop / RAM | idle steps/s | during steps/s | ratio | peak extra RAM | "
               "× state | growth |", "|---|---|---|---|---|---|---|"]
     for section, entry, label in (("dcp", "throughput", "during dcp.async_save"),
-                                  ("tierckpt", "throughput", "during tierckpt save()")):
+                                  ("tierckpt", "throughput", "during tierckpt save()"),
+                                  ("tierckpt", "throughput_overlap",
+                                   "during tierckpt save(), staging='overlap'")):
         t = sections.get(section, {}).get(entry)
         if t:
             lines.append(f"| {label} | {_f(t['idle_steps_s'])} | {_f(t['during_steps_s'])} | "

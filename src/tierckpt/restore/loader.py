@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
 from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError, StateMismatchError
-from tierckpt.restore.reader import DirectReader
+from tierckpt.restore.reader import READ_STREAMS, DirectReader
 from tierckpt.runtime.topology import Comm
 from tierckpt.state import RANK_STATE, TrainState
 from tierckpt.tier1.catalog import read_committed
@@ -58,10 +58,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 _DATA_ERRORS = (IntegrityError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile)
 
 
-def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -> int:
+def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *,
+              readers: int = 1) -> int:
     """Collective: load ``ckpt_dir`` (already verified) into ``state``; returns bytes read
-    by this rank. Different world sizes reshard model/optimizer through DCP; per-rank state
-    follows the semantics documented in :mod:`tierckpt.state`.
+    by this rank. ``readers``: how many ranks read this tier-1 root at once (its domain),
+    so that together they keep about one disk's worth of read streams. Different world
+    sizes reshard model/optimizer through DCP; per-rank state follows the semantics
+    documented in :mod:`tierckpt.state`.
 
     Raises, on every rank: :class:`StateMismatchError` before anything is read when the
     state's keys or shapes differ from the checkpoint's (a user error: the checkpoint is
@@ -73,7 +76,7 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm) -
     (:class:`~tierckpt.errors.UnsafeCheckpointError`) or does not unpickle is a
     :class:`CorruptDataError` too, raised on every rank before anything is loaded."""
     entries = {f.name: f for f in read_committed(ckpt_dir, step=None).manifest.files}
-    reader = DirectReader(ckpt_dir, verify=entries)
+    reader = DirectReader(ckpt_dir, verify=entries, threads=max(1, READ_STREAMS // readers))
     try:
         md, bad = reader.read_metadata(), None
     except IntegrityError as e:  # UnsafeCheckpointError too: a planted pickle, not run

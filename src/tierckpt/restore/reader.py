@@ -43,7 +43,7 @@ from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.restore.metadata import read_metadata_file
 
 _PIECE = 16 * 1024 * 1024
-_READ_THREADS = 4
+READ_STREAMS = 4  # sequential read streams per tier-1 disk (split among the ranks on it)
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
@@ -99,8 +99,10 @@ class DirectReader(FileSystemReader):
     DCP behaviour."""
 
     def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None,
-                 verify: Mapping[str, FileEntry] | None = None) -> None:
+                 verify: Mapping[str, FileEntry] | None = None,
+                 threads: int = READ_STREAMS) -> None:
         super().__init__(path)
+        self.threads = max(1, threads)
         if direct is None:
             direct = (Path(path) / layout.MANIFEST).is_file()
         self.direct = direct and sys.byteorder == "little"
@@ -191,7 +193,7 @@ class DirectReader(FileSystemReader):
             return _raw_data_offset(fd, self.storage_data[item.storage_index],
                                     target.numel() * target.element_size())
 
-        with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="tierckpt-read") as pool:
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="tierckpt-read") as pool:
             offsets = list(pool.map(locate, wanted))
         return {id(item): (item, target, off)
                 for (item, target), off in zip(wanted, offsets, strict=True) if off is not None}
@@ -199,7 +201,7 @@ class DirectReader(FileSystemReader):
     def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]
                      ) -> list[tuple[int, int, int]]:
         """Read every destination's bytes in ~16 MiB pieces. The pieces, in file order, are
-        cut into ``_READ_THREADS`` contiguous runs of about equal bytes, one per thread,
+        cut into ``threads`` contiguous runs of about equal bytes, one per thread,
         each read front to back: every thread is one sequential stream that the kernel's
         readahead follows (interleaving small pieces across threads defeated it: 0.55× the
         single-stream rate on a virtual disk), and a device that serves parallel streams
@@ -224,7 +226,7 @@ class DirectReader(FileSystemReader):
                 done += n
             return off, len(buf), checksum.extend(0, buf) if crc else 0
 
-        runs = _runs(pieces, _READ_THREADS)
+        runs = _runs(pieces, self.threads)
         with ThreadPoolExecutor(len(runs), thread_name_prefix="tierckpt-read") as pool:
             done = pool.map(lambda run: [read(p) for p in run], runs)
             return [crc for run in done for crc in run]

@@ -64,7 +64,8 @@ class Restorer:
                     else self.config.tier1) / layout.step_dirname(step)
             t_load = time.monotonic()
             try:
-                nbytes = load_into(state, path, saved_world, self.comm)
+                nbytes = load_into(state, path, saved_world, self.comm,
+                                   readers=len(self.domain))
                 break
             except CorruptDataError as e:
                 from_ram = {"tier0", "tier0-peer"} & set(source.split("+"))
