@@ -1,7 +1,8 @@
 """``bench/gpu.py`` and ``bench/gpu.sh`` on CPU: every section produces numbers, the FSDP2
 kill-and-resume is bit for bit, the files are written, the script parses and its dry run
-(``GPU_BENCH_DEVICE=cpu``) works. Speed is never asserted. The CUDA run itself is behind the
-``gpu`` marker and skipped without a device.
+(``GPU_BENCH_DEVICE=cpu``) works. Speed is never asserted. The CUDA run itself is
+``bench/gpu.sh`` on a GPU machine (its exit status says whether every check held), not a
+test that would be skipped here.
 """
 
 from __future__ import annotations
@@ -167,12 +168,3 @@ def test_gpu_sh_dry_run(tmp_path: Path) -> None:
     assert f"torch {torch.__version__}" in env_txt and "imports: all there" in env_txt
     (result,) = (tmp_path / "out").glob("*-gpu.json")
     assert set(json.loads(result.read_text())["sections"]) == {"d2h"}
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_run(tmp_path: Path) -> None:
-    r, _, _ = _bench(tmp_path, "--device", "cuda", "--mib", "256", "--repeats", "2")
-    assert r["errors"] == [] and r["cpu_mode"] is None
-    assert r["sections"]["d2h"]["ordered"] == {"sync": True, "overlap": True}
-    assert r["sections"]["fsdp_resume"]["ok"]
