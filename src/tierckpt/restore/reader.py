@@ -43,7 +43,7 @@ from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.restore.metadata import read_metadata_file
 
 _PIECE = 16 * 1024 * 1024
-READ_STREAMS = 2  # sequential read streams per tier-1 disk (split among the ranks on it)
+READ_STREAMS = 4  # sequential read streams of a rank alone on its tier-1 disk
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
