@@ -19,6 +19,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,7 @@ def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -
     runs = []
     try:
         for _ in range(repeats + 1):  # first round warms caches and the allocator
-            workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-            start = time.perf_counter()
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-            runs.append(time.perf_counter() - start)
+            runs.append(_timed_threads(work, threads))
     finally:
         torch.set_num_threads(saved_threads)
     return best_of(runs[1:], sum(t.numel() * t.element_size() for t in tensors),
@@ -137,6 +132,17 @@ def cold_read_limit(path: Path, repeats: int) -> tuple[Measurement, dict[str, An
             {"method": evictions[-1]["method"], "honoured": cold, "evictions": evictions})
 
 
+def _timed_threads(fn: Callable[[int], None], n: int) -> float:
+    """Seconds for ``n`` threads running ``fn(0)`` … ``fn(n - 1)`` at once."""
+    workers = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - start
+
+
 def concurrent_cold_read_limit(path: Path, readers: int, repeats: int) -> Measurement:
     """``readers`` threads each read their own contiguous 1/readers of ``path`` (evicted
     first) at once; aggregate bytes ÷ wall seconds."""
@@ -156,13 +162,7 @@ def concurrent_cold_read_limit(path: Path, readers: int, repeats: int) -> Measur
 
     for _ in range(repeats):
         cold = cold and evict([path]).honoured
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        runs.append(time.perf_counter() - start)
+        runs.append(_timed_threads(read, readers))
     return best_of(runs, size, f"{readers} concurrent readers, 1/{readers} of the file each",
                    cold=cold)
 
