@@ -25,10 +25,10 @@ import contextlib
 import io
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
@@ -46,37 +46,7 @@ _PIECE = 16 * 1024 * 1024
 READ_STREAMS = 4  # sequential read streams of a rank alone on its tier-1 disk
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
-
-
-class _Slice(io.RawIOBase):
-    """A read-only, seekable view of ``[offset, offset + length)`` of an open file."""
-
-    def __init__(self, f: BinaryIO, offset: int, length: int) -> None:
-        super().__init__()
-        self._f, self._off, self._len, self._pos = f, offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._len}[whence]
-        self._pos = max(0, min(self._len, base + pos))
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        mv = memoryview(b).cast("B")
-        n = min(len(mv), self._len - self._pos)
-        if n <= 0:
-            return 0
-        got = os.preadv(self._f.fileno(), [mv[:n]], self._off + self._pos)
-        self._pos += got
-        return got
+P = TypeVar("P")
 
 
 def _raw_data_offset(fd: int, info: _StorageInfo, nbytes: int) -> int | None:
@@ -146,15 +116,20 @@ class DirectReader(FileSystemReader):
                     os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                 self.bytes_read += sum(self.storage_data[i.storage_index].length
                                        for i in items)
-                in_place = self._plan_file(f, items, planner) if self.direct else {}
+                wanted = self._in_place_candidates(items, planner) if self.direct else []
+                candidates = {id(item) for item, _ in wanted}
                 seen: list[tuple[int, int, int]] = []  # (offset, length, CRC32C) read
                 for item in items:
-                    if id(item) not in in_place:
-                        info = self.storage_data[item.storage_index]
-                        data = self._read_dcp(f, rel, item, info, planner)
-                        seen.append((info.offset, len(data), checksum.extend(0, data)))
-                jobs = list(in_place.values())
-                seen += self._read_pieces(f, [(t, off) for _, t, off in jobs])
+                    if id(item) not in candidates:
+                        seen.append(self._read_dcp(f, rel, item, planner))
+                located, pieces = self._read_in_place(f, wanted)
+                seen += pieces
+                jobs: list[tuple[ReadItem, torch.Tensor, int]] = []
+                for item, target in wanted:
+                    if id(item) in located:
+                        jobs.append((item, target, located[id(item)]))
+                    else:  # not a plain one-storage record: DCP's path
+                        seen.append(self._read_dcp(f, rel, item, planner))
                 if self.verify is not None and not self._check_crc(f, rel, seen):
                     self._check_records(f, rel, [
                         (self.storage_data[i.storage_index], off, _bytes_of(t))
@@ -166,12 +141,11 @@ class DirectReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _plan_file(self, f: BinaryIO, items: list[ReadItem], planner: LoadPlanner
-                   ) -> dict[int, tuple[ReadItem, torch.Tensor, int]]:
-        """The items of one file that can be read in place, by ``id(item)``:
-        ``(item, destination, file offset of its raw bytes)``, in file order; the others
-        take DCP's path. The records' headers are located on the read threads (two small
-        reads each, in parallel: on a cold disk their latency adds up)."""
+    def _in_place_candidates(self, items: list[ReadItem], planner: LoadPlanner
+                             ) -> list[tuple[ReadItem, torch.Tensor]]:
+        """The items of one file (in file order) whose destination can take the record's raw
+        bytes: whole tensors, contiguous CPU destinations of the saved dtype and shape. The
+        others take DCP's path."""
         wanted: list[tuple[ReadItem, torch.Tensor]] = []
         for item in items:
             info = self.storage_data[item.storage_index]
@@ -186,50 +160,61 @@ class DirectReader(FileSystemReader):
                     or target.numel() == 0):
                 continue
             wanted.append((item, target))
-        fd = f.fileno()
+        return wanted
 
-        def locate(job: tuple[ReadItem, torch.Tensor]) -> int | None:
-            item, target = job
-            return _raw_data_offset(fd, self.storage_data[item.storage_index],
-                                    target.numel() * target.element_size())
+    def _read_in_place(self, f: BinaryIO, wanted: list[tuple[ReadItem, torch.Tensor]]
+                       ) -> tuple[dict[int, int], list[tuple[int, int, int]]]:
+        """Read each candidate's raw bytes into its destination, in ~16 MiB pieces.
 
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="tierckpt-read") as pool:
-            offsets = list(pool.map(locate, wanted))
-        return {id(item): (item, target, off)
-                for (item, target), off in zip(wanted, offsets, strict=True) if off is not None}
+        The pieces, in file order, are cut into ``threads`` contiguous runs of about equal
+        bytes, one per thread, each read front to back: every thread is one sequential
+        stream that the kernel's readahead follows (interleaving small pieces across
+        threads defeated it: 0.55× the single-stream rate on a virtual disk), and a device
+        that serves parallel streams faster gets several. A thread locates a record's raw
+        bytes (two small reads of its zip header) just before reading them: the header sits
+        right after the previous record's bytes, inside the readahead window, so only a
+        run's first record costs a seek (locating every record up front cost two cold
+        random reads per record: 15–65 ms per GiB on one stream). preadv and crc32c release
+        the GIL; each piece's CRC32C is taken on its thread while its bytes are hot in cache.
 
-    def _read_pieces(self, f: BinaryIO, jobs: list[tuple[torch.Tensor, int]]
-                     ) -> list[tuple[int, int, int]]:
-        """Read every destination's bytes in ~16 MiB pieces. The pieces, in file order, are
-        cut into ``threads`` contiguous runs of about equal bytes, one per thread,
-        each read front to back: every thread is one sequential stream that the kernel's
-        readahead follows (interleaving small pieces across threads defeated it: 0.55× the
-        single-stream rate on a virtual disk), and a device that serves parallel streams
-        faster gets several. preadv and crc32c release the GIL; each piece's CRC32C is
-        taken on its thread while its bytes are hot in cache. Returns ``(file offset,
-        length, CRC32C)`` per piece, in file order."""
-        pieces: list[tuple[memoryview, int]] = []
-        for target, offset in jobs:
+        Returns the located records (``id(item)`` → file offset of the raw bytes; a record
+        that is not a plain one-storage ``torch.save`` of that size is absent and was not
+        touched) and ``(file offset, length, CRC32C)`` per piece read, in file order."""
+        pieces: list[tuple[int, memoryview, int]] = []  # (candidate, bytes, start in them)
+        for j, (_, target) in enumerate(wanted):
             buf = _bytes_of(target)
-            pieces.extend((buf[i:i + _PIECE], offset + i) for i in range(0, len(buf), _PIECE))
+            pieces.extend((j, buf[i:i + _PIECE], i) for i in range(0, len(buf), _PIECE))
         if not pieces:
-            return []
+            return {}, []
         fd, crc = f.fileno(), self.verify is not None
 
-        def read(piece: tuple[memoryview, int]) -> tuple[int, int, int]:
-            buf, off = piece
-            done = 0
-            while done < len(buf):
-                n = os.preadv(fd, [buf[done:]], off + done)
-                if n <= 0:
-                    raise IntegrityError(f"short read of {f.name} at {off + done}")
-                done += n
-            return off, len(buf), checksum.extend(0, buf) if crc else 0
+        def run(part: list[tuple[int, memoryview, int]]
+                ) -> tuple[dict[int, int | None], list[tuple[int, int, int]]]:
+            where: dict[int, int | None] = {}
+            out = []
+            for j, buf, start in part:
+                if j not in where:
+                    item, target = wanted[j]
+                    where[j] = _raw_data_offset(fd, self.storage_data[item.storage_index],
+                                                target.numel() * target.element_size())
+                base = where[j]
+                if base is None:
+                    continue
+                off, done = base + start, 0
+                while done < len(buf):
+                    n = os.preadv(fd, [buf[done:]], off + done)
+                    if n <= 0:
+                        raise IntegrityError(f"short read of {f.name} at {off + done}")
+                    done += n
+                out.append((off, len(buf), checksum.extend(0, buf) if crc else 0))
+            return where, out
 
-        runs = _runs(pieces, self.threads)
+        runs = _runs(pieces, self.threads, lambda p: len(p[1]))
         with ThreadPoolExecutor(len(runs), thread_name_prefix="tierckpt-read") as pool:
-            done = pool.map(lambda run: [read(p) for p in run], runs)
-            return [crc for run in done for crc in run]
+            results = list(pool.map(run, runs))
+        located = {id(wanted[j][0]): off for where, _ in results
+                   for j, off in where.items() if off is not None}
+        return located, [c for _, out in results for c in out]
 
     def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, int, int]]) -> bool:
         """CRC32C of file ``rel`` from the ranges that were read (``(offset, length, their
@@ -291,26 +276,29 @@ class DirectReader(FileSystemReader):
                                      f"{checksum.to_hex(chunk.crc32c)} (found while reading)")
             self.verified_records += 1
 
-    def _read_dcp(self, f: BinaryIO, rel: str, item: ReadItem, info: _StorageInfo,
-                  planner: LoadPlanner) -> bytes:
-        """DCP's own per-item path (``torch.load`` then copy into the target); returns the
-        item's bytes as read. With a per-record CRC32C they are checked before use."""
+    def _read_dcp(self, f: BinaryIO, rel: str, item: ReadItem, planner: LoadPlanner
+                  ) -> tuple[int, int, int]:
+        """DCP's own per-item path (``torch.load`` then copy into the target); returns
+        ``(file offset, length, CRC32C)`` of the item's bytes as read. With a per-record
+        CRC32C they are checked before use."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
 
+        info = self.storage_data[item.storage_index]
         data = os.pread(f.fileno(), info.length, info.offset)
         if len(data) != info.length:
             raise IntegrityError(f"short read of {f.name}: {len(data)} of {info.length} bytes "
                                  f"at {info.offset}")
+        crc = checksum.extend(0, data)
         chunk = self._record_chunk(rel, info)
         if chunk is not None:
-            if checksum.extend(0, data) != chunk.crc32c:
+            if crc != chunk.crc32c:
                 raise IntegrityError(f"{rel}: record {info.offset}+{info.length} "
                                      f"({item.storage_index.fqn}) does not match its CRC32C "
                                      "in the manifest (found while reading)")
             self.verified_records += 1
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data))
-            return data
+            return info.offset, len(data), crc
         tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
@@ -319,20 +307,20 @@ class DirectReader(FileSystemReader):
                              f"{tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(item, target)
-        return data
+        return info.offset, len(data), crc
 
 
-def _runs(pieces: list[tuple[memoryview, int]], k: int) -> list[list[tuple[memoryview, int]]]:
+def _runs(pieces: list[P], k: int, size: Callable[[P], int]) -> list[list[P]]:
     """``pieces`` (in file order) cut into at most ``k`` contiguous runs of about equal
-    bytes, none empty."""
-    total = sum(len(buf) for buf, _ in pieces)
-    runs: list[list[tuple[memoryview, int]]] = [[]]
+    ``size``, none empty."""
+    total = sum(size(p) for p in pieces)
+    runs: list[list[P]] = [[]]
     acc = 0
     for piece in pieces:
         if runs[-1] and acc >= total * len(runs) / k and len(runs) < k:
             runs.append([])
         runs[-1].append(piece)
-        acc += len(piece[0])
+        acc += size(piece)
     return runs
 
 
