@@ -27,18 +27,20 @@ and the parameters + AdamW state of the model in ``blocking``. Three sections:
   tierckpt overlap: the wait inside its step pre-hook, timed between two hooks of ours
   around it); ``lost`` = the synchronized iteration's time minus that of an iteration
   without a save run just before it (what the save cost the step, contention included).
-- ``fsdp_resume``: ``bench/gpu_job.py`` under torchrun, world 1 (NCCL allows one rank per
-  GPU): FSDP2, tierckpt saving every few steps on its own gloo group; one run SIGKILLs
-  itself after a committed save and is restarted by torchrun, restores and runs on; its
-  losses are compared with an uninterrupted run launched at the same time. CPU: bit for
-  bit. CUDA: within ``CUDA_RESUME_RTOL`` (relative), with deterministic algorithms on; the
-  largest difference and whether the losses were bit-identical anyway are reported.
+- ``fsdp_resume`` (``bench/gpu_resume.py``): ``bench/gpu_job.py`` under torchrun, world 1
+  (NCCL allows one rank per GPU): FSDP2, tierckpt saving every few steps on its own gloo
+  group; one run SIGKILLs itself after a committed save and is restarted by torchrun,
+  restores and runs on; its losses are compared with an uninterrupted run launched at the
+  same time. CPU: bit for bit. CUDA: within ``gpu_resume.CUDA_RESUME_RTOL`` (relative), with
+  deterministic algorithms on; the largest difference and whether the losses were
+  bit-identical anyway are reported.
 
 ``--device cpu`` runs all three with CPU stand-ins (CPU tensors, no pinning, gloo, no CUDA
 stream); ``cpu_mode`` in the JSON lists each replacement, and the table marks those rows.
 
-Output, rewritten after every section (a run cut short keeps what it measured):
-``<out>/<stamp>-gpu.json`` (schema ``SCHEMA``) and ``<stamp>-gpu.md``::
+Output, rewritten after every section (a run cut short keeps what it measured) by
+``bench/gpu_report.py``: ``<out>/<stamp>-gpu.json`` (schema ``SCHEMA``) and
+``<stamp>-gpu.md``::
 
     schema, started, finished, wall_seconds, errors[]
     config   {device, mib, state_bytes, repeats, sections, target_dir}
@@ -67,12 +69,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -90,22 +90,18 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 import tierckpt
+from bench.gpu_report import render_markdown, write_results
+from bench.gpu_resume import measure_fsdp_resume
 from bench.machine import machine_facts
 from bench.measure import Measurement, best_of
-from tierckpt.drill.verdicts import continuity
 from tierckpt.save.staging import HostStager
 
 SCHEMA = "tierckpt-bench-gpu/1"
 SECTIONS = ("d2h", "blocking", "fsdp_resume")
 D2H_TARGET = 0.8
 """HostStager's staging rate over a single pinned cudaMemcpy of the same bytes."""
-CUDA_RESUME_RTOL = 1e-5
-"""Relative loss tolerance of the CUDA resume: kernels are not bit-reproducible in general,
-but with deterministic algorithms on one GPU a correct restore stays far inside it (a wrong
-or torn state moves the loss by 1e-3 or more). Tighter than the drills' ``GPU_RTOL``."""
 LAYERS = 4
 _REPO = Path(__file__).resolve().parent.parent
-_JOB = {"steps": 10, "save_every": 3, "kill_at": 6}  # saves after 2, 5, 8; resume from 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -477,89 +473,6 @@ def _compare(variants: dict[str, Any]) -> None:
         v["vs_best_dcp"] = s / min(dcp_s.values()) if dcp_s and min(dcp_s.values()) else None
 
 
-# --- fsdp_resume -------------------------------------------------------------------------------
-
-@dataclass
-class _Job:
-    """One torchrun launch of ``bench.gpu_job`` writing into ``run``."""
-
-    proc: subprocess.Popen[bytes]
-    run: Path
-
-    @classmethod
-    def launch(cls, cfg: GpuConfig, run: Path, *, kill: bool) -> _Job:
-        run.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=1", f"--max-restarts={1 if kill else 0}",
-               "--monitor-interval=0.2", "-m", "bench.gpu_job", "--device", cfg.device,
-               "--tier1", str(run / "tier1"), "--losses", str(run / "losses.jsonl"),
-               "--meta", str(run / "meta.jsonl"), "--steps", str(_JOB["steps"]),
-               "--save-every", str(_JOB["save_every"])]
-        if kill:
-            cmd += ["--kill-at", str(_JOB["kill_at"])]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-        env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(
-            filter(None, [str(_REPO), os.environ.get("PYTHONPATH")])))
-        if not cfg.cuda:
-            env["OMP_NUM_THREADS"] = "1"  # two CPU jobs share the cores
-        with open(run / "torchrun.log", "wb") as log:  # the child keeps its own descriptor
-            proc = subprocess.Popen(cmd, cwd=_REPO, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        return cls(proc, run)
-
-    def kill(self) -> None:
-        """SIGKILL the launch's session (torchrun and its worker); a no-op once it ended."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def rows(self, timeout: float) -> list[dict[str, Any]]:
-        """Wait for the job; its loss rows. RuntimeError with the log's tail if it failed."""
-        try:
-            rc: int | None = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            rc = None
-        if rc != 0:
-            tail = (self.run / "torchrun.log").read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"{self.run.name}: torchrun exited {rc} (None: timed out "
-                               f"after {timeout:.0f} s)\n{tail}")
-        return _jsonl(self.run / "losses.jsonl")
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def measure_fsdp_resume(cfg: GpuConfig, work: Path) -> dict[str, Any]:
-    """Killed-and-resumed FSDP2 run against an uninterrupted one, launched together."""
-    start = time.perf_counter()
-    ref_dir, run_dir = work / "fsdp-reference", work / "fsdp-killed"
-    jobs = [_Job.launch(cfg, ref_dir, kill=False), _Job.launch(cfg, run_dir, kill=True)]
-    try:
-        ref, rows = jobs[0].rows(300), jobs[1].rows(300)
-    finally:
-        for job in jobs:  # after a failure of the first, do not leave the second running
-            job.kill()
-    meta = _jsonl(run_dir / "meta.jsonl")
-    restored = next((m["restored_step"] for m in meta if m["restored_step"] is not None), None)
-    rtol = CUDA_RESUME_RTOL if cfg.cuda else 0.0
-    verdict = continuity(ref, rows, rtol=rtol, resumed_from=restored)
-    by_step = {r["step"]: r for r in ref}
-    rel = [abs(r["loss"] - by_step[r["step"]]["loss"]) / abs(by_step[r["step"]]["loss"])
-           for r in rows if r["step"] in by_step and by_step[r["step"]]["loss"]]
-    return {"ok": verdict.ok, "bit_identical": all(
-                r["loss_hex"] == by_step[r["step"]]["loss_hex"] for r in rows
-                if r["step"] in by_step),
-            "tolerance": {"mode": verdict.mode, "rtol": rtol}, "compared": verdict.compared,
-            "resumed_rows": verdict.resumed_rows, "restored_step": restored,
-            "killed_after": _JOB["kill_at"], "steps": _JOB["steps"],
-            "save_every": _JOB["save_every"], "max_abs_diff": verdict.max_abs_diff,
-            "max_rel_diff": max(rel, default=0.0), "mismatches": verdict.mismatches,
-            "missing": verdict.missing, "meta": meta, "seconds": time.perf_counter() - start}
-
-
 # --- the run -----------------------------------------------------------------------------------
 
 CPU_STAND_INS = {
@@ -609,7 +522,7 @@ def run(cfg: GpuConfig) -> dict[str, Any]:
     measure: dict[str, Callable[[], dict[str, Any]]] = {
         "d2h": lambda: measure_d2h(cfg, device),
         "blocking": lambda: measure_blocking(cfg, device, work),
-        "fsdp_resume": lambda: measure_fsdp_resume(cfg, work),
+        "fsdp_resume": lambda: measure_fsdp_resume(cfg.device, work),
     }
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -638,111 +551,6 @@ def run(cfg: GpuConfig) -> dict[str, Any]:
 
 def _say(msg: str) -> None:
     print(f"[bench.gpu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def write_results(r: dict[str, Any], out_dir: Path, stamp: str) -> tuple[Path, Path]:
-    """``<stamp>-gpu.json`` and ``<stamp>-gpu.md`` in ``out_dir``; both paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    j, m = out_dir / f"{stamp}-gpu.json", out_dir / f"{stamp}-gpu.md"
-    j.write_text(json.dumps(r, indent=2) + "\n")
-    m.write_text(render_markdown(r))
-    return j, m
-
-
-# --- the table ---------------------------------------------------------------------------------
-
-def _g(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None else f"{x:.{digits}g}"
-
-
-def render_markdown(r: dict[str, Any]) -> str:
-    """The results dict as Markdown; reads nothing else, so old results re-render."""
-    cuda = r["config"]["device"] == "cuda"
-    where = "cuda" if cuda else "CPU stand-in"
-    d = r["device"]
-    lines = [f"# GPU bench ({r['started']}, --device {r['config']['device']}, "
-             f"{r['config']['mib']} MiB)", ""]
-    if cuda:
-        lines += [f"{d.get('name')} (sm {d.get('capability')}, {d.get('count')} visible), "
-                  f"torch {d['torch']} (CUDA {d['torch_cuda']}, NCCL {d.get('nccl')}), "
-                  f"{d['cores']} cores.", ""]
-    else:
-        lines += ["**CPU mode: every number below is a CPU stand-in** (column *measured on*); "
-                  "the CUDA calls were replaced:", ""]
-        lines += [f"- `{k}`: {v}" for k, v in (r.get("cpu_mode") or {}).items()]
-        lines += ["", f"torch {d['torch']}, {d['cores']} cores ({d['cpu_model']}).", ""]
-    lines += ["| section | measurement | seconds | GB/s | vs | measured on |",
-              "|---|---|---|---|---|---|"]
-    sec = r["sections"]
-    lines += _d2h_rows(sec.get("d2h"), where)
-    lines += _blocking_rows(sec.get("blocking"), where)
-    lines += _resume_rows(sec.get("fsdp_resume"), where)
-    if r["errors"]:
-        lines += ["", "Errors: " + "; ".join(e["section"] for e in r["errors"])
-                  + " (tracebacks in the JSON)."]
-    return "\n".join([*lines, ""])
-
-
-def _d2h_rows(s: dict[str, Any] | None, where: str) -> list[str]:
-    if not s:
-        return []
-    if "error" in s:
-        return [f"| d2h | failed: {s['error']} | | | | {where} |"]
-    met = {True: "met", False: "**missed**", None: "target n/a on CPU"}[s["met"]]
-    p, st, ob, ol = s["plain"], s["stage_sync"], s["overlap_blocked"], s["overlap_landed"]
-    rows = [f"| d2h | plain copy, {s['bytes'] / 2**20:.0f} MiB in one tensor | "
-            f"{_g(p['seconds'])} | {_g(p['gbps'])} | ceiling | {where} |",
-            f"| d2h | HostStager.stage, {s['tensors']} tensors | {_g(st['seconds'])} | "
-            f"{_g(st['gbps'])} | {_g(s['ratio'], 2)}× of plain (target ≥ {s['target']}: "
-            f"{met}) | {where} |",
-            f"| d2h | stage(defer=all): blocked | {_g(ob['seconds'])} | | | {where} |",
-            f"| d2h | stage(defer=all): ready | {_g(ol['seconds'])} | {_g(ol['gbps'])} | "
-            f"{_g(p['seconds'] / ol['seconds'] if ol['seconds'] else None, 2)}× of plain | "
-            f"{where} |"]
-    o = s["ordered"]
-    checks = (f"host copy holds writes queued just before stage(): sync {o['sync']}, overlap "
-              f"{o['overlap']}; no allocation after the first: {s['allocations_steady']}; "
-              f"process CPU/wall while overlapped: {_g(min(s['overlap_cpu_per_wall']), 2)}")
-    if s.get("pinned_reserved_bytes"):
-        checks += f"; pinned reserved {s['pinned_reserved_bytes'] / s['bytes']:.2f}× the bytes"
-    return [*rows, f"| d2h | {checks} | | | | {where} |"]
-
-
-def _blocking_rows(s: dict[str, Any] | None, where: str) -> list[str]:
-    if not s:
-        return []
-    if "error" in s:
-        return [f"| blocking | failed: {s['error']} | | | | {where} |"]
-    m = s["model"]
-    rows = [f"| blocking | step without a save ({m['params'] / 1e6:.1f} M params, "
-            f"{s['bytes'] / 2**20:.0f} MiB state, batch {m['batch']}) | "
-            f"{_g(s['step_seconds']['seconds'])} | | | {where} |"]
-    for v in s["variants"].values():
-        if "error" in v:
-            rows.append(f"| blocking | {v['note']}: failed: {v['error']} | | | | {where} |")
-            continue
-        b = v["blocked"]
-        vs = f"{_g(v['vs_dcp_default'], 2)}× DCP default, {_g(v['vs_best_dcp'], 2)}× best DCP"
-        rows.append(f"| blocking | C: {v['note']} (call {_g(v['best_call'])} + wait "
-                    f"{_g(v['best_wait'])}; step lost {_g(v['best_lost'])} s) | "
-                    f"{_g(b['seconds'])} | {_g(b['gbps'])} | {vs} | {where} |")
-    return rows
-
-
-def _resume_rows(s: dict[str, Any] | None, where: str) -> list[str]:
-    if not s:
-        return []
-    if "error" in s:
-        return [f"| fsdp_resume | failed: {s['error'].splitlines()[0]} | | | | {where} |"]
-    meta = s["meta"][0] if s["meta"] else {}
-    tol = "bit for bit" if s["tolerance"]["mode"] == "exact" else \
-        f"rtol {s['tolerance']['rtol']:g}"
-    verdict = "**ok**" if s["ok"] else "**FAILED**"
-    return [f"| fsdp_resume | killed after step {s['killed_after']}, resumed from "
-            f"{s['restored_step']}: {s['compared']} losses vs reference ({tol}): {verdict}; "
-            f"bit-identical: {s['bit_identical']}; max diff {s['max_abs_diff']:.3g} abs, "
-            f"{s['max_rel_diff']:.3g} rel; {meta.get('backend')} + checkpoint group "
-            f"{meta.get('checkpoint_backend')} | {_g(s['seconds'])} | | | {where} |"]
 
 
 # --- CLI ---------------------------------------------------------------------------------------

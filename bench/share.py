@@ -29,14 +29,12 @@ credentials and endpoint from the environment) or a SeaweedFS started on loopbac
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from typing import Any
 
 import torch
 
+from bench._cli import run_section
 from bench.limits import write_limits
 from bench.measure import best_of
 from bench.pagecache import files_under, resident_fraction
@@ -348,21 +347,10 @@ def markdown(s: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.share``: run the section alone; print its table and JSON."""
-    ap = argparse.ArgumentParser(prog="python -m bench.share", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mib", type=int, default=1024, help="checkpoint size in MiB")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--target", type=Path, default=REPO / "bench" / "out",
-                    help="directory on the filesystem under test (removed afterwards)")
-    a = ap.parse_args(argv)
-    if a.mib < 3 or a.repeats < 1:
-        ap.error("--mib must be ≥ 3 and --repeats ≥ 1")
-    a.target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=a.target, prefix="share-") as work:
-        section = measure_share(Path(work), a.mib * MiB, repeats=a.repeats)
-    print("\n".join(markdown(section)))
-    print(json.dumps(section, indent=1))
-    return 0
+    return run_section(
+        argv, name="share", doc=__doc__, mib_help="checkpoint size in MiB", markdown=markdown,
+        min_mib=3,  # the model is a third of the checkpoint: at least 1 MiB
+        measure=lambda a, work: measure_share(work, a.mib * MiB, repeats=a.repeats))
 
 
 if __name__ == "__main__":

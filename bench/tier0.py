@@ -44,9 +44,7 @@ measured here. Rates are decimal GB/s; ratios are GB/s ÷ the limit's GB/s.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -59,6 +57,7 @@ from typing import Any
 
 import torch
 
+from bench._cli import run_section
 from bench.limits import measure_limits
 from bench.measure import best_of
 from bench.pagecache import evict, files_under
@@ -438,21 +437,10 @@ def markdown(s: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.tier0``: run the section alone; print its table and JSON."""
-    ap = argparse.ArgumentParser(prog="python -m bench.tier0", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mib", type=int, default=1024, help="state size in MiB")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--target", type=Path, default=REPO / "bench" / "out",
-                    help="directory on the tier-1 filesystem under test (removed afterwards)")
-    a = ap.parse_args(argv)
-    if a.mib < 1 or a.repeats < 1:
-        ap.error("--mib and --repeats must be ≥ 1")
-    a.target.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=a.target, prefix="tier0-") as work:
-        section = measure_tier0(Path(work), a.mib * MiB, repeats=a.repeats)
-    print("\n".join(markdown(section)))
-    print(json.dumps(section, indent=1))
-    return 0
+    return run_section(
+        argv, name="tier0", doc=__doc__, mib_help="state size in MiB", markdown=markdown,
+        target_help="directory on the tier-1 filesystem under test (removed afterwards)",
+        measure=lambda a, work: measure_tier0(work, a.mib * MiB, repeats=a.repeats))
 
 
 if __name__ == "__main__":

@@ -34,15 +34,12 @@ prefix is removed afterwards. ``bench.share`` and ``bench.tier0`` use the same
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import importlib
-import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,6 +50,7 @@ from typing import Any
 
 import torch
 
+from bench._cli import SectionArgs, run_section
 from bench.config import BenchConfig, make_config
 from bench.measure import best_of
 from bench.state import StateModule, build_state, make_specs
@@ -68,7 +66,6 @@ from tierckpt.tier2.storage.s3client import make_client
 from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploaderProcess, UploadResult
 
 ENDPOINT_ENV = "TIERCKPT_BENCH_S3_URL"
-REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 STEP = 1
 FETCH_PARALLEL = 4
@@ -426,26 +423,19 @@ def markdown(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.transfer``: run the section alone; print its table and JSON."""
-    ap = argparse.ArgumentParser(prog="python -m bench.transfer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mib", type=int, default=1024, help="state size in MiB")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--target", type=Path, default=REPO / "bench" / "out",
-                    help="directory on the filesystem under test (removed afterwards)")
-    a = ap.parse_args(argv)
-    if a.mib < 1 or a.repeats < 1:
-        ap.error("--mib and --repeats must be ≥ 1")
-    a.target.mkdir(parents=True, exist_ok=True)
+def _alone(a: SectionArgs, work: Path) -> dict[str, Any]:
+    """The section as ``python -m bench.transfer`` measures it: the full bench's settings at
+    world 1, never quick, with the command line's size and repeats."""
     cfg = dataclasses.replace(
         make_config(size=f"{a.mib}MiB", quick=False, world="1", out=a.target, target=a.target),
         repeats=a.repeats)
-    with tempfile.TemporaryDirectory(dir=a.target, prefix="transfer-") as work:
-        section = measure_transfer(cfg, Path(work))
-    print("\n".join(markdown(section)))
-    print(json.dumps(section, indent=1))
-    return 0
+    return measure_transfer(cfg, work)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.transfer``: run the section alone; print its table and JSON."""
+    return run_section(argv, name="transfer", doc=__doc__, mib_help="state size in MiB",
+                       measure=_alone, markdown=markdown)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench import gpu
+from bench import gpu, gpu_report, gpu_resume
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "gpu.sh"
@@ -119,8 +119,9 @@ def test_cuda_rendering(cpu_run: Run) -> None:
                        nccl="2.27.7")
     d2h = r["sections"]["d2h"]
     d2h.update(met=False, pinned_reserved_bytes=2 * d2h["bytes"])
-    r["sections"]["fsdp_resume"]["tolerance"] = {"mode": "rtol", "rtol": gpu.CUDA_RESUME_RTOL}
-    md = gpu.render_markdown(r)
+    r["sections"]["fsdp_resume"]["tolerance"] = {"mode": "rtol",
+                                                 "rtol": gpu_resume.CUDA_RESUME_RTOL}
+    md = gpu_report.render_markdown(r)
     assert "NVIDIA H200" in md and "CPU stand-in" not in md
     assert "**missed**" in md and "pinned reserved 2.00×" in md and "rtol 1e-05" in md
     assert all(row.endswith("| cuda |") for row in md.splitlines()[5:] if row.startswith("| "))

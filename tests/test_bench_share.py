@@ -11,6 +11,7 @@ import pytest
 from s3server import S3Env
 
 from bench.share import main, markdown, measure_share
+from tests._bench_tier2 import server_env
 
 MiB = 1 << 20
 TIMED = ("load", "boto3_ranges", "boto3_coalesced", "boto3_whole", "export", "write_limit")
@@ -18,14 +19,8 @@ TIMED = ("load", "boto3_ranges", "boto3_coalesced", "boto3_whole", "export", "wr
 
 @pytest.fixture(scope="module")
 def section(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    env = pytest.MonkeyPatch()
-    try:
-        for k, v in s3_server.env().items():
-            env.setenv(k, v)
-        work = tmp_path_factory.mktemp("share")
-        return measure_share(work, 8 * MiB, url=f"s3://{s3_server.bucket}/t-share", repeats=1)
-    finally:
-        env.undo()
+    with server_env(s3_server, "t-share") as url:
+        return measure_share(tmp_path_factory.mktemp("share"), 8 * MiB, url=url, repeats=1)
 
 
 def test_section_fields_and_ratios(section: dict[str, Any], s3_server: Any) -> None:

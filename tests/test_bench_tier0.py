@@ -12,6 +12,7 @@ import pytest
 from s3server import S3Env
 
 from bench.tier0 import SHM, SHM_PREFIX, main, markdown, measure_tier0
+from tests._bench_tier2 import server_env
 
 MiB = 1 << 20
 PREFIX = "t-tier0"
@@ -23,15 +24,9 @@ def _ours() -> set[str]:
 
 @pytest.fixture(scope="module")
 def section(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    env = pytest.MonkeyPatch()
     before = _ours()
-    try:
-        for k, v in s3_server.env().items():
-            env.setenv(k, v)
-        work = tmp_path_factory.mktemp("tier0")
-        out = measure_tier0(work, 8 * MiB, url=f"s3://{s3_server.bucket}/{PREFIX}", repeats=1)
-    finally:
-        env.undo()
+    with server_env(s3_server, PREFIX) as url:
+        out = measure_tier0(tmp_path_factory.mktemp("tier0"), 8 * MiB, url=url, repeats=1)
     out["_shm_new"] = sorted(_ours() - before)
     return out
 

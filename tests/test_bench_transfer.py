@@ -15,6 +15,7 @@ from bench.config import BenchConfig
 from bench.report import render_markdown
 from bench.targets import evaluate
 from bench.transfer import STEP, main, markdown, measure_transfer
+from tests._bench_tier2 import server_env
 from tierckpt.format import layout
 from tierckpt.tier1.catalog import Tier1Catalog
 
@@ -30,15 +31,9 @@ def _cfg(tmp: Path, mib: int, *, quick: bool = False) -> BenchConfig:
 
 @pytest.fixture(scope="module")
 def section(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
-    env = pytest.MonkeyPatch()
-    try:
-        for k, v in s3_server.env().items():
-            env.setenv(k, v)
+    with server_env(s3_server, PREFIX) as url:
         work = tmp_path_factory.mktemp("transfer")
-        return measure_transfer(_cfg(work, 16), work / "section",
-                                endpoint=f"s3://{s3_server.bucket}/{PREFIX}")
-    finally:
-        env.undo()
+        return measure_transfer(_cfg(work, 16), work / "section", endpoint=url)
 
 
 def test_transfers_move_the_checkpoint_bytes(section: dict[str, Any]) -> None:
