@@ -75,3 +75,29 @@ def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path) -
     out = {k: torch.empty_like(v) for k, v in src.items()}
     dcp.load(out, storage_reader=dcp.FileSystemReader(str(tmp_path)), no_dist=True)
     assert all(torch.equal(out[k], src[k]) for k in src)
+
+
+def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path) -> None:
+    """With zero_copy the I/O buffers are 2 × ZERO_COPY_BUFFER: 6 MiB of sub-MiB records
+    after two zero-copy ones fill and reuse them many times; every byte and CRC32C holds."""
+    from tierckpt.save.directio import ZERO_COPY_BUFFER, ZERO_COPY_MIN
+    from tierckpt.save.staging import HostStager
+
+    stager = HostStager(copy_threads=1)
+    src = {"big0": torch.randn(3 << 18), "big1": torch.randn(1 << 18)}
+    src.update({f"s{i}": torch.randn(50_000 + 777 * i) for i in range(30)})  # ~200 KiB each
+    assert all(v.numel() * 4 < ZERO_COPY_MIN for k, v in src.items() if k[0] == "s")
+    staged = stager.stage(src).tree
+    stager.close()
+    w = ShardWriter(tmp_path, fsync=False, direct_io=True)
+    dcp.save(staged, storage_writer=w, no_dist=True)
+    (entry,) = w.files
+    small = sum(v.numel() * 4 for k, v in src.items() if k[0] == "s")
+    assert small > 4 * ZERO_COPY_BUFFER and w.zero_copied >= 4 << 20
+    data = (tmp_path / entry.name).read_bytes()
+    assert entry.size == len(data) and entry.crc32c == checksum.extend(0, data)
+    for c in entry.chunks:
+        assert checksum.extend(0, data[c.offset:c.offset + c.length]) == c.crc32c
+    out = {k: torch.empty_like(v) for k, v in src.items()}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(str(tmp_path)), no_dist=True)
+    assert all(torch.equal(out[k], src[k]) for k in src)
