@@ -74,3 +74,40 @@ def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> Non
     assert decided[-1]["inputs"]["mtbf_source"] == "given" and decided[-1]["M_s"] > 0
     gaps = [b["step"] - a["step"] for a, b in itertools.pairwise(decided)]
     assert max(gaps[-3:]) > max(gaps[1:4])  # the steps between saves grew with τ
+
+
+def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Path) -> None:
+    # staging='overlap' makes C tiny; the cost moves into steps that run slower while the
+    # save writes in the background. Here a step takes 10 ms, 40 ms while a save is in
+    # flight (the loop asks the handle): the save_cost events must carry that slowdown, and
+    # the interval decision must plan with it instead of C alone.
+    torch.manual_seed(0)
+    model = nn.Linear(1024, 2048)  # 8 MiB: each save writes (and fsyncs) for a few steps
+    st = tierckpt.TrainState(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0))
+    auto = tierckpt.AutoInterval(node_mtbf=2.0, min_interval=0, calibration_steps=5)
+    with tierckpt.CheckpointManager(tier1=tmp_path, interval=auto, keep_last=2) as ck:
+        handle = None
+        saves = step = busy_steps = 0
+        while saves < 6:
+            busy = handle is not None and not handle.done()
+            busy_steps += busy
+            time.sleep(0.04 if busy else 0.01)
+            if ck.should_save(step):
+                handle = ck.save(step, st)
+                saves += 1
+            step += 1
+        ck.wait()
+        for _ in range(3):  # the last save's window closes at the next step mark
+            ck.should_save(step)
+            step += 1
+    recs = events.read_events(tmp_path / layout.EVENTS)
+    staged = {e["step"]: e["seconds"] for e in recs if e["event"] == events.SAVE_STAGED}
+    costs = [e for e in recs if e["event"] == events.SAVE_COST]
+    assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
+    assert all(c["steps"] >= 1 and c["step_s"] < 0.03 for c in costs), costs
+    # what the meter saw: the blocked time plus (most of) the 30 ms each busy step lost
+    lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
+    assert lost > 0.5 * 0.03 * busy_steps, (lost, busy_steps, costs)
+    decided = [e for e in recs if e["event"] == events.INTERVAL_DECIDED]
+    assert "with the slower steps" in decided[-1]["inputs"]["C_source"]
+    assert decided[-1]["inputs"]["C"] >= sorted(staged.values())[len(staged) // 2]

@@ -184,7 +184,7 @@ class CheckpointManager:
                                 staged_at=staged_at, to_tier1=to_tier1,
                                 ready=staged.ready), handle)
         if self._cadence is not None:
-            self._cadence.saved(step)
+            self._cadence.saved(step, t0)
         return handle
 
     def wait_for_staging(self) -> None:
@@ -201,7 +201,8 @@ class CheckpointManager:
             raise ConfigError("should_save() needs CheckpointManager(interval=...): "
                               "tierckpt.Every(steps=500), Every(seconds=600) or "
                               "tierckpt.AutoInterval(node_mtbf='30d')")
-        return self._cadence.should_save(step)
+        h = self._inflight.handle
+        return self._cadence.should_save(step, busy=h is not None and not h.done())
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until the in-flight save (if any) is committed; raise its error."""

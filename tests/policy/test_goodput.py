@@ -65,3 +65,14 @@ def test_other_processes_are_not_incarnations() -> None:
     assert g.seconds["restart"] == pytest.approx(60 - 33.0)
     assert g.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
     assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+
+
+def test_slower_steps_while_saving_are_their_own_category() -> None:
+    # save_cost 2.5 s for step 9 (C 0.5 s): 2 s of steps ran slower while it wrote; the
+    # prediction uses the whole cost per save
+    recs = [*_run(), _ev(21.0, "save_cost", 1, step=9, seconds=2.5)]
+    base, g = goodput.account(_run()), goodput.account(recs)
+    assert g.seconds["slowed"] == 2.0 and base.seconds["slowed"] == 0.0
+    assert g.seconds["productive"] == pytest.approx(base.seconds["productive"] - 2.0)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+    assert g.C_s == 0.5 and base.C_s == 0.5  # median of 2.5, 0.5, 0.5

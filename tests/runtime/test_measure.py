@@ -34,6 +34,16 @@ def test_blocking_is_median_over_steps_of_the_slowest_rank(tmp_path: Path) -> No
     assert m.W is None and m.R is None
 
 
+def test_blocking_takes_the_whole_cost_where_the_steps_measured_it(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    _log(path, 0, [(ev.SAVE_STAGED, s, {"seconds": 0.01, "bytes": 1}) for s in (1, 2, 3)]
+         + [(ev.SAVE_COST, s, {"seconds": 0.4, "window_s": 1.0, "steps": 5, "step_s": 0.12})
+            for s in (1, 2)])
+    m = measure.from_event_log(path)
+    assert m.C is not None and m.C.seconds == 0.4  # 0.4, 0.4, 0.01
+    assert "2 with the slower steps" in m.C.source
+
+
 def test_write_time_is_median_of_committed_write_seconds(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     _log(path, 0, [(ev.SAVE_COMMITTED, s, {"seconds": 40.0, "bytes": 1, "write_seconds": w})

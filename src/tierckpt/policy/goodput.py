@@ -10,6 +10,8 @@ The run is cut into incarnations (one per rank-0 process, in start order). For e
   restore, warm-up;
 - **blocked**: ``save_staged`` seconds (C), and **overlap**: ``overlap`` seconds (a save
   waiting for the previous one);
+- **slowed**: steps that ran slower while a save copied and wrote in the background
+  (``save_cost`` seconds above that save's C, :mod:`tierckpt.runtime.save_cost`);
 - **lost work**: the steps an incarnation computed beyond the step the next one resumed
   from (``restore_done``), at that incarnation's measured seconds per step;
 - **productive**: the rest of its training time.
@@ -27,10 +29,10 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tierckpt.policy import plan
+from tierckpt.policy import costs, plan
 
-CATEGORIES = ("productive", "blocked", "overlap", "lost_work", "restart", "startup",
-              "unaccounted")
+CATEGORIES = ("productive", "blocked", "slowed", "overlap", "lost_work", "restart",
+              "startup", "unaccounted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,9 +139,13 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
     staged = [r for r in recs if r.get("event") == "save_staged" and r.get("rank", 0) == 0]
     for r in staged:
         sec["blocked"] += _num(r.get("seconds")) or 0.0
+    blocked_at = {r.get("step"): _num(r.get("seconds")) or 0.0 for r in staged}
     for r in recs:
         if r.get("event") == "overlap" and r.get("rank", 0) == 0:
             sec["overlap"] += _num(r.get("seconds")) or 0.0
+        elif r.get("event") == "save_cost" and r.get("rank", 0) == 0 \
+                and r.get("step") in blocked_at:
+            sec["slowed"] += max(0.0, (_num(r.get("seconds")) or 0.0) - blocked_at[r["step"]])
     dead_prev = None
     for k, inc in enumerate(incs):
         begin = inc.first_step_t if inc.first_step_t is not None else inc.end
@@ -159,7 +165,7 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
         if done and nxt is not None and nxt.resumed_from is not None \
                 and inc.last_step is not None:
             sec["lost_work"] += max(0, inc.last_step - nxt.resumed_from) * span / done
-    sec["productive"] -= sec["blocked"] + sec["overlap"] + sec["lost_work"]
+    sec["productive"] -= sec["blocked"] + sec["slowed"] + sec["overlap"] + sec["lost_work"]
     wall = t1 - t0
     sec["unaccounted"] = wall - sum(v for k, v in sec.items() if k != "unaccounted")
     failures = len(incs) - 1
@@ -167,7 +173,8 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
     save_ts = sorted(float(r["t"]) for r in staged)
     tau = statistics.median([b - a for a, b in itertools.pairwise(save_ts)]) \
         if len(save_ts) > 1 else None
-    C = statistics.median([_num(r.get("seconds")) or 0.0 for r in staged]) if staged else None
+    per_save = [c for c, _ in costs.per_save(recs).values()]  # C + slower steps, if measured
+    C = statistics.median(per_save) if per_save else None
     R = sec["restart"] / failures if failures else None
     M = (node_mtbf_s / nodes) if node_mtbf_s else (wall / failures if failures else None)
     predicted = None

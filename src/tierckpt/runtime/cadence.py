@@ -1,6 +1,7 @@
 """When the job saves under ``CheckpointManager(interval=...)``: the schedule of
-:mod:`tierckpt.policy.interval`, the step timing it needs, and the collective hand-off that
-keeps every rank's answer the same."""
+:mod:`tierckpt.policy.interval`, the step timing it needs (and the whole cost of each save,
+:mod:`tierckpt.runtime.save_cost`), and the collective hand-off that keeps every rank's
+answer the same."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from tierckpt.policy import interval
 from tierckpt.policy.interval import AutoInterval, Every, Policy, Schedule
 from tierckpt.runtime import events, interval_inputs
+from tierckpt.runtime.save_cost import SaveCostMeter
 from tierckpt.runtime.topology import Comm
 
 
@@ -25,12 +27,15 @@ class Cadence:
         self.comm, self.log, self.events_path = comm, log, events_path
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the last save
         self._marks = events.ProgressMarks(log) if comm.rank == 0 else None
+        self.meter = SaveCostMeter(log)
 
     @property
     def policy(self) -> Policy:
         return self.schedule.policy
 
-    def should_save(self, step: int) -> bool:
+    def should_save(self, step: int, busy: bool = False) -> bool:
+        """``busy``: a save is still in flight (its window of slower steps is open)."""
+        self.meter.mark(busy)
         if self._marks is not None:
             self._marks.step(step)
         if self._last is None:  # the first step this incarnation trains
@@ -38,7 +43,9 @@ class Cadence:
             self._last = (step - 1, time.monotonic())
         return self.schedule.should_save(step)
 
-    def saved(self, step: int) -> None:
+    def saved(self, step: int, started: float) -> None:
+        """``save(step)``, entered at ``started`` (monotonic seconds), is returning."""
+        self.meter.saving(step, started)
         if isinstance(self.policy, Every) and self.policy.steps is not None:
             return
         now = time.monotonic()

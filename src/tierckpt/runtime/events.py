@@ -14,6 +14,8 @@ save_committed      seconds (save() entry → COMPLETE), bytes (all ranks), writ
                     tier (tier1, or tier0 for a save kept in RAM only)
 save_failed         error
 overlap             seconds (time save() waited for the previous save)
+save_cost           seconds (C + slower steps while the save ran; see runtime.save_cost),
+                    window_s, steps, step_s (idle seconds per step)
 restore_started     —
 checkpoint_chosen   step, source, skipped (list of {step, reason})
 checkpoint_skipped  step, reason, moved_to
@@ -58,6 +60,7 @@ SAVE_DURABLE = "save_durable"
 SAVE_COMMITTED = "save_committed"
 SAVE_FAILED = "save_failed"
 OVERLAP = "overlap"
+SAVE_COST = "save_cost"
 RESTORE_STARTED = "restore_started"
 CHECKPOINT_CHOSEN = "checkpoint_chosen"
 CHECKPOINT_SKIPPED = "checkpoint_skipped"

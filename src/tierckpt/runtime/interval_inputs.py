@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tierckpt.policy import costs
 from tierckpt.policy.interval import (
     DEFAULT_NODE_MTBF_S,
     DEFAULT_RESTART_S,
@@ -50,19 +51,20 @@ def gather(policy: AutoInterval, events_path: Path, *, world_size: int,
         C=C[0] if C else 1.0, W=m.W.seconds if m.W else 0.0, R=R,
         node_mtbf=mtbf, nodes=nodes_of(world_size), failures=failures,
         exposure_s=max(0.0, now - first),
-        C_source=f"measured (median of the last {C[1]} saves)" if C else "default",
+        C_source=(f"measured (median of the last {C[1]} saves"
+                  + (f"; {C[2]} with the slower steps while writing)" if C[2] else ")"))
+        if C else "default",
         W_source=f"measured ({m.W.samples})" if m.W else "default",
         R_source=R_src, mtbf_source=mtbf_src)
 
 
-def _recent_blocking(recs: list[dict[str, Any]], window: int = 9) -> tuple[float, int] | None:
-    """Rolling C: per save, the slowest rank's ``save_staged`` seconds; the median of the
-    last ``window`` saves (so a run whose saves got slower follows)."""
-    per_step: dict[int, float] = {}
-    for r in recs:
-        if r.get("event") == ev.SAVE_STAGED and isinstance(r.get("seconds"), int | float):
-            step = int(r.get("step", -1))
-            per_step[step] = max(per_step.get(step, 0.0), float(r["seconds"]))
+def _recent_blocking(recs: list[dict[str, Any]], window: int = 9
+                     ) -> tuple[float, int, int] | None:
+    """Rolling C: per save, its whole cost (:func:`tierckpt.policy.costs.per_save`:
+    the slowest rank's blocking time, raised to its measured cost with the slower steps
+    while it wrote); the median of the last ``window`` saves (so a run whose saves got
+    slower follows). Returns (C, saves, saves with a measured cost)."""
+    per_step = costs.per_save(recs)
     recent = [per_step[s] for s in sorted(per_step)[-window:]]
-    value = median_recent(recent, window)
-    return None if value is None else (value, len(recent))
+    value = median_recent([c for c, _ in recent], window)
+    return None if value is None else (value, len(recent), sum(m for _, m in recent))

@@ -8,7 +8,9 @@ can say which inputs were measured and which were given.
 From an event log (``tierckpt.runtime.events``; several ranks may write to one file):
 
 - **C** — per step, the largest ``save_staged.seconds`` over ranks (the slowest rank gates
-  the step), then the median over steps.
+  the step), raised to the largest ``save_cost.seconds`` where the loop's step marks
+  measured one (C plus the slower steps while the save wrote:
+  :mod:`tierckpt.runtime.save_cost`), then the median over steps.
 - **W** — median ``save_committed.write_seconds``.
 - **R** — preferred: for each failure (``failure_detected`` events, those before the next
   ``first_step`` counted as one failure), the time from the earliest detection to the last
@@ -28,13 +30,13 @@ import json
 import math
 import os
 import statistics
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tierckpt.errors import ConfigError
+from tierckpt.policy import costs
 from tierckpt.runtime import events as ev
 
 __all__ = ["Measured", "Measurements", "from_drill_report", "from_event_log", "from_events"]
@@ -100,21 +102,17 @@ def from_drill_report(path: str | os.PathLike[str]) -> Measurements:
 
 
 def _blocking(recs: list[Mapping[str, Any]]) -> Measured | None:
-    by_step: dict[object, float] = defaultdict(float)
-    unstepped: list[float] = []
-    for r in recs:
-        s = _num(r.get("seconds"))
-        if r.get("event") != ev.SAVE_STAGED or s is None:
-            continue
-        if r.get("step") is None:
-            unstepped.append(s)
-        else:
-            by_step[r["step"]] = max(by_step[r["step"]], s)
-    values = list(by_step.values()) + unstepped
+    per_step = costs.per_save(recs)
+    unstepped = [s for r in recs if r.get("event") == ev.SAVE_STAGED
+                 and r.get("step") is None and (s := _num(r.get("seconds"))) is not None]
+    values = [c for c, _ in per_step.values()] + unstepped
     if not values:
         return None
+    measured = sum(m for _, m in per_step.values())
+    with_cost = f"; {measured} with the slower steps while writing" if measured else ""
     return Measured(seconds=statistics.median(values), samples=len(values),
-                    source=f"median of {len(values)} save_staged (slowest rank per step)")
+                    source=f"median of {len(values)} save_staged (slowest rank per step"
+                           f"{with_cost})")
 
 
 def _write(recs: list[Mapping[str, Any]]) -> Measured | None:
