@@ -51,6 +51,8 @@ _ROWS = (
     ("tierckpt", "durable", "durable: tierckpt save() → committed", "write_odirect_fsync"),
     ("dcp", "load_cold", "cold restore: dcp.load", "cold_read"),
     ("tierckpt", "restore_cold", "cold restore: tierckpt restore()", "cold_read"),
+    ("tierckpt", "own_files_read", "cold read of that checkpoint's own shard files, raw",
+     "cold_read"),
 )
 _DCP_FOR = {"blocking": "async_default_blocking", "blocking_overlap": "async_default_blocking",
             "durable": "save_t1",

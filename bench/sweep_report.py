@@ -46,16 +46,18 @@ def _s(x: float | None) -> str:
 def _points(r: dict[str, Any]) -> list[str]:
     lines = ["## Points (slowest rank, best of repeats)", "",
              "| world | state | per rank | C s | durable s | write s | commit s | "
-             "cold restore s | peak extra RAM | × state |", "|---" * 10 + "|"]
+             "cold restore s | raw read of its files s | peak extra RAM | × state |",
+             "|---" * 11 + "|"]
     for p in r["points"]:
         head = f"| {p['world']} | {_mib(p['size_bytes'])} |"
         if "skipped" in p:
-            lines.append(f"{head} skipped: {p['skipped']} |" + " |" * 7)
+            lines.append(f"{head} skipped: {p['skipped']} |" + " |" * 8)
             continue
         cold = "" if p["restore_cold"]["cold"] else " (not cold)"
         lines.append(f"{head} {_mib(p['bytes_per_rank'])} | {_s(p['C']['seconds'])} | "
                      f"{_s(p['durable']['seconds'])} | {_s(p['write_s'])} | "
                      f"{_s(p['commit_s'])} | {_s(p['restore_cold']['seconds'])}{cold} | "
+                     f"{_s(p.get('own_files_read', {}).get('seconds'))} | "
                      f"{_mib(p['ram']['peak_extra_bytes'])} | {p['ram']['ratio']:.2f} |")
     return [*lines, ""]
 

@@ -48,7 +48,7 @@ def _is_measurement(m: dict[str, Any], nbytes: int) -> None:
 
 
 def test_quick_results_schema(quick: tuple[dict[str, Any], str, Path]) -> None:
-    r, _, base = quick
+    r, md, base = quick
     assert r["schema"] == SCHEMA and r["errors"] == []
     size = r["config"]["size_bytes"]
     assert r["config"]["quick"] is True and r["config"]["worlds"] == [1]
@@ -69,8 +69,9 @@ def test_quick_results_schema(quick: tuple[dict[str, Any], str, Path]) -> None:
     # tierckpt is importable in this repo, so its section must have been measured
     tk = r["worlds"]["1"]["tierckpt"]
     assert "skipped" not in tk, tk
-    for key in ("blocking", "durable", "restore_cold"):
+    for key in ("blocking", "durable", "restore_cold", "own_files_read"):
         _is_measurement(tk[key], size)
+    assert "own shard files" in md
     assert tk["restore_cold"]["bytes_read"] >= size
     assert not list((base / "target").glob("bench-*")), "checkpoint files left behind"
 

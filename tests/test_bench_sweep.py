@@ -42,6 +42,7 @@ def test_every_point_has_every_metric(sweep: tuple[dict[str, Any], str, Path]) -
             assert m["seconds"] > 0 and m["seconds"] == min(m["runs"]), (metric, m)
             assert m["bytes"] == p["bytes"] == pytest.approx(p["size_bytes"], rel=0.01)
         assert isinstance(p["restore_cold"]["cold"], bool)
+        assert 0 < p["own_files_read"]["seconds"] == min(p["own_files_read"]["runs"])
         assert p["durable"]["seconds"] >= p["C"]["seconds"]
         assert p["write_s"] > 0 and p["commit_s"] >= 0
         assert p["durable"]["seconds"] >= p["write_s"]
