@@ -141,9 +141,14 @@ class HostStager:
                   cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for dst, src in cuda_jobs:
             dst.copy_(src, non_blocking=True)
+        done = []  # per device, behind its copies on the stream they were queued on
+        for device in dict.fromkeys(src.device for _, src in cuda_jobs):
+            event = torch.cuda.Event(blocking=True)
+            event.record(torch.cuda.current_stream(device))
+            done.append(event)
         self._run_copies(jobs)
-        for device in {src.device for _, src in cuda_jobs}:
-            torch.cuda.synchronize(device)  # non_blocking D2H copies land before writing
+        for event in done:  # the D2H copies landed (not every stream: torch.cuda.synchronize
+            event.synchronize()  # would also wait for other streams' work, e.g. NCCL)
 
     def _copy_later(self, jobs: list[tuple[torch.Tensor, torch.Tensor]],
                     cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> Future[float]:
