@@ -17,9 +17,10 @@ slowest rank). Measured, per world size:
   page cache dropped its files.
 - ``throughput``: steps/s of ``training.Loop`` idle, then while ``dcp.async_save`` runs,
   in pairs (see ``training.summarize_throughput``).
-- ``ram_thread`` / ``ram_process``: peak extra PSS (process tree) over ``saves`` async saves,
-  each on a clean heap: thread mode first thing in ``peer_rank``, process mode in fresh rank
-  processes (``ram_rank``; skipped when ``PeerJob.process_mode`` is off).
+- ``ram_thread`` / ``ram_process``: peak extra held memory (anon + shmem PSS, process
+  tree) over ``saves`` async saves, each on a clean heap: thread mode first thing in
+  ``peer_rank``, process mode in fresh rank processes (``ram_rank``; skipped when
+  ``PeerJob.process_mode`` is off).
 """
 
 from __future__ import annotations

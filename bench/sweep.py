@@ -14,8 +14,9 @@ helpers:
   the gather, broadcast and commit round trips).
 - ``restore_cold``: ``restore()`` by a fresh manager after the page cache dropped the shard
   files (``bench.pagecache``; ``cold`` says whether it did).
-- ``ram``: peak extra PSS of each rank's process tree over its state during the first
-  ``RAM_SAVES`` saves (``bench.memory``); ``ratio`` is the worst rank's extra ÷ its state.
+- ``ram``: peak extra held memory (anon + shmem PSS) of each rank's process tree over its
+  state during the first ``RAM_SAVES`` saves (``bench.memory``); ``ratio`` is the worst
+  rank's extra ÷ its state.
 
 Timings are the slowest rank's, best of ``repeats``. Fixed overheads are reported apart:
 process start (spawn → the rank function: interpreter, imports, ``init_process_group``,

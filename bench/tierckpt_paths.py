@@ -25,7 +25,8 @@ DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 the
 - ``throughput``: steps/s of the loop idle, then while a save is in flight, in pairs
   (synchronous staging: no optimizer); ``throughput_overlap`` the same with the optimizer,
   i.e. the default ``staging="overlap"``: the copy runs while the loop trains.
-- ``ram``: peak extra PSS over ``saves`` saves, first thing in a fresh process.
+- ``ram``: peak extra held memory (anon + shmem PSS) over ``saves`` saves, first thing in
+  a fresh process.
 
 ``available()`` says whether tierckpt's manager can be imported; the bench skips this
 section with that reason when it cannot.
