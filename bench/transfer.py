@@ -250,6 +250,9 @@ def _timed_all(t: _Transfers, repeats: int) -> dict[str, list[float]]:
     for r in range(repeats):
         for pair in pairs:
             for name, fn in pair if r % 2 == 0 else pair[::-1]:
+                # untimed: no transfer starts with another's dirty pages still to write back
+                # (boto3's unsynced download, the server's stored uploads) on the same disk
+                os.sync()
                 runs[name].append(fn())
     return runs
 

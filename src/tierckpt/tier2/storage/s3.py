@@ -33,7 +33,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
-from tierckpt.tier1.fs import fsync_dir
+from tierckpt.tier1.fs import fsync_dir, start_writeback
 from tierckpt.tier2.capabilities import IntegrityMode
 from tierckpt.tier2.storage.base import (
     TMP_MARK,
@@ -94,6 +94,7 @@ class S3Storage(S3Writes):
             crc = checksum.extend(crc, data)
 
         self._get_range(key, etag, offset, length, sink)
+        start_writeback(fd, offset, length)  # on the disk while the other ranges arrive
         return crc
 
     def _get_range(self, key: str, etag: str | None, offset: int, length: int,
