@@ -19,9 +19,10 @@ DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 the
 - ``restore_cold``: ``restore()`` of the newest checkpoint by a fresh manager after the page
   cache dropped the shard files.
 - ``own_files_read``: after each restore, the cache dropped again and every rank reads its
-  own shard files of that checkpoint raw (one stream each, all ranks at once): the cold-read
-  rate the disk gives exactly those files, in their layout — restore ÷ this is the cost of
-  everything a restore does besides reading.
+  own shard files of that checkpoint raw, all ranks at once, with restore's read pattern
+  (``READ_STREAMS`` contiguous streams for a rank alone on its disk, else one): the
+  cold-read rate the disk gives exactly those files, in their layout — restore ÷ this is
+  the cost of everything a restore does besides reading.
 - ``throughput``: steps/s of the loop idle, then while a save is in flight, in pairs
   (synchronous staging: no optimizer); ``throughput_overlap`` the same with the optimizer,
   i.e. the default ``staging="overlap"``: the copy runs while the loop trains.
@@ -34,9 +35,11 @@ section with that reason when it cannot.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,17 +154,30 @@ def _throughput(ckpt: Any, ts: Any, first_step: int, job: PeerJob) -> dict[str, 
     return {"idle": idle, "during": during}
 
 
-def _read_own_files(root: Path, rank: int) -> float:
+def _read_own_files(root: Path, rank: int, streams: int) -> float:
     """Seconds this rank takes to read its own shard files of the newest checkpoint
-    (``__<rank>_*.distcp``) front to back, one stream, into a reused 16 MiB buffer: what
-    the disk gives a restore for exactly its files and their layout."""
+    (``__<rank>_*.distcp``) with ``streams`` threads, each one contiguous part front to
+    back into a reused 16 MiB buffer — the read pattern ``restore()`` uses (4 streams for a
+    rank alone on its disk, 1 per rank otherwise), without anything else it does."""
     newest = max(p for p in root.glob("step-*") if p.is_dir())
-    buf = memoryview(bytearray(16 << 20))
-    start = time.perf_counter()
+    parts = []
     for path in sorted(newest.glob(f"__{rank}_*.distcp")):
+        size = path.stat().st_size
+        parts += [(path, size * i // streams, size * (i + 1) // streams) for i in range(streams)]
+
+    def read(part: tuple[Path, int, int]) -> None:
+        path, pos, end = part
+        buf = memoryview(bytearray(16 << 20))
         with open(path, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
+            while pos < end:
+                n = os.preadv(f.fileno(), [buf[:min(len(buf), end - pos)]], pos)
+                if n <= 0:
+                    break
+                pos += n
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max(1, len(parts))) as pool:
+        list(pool.map(read, parts))
     return time.perf_counter() - start
 
 
@@ -188,7 +204,10 @@ def _restore(state: dict[str, torch.Tensor], root: Path, repeats: int) -> dict[s
             raise AssertionError(f"tierckpt restore found no checkpoint in {root}")
         bytes_read = int(info.bytes_read)
         _cold(root)
-        raw.append(_read_own_files(root, dist.get_rank()))
+        from tierckpt.restore.reader import READ_STREAMS  # restore's read pattern
+
+        streams = READ_STREAMS if dist.get_world_size() == 1 else 1
+        raw.append(_read_own_files(root, dist.get_rank(), streams))
     name = next(iter(state))
     if not torch.equal(target_state[name], state[name]):
         raise AssertionError(f"tierckpt restore put wrong values into {name}")
