@@ -297,8 +297,13 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+REPEATS = 2
+"""Timed repeats per point: two, so that the restore and the raw read of its files each get
+one turn that is not the first read after the write (``tierckpt_paths._restore``)."""
+
+
 def run_sweep(*, sizes: str | None, world: str | None, out: Path, target: Path,
-              repeats: int = 1) -> int:
+              repeats: int = REPEATS) -> int:
     """Measure, plan, write ``<stamp>-sweep.{json,md,png}`` into ``out``; the exit status
     (0 all points ran or were skipped for room, 1 a point failed, 2 bad arguments)."""
     try:

@@ -23,7 +23,8 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
     base = tmp_path_factory.mktemp("sweep")
-    rc = run_sweep(sizes="2MiB,8MiB", world="1,2", out=base / "out", target=base / "target")
+    rc = run_sweep(sizes="2MiB,8MiB", world="1,2", out=base / "out", target=base / "target",
+                   repeats=1)
     assert rc == 0
     (json_path,) = (base / "out").glob("*-sweep.json")
     (md_path,) = (base / "out").glob("*-sweep.md")
