@@ -111,3 +111,33 @@ def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Pa
     decided = [e for e in recs if e["event"] == events.INTERVAL_DECIDED]
     assert "with the slower steps" in decided[-1]["inputs"]["C_source"]
     assert decided[-1]["inputs"]["C"] >= sorted(staged.values())[len(staged) // 2]
+
+
+@pytest.mark.parametrize("staging", ["overlap", "sync"])
+def test_without_an_interval_the_optimizer_steps_mark_the_save_cost(tmp_path: Path,
+                                                                    staging: str) -> None:
+    # a loop that saves on its own schedule and never calls should_save(): each
+    # optimizer.step() is the step mark, so the slower steps are still measured
+    torch.manual_seed(0)
+    model = nn.Linear(1024, 2048)
+    opt = torch.optim.SGD(model.parameters(), lr=0)
+    st = tierckpt.TrainState(model=model, optimizer=opt)
+    with tierckpt.CheckpointManager(tier1=tmp_path, keep_last=2, staging=staging) as ck:
+        handle = None
+        busy_steps = 0
+        for step in range(60):
+            busy = handle is not None and not handle.done()
+            busy_steps += busy
+            time.sleep(0.04 if busy else 0.01)  # forward/backward
+            opt.step()
+            if step % 10 == 5:
+                handle = ck.save(step, st)
+        ck.wait()
+        for _ in range(2):  # the last window closes at the next step
+            opt.step()
+    recs = events.read_events(tmp_path / layout.EVENTS)
+    staged = {e["step"]: e["seconds"] for e in recs if e["event"] == events.SAVE_STAGED}
+    costs = [e for e in recs if e["event"] == events.SAVE_COST]
+    assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
+    lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
+    assert lost > 0.5 * 0.03 * busy_steps, (lost, busy_steps, costs)

@@ -36,6 +36,7 @@ from tierckpt.restore.restorer import Restorer
 from tierckpt.runtime import events
 from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.deadline import call_with_deadline
+from tierckpt.runtime.save_cost import SaveCostMeter
 from tierckpt.runtime.topology import Comm, discover_domains
 from tierckpt.save.gate import StagingGate
 from tierckpt.save.inflight import InFlight
@@ -99,8 +100,14 @@ class CheckpointManager:
             self._stager = HostStager()
             self._gate = StagingGate(self.log)
             self._inflight = InFlight(cfg, self.log)
+            # a save's whole cost (runtime.save_cost) from step marks: should_save() gives
+            # them under interval=, else every step of the state's optimizer does
+            self._meter = SaveCostMeter(self.log)
             self._cadence = None if cfg.interval is None else Cadence(
-                cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS)  # type: ignore[arg-type]
+                cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS,  # type: ignore[arg-type]
+                meter=self._meter)
+            if self._cadence is None:
+                self._gate.on_step = lambda: self._meter.mark(busy=self._saving())
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
                                      on_committed=self._apply_retention, tier0=self.tier0)
             self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
@@ -161,7 +168,7 @@ class CheckpointManager:
         t0 = time.monotonic()
         state.step = step
         defer = state.overlap_filter() if self.config.staging == "overlap" else None
-        if defer is not None and state.optimizer is not None:
+        if state.optimizer is not None:  # waits for overlapped copies; marks steps
             self._gate.watch(state.optimizer)
         staged = self._stager.stage(state.state_dict(), defer=defer)
         staged_at = time.monotonic()
@@ -185,6 +192,8 @@ class CheckpointManager:
                                 ready=staged.ready), handle)
         if self._cadence is not None:
             self._cadence.saved(step, t0)
+        else:
+            self._meter.saving(step, t0)
         return handle
 
     def wait_for_staging(self) -> None:
@@ -201,8 +210,12 @@ class CheckpointManager:
             raise ConfigError("should_save() needs CheckpointManager(interval=...): "
                               "tierckpt.Every(steps=500), Every(seconds=600) or "
                               "tierckpt.AutoInterval(node_mtbf='30d')")
+        return self._cadence.should_save(step, busy=self._saving())
+
+    def _saving(self) -> bool:
+        """A save is still in flight (not yet committed or failed)."""
         h = self._inflight.handle
-        return self._cadence.should_save(step, busy=h is not None and not h.done())
+        return h is not None and not h.done()
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until the in-flight save (if any) is committed; raise its error."""

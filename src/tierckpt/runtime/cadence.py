@@ -22,12 +22,12 @@ class Cadence:
     step, log ``interval_decided``, and broadcast the step."""
 
     def __init__(self, policy: Policy, comm: Comm, log: events.EventLog,
-                 events_path: Path) -> None:
+                 events_path: Path, meter: SaveCostMeter | None = None) -> None:
         self.schedule = Schedule(policy)
         self.comm, self.log, self.events_path = comm, log, events_path
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the last save
         self._marks = events.ProgressMarks(log) if comm.rank == 0 else None
-        self.meter = SaveCostMeter(log)
+        self.meter = meter if meter is not None else SaveCostMeter(log)
 
     @property
     def policy(self) -> Policy:

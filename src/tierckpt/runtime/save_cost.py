@@ -4,7 +4,8 @@ written in the background (memory bandwidth, cores and the GIL are shared with t
 
 With ``staging="overlap"`` C is a few milliseconds, so an interval planned from C alone
 would save far too often: the cost moved into slower steps. :class:`SaveCostMeter` measures
-it from the step marks the loop already gives (``should_save(step)`` every step):
+it from step marks: ``should_save(step)`` under ``interval=``, else every ``step()`` of the
+state's optimizer (the manager's step pre-hook):
 
     cost = (first step mark after the save committed − save() entry) − n × idle step time
 
@@ -13,8 +14,8 @@ median of the last ``IDLE_WINDOW`` steps with no save in flight. It is emitted p
 ``save_cost`` (``seconds``, ``window_s``, ``steps``, ``step_s``) once at least
 ``MIN_IDLE`` idle steps were seen; it can come out below C (or negative) when step times are
 noisy — readers take ``max(C, cost)`` per save (:func:`tierckpt.policy.costs.per_save`).
-Steps without marks (a loop that never calls ``should_save``) give no ``save_cost``; C
-alone is then used.
+A loop with neither (no interval, no optimizer in the ``TrainState``) gives no
+``save_cost``; C alone is then used.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -45,9 +46,14 @@ class StagingGate:
         self._pending: _Pending | None = None
         self._lock = threading.Lock()
         self._hooks: dict[int, tuple[torch.optim.Optimizer, RemovableHandle]] = {}
+        self.on_step: Callable[[], None] | None = None
+        """Called at every ``optimizer.step()`` of a watched optimizer, before anything
+        else (the manager marks steps with it for :mod:`tierckpt.runtime.save_cost` when
+        the loop does not call ``should_save()``)."""
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``optimizer.step()`` wait for staging (once per optimizer)."""
+        """Make ``optimizer.step()`` wait for staging and call ``on_step`` (once per
+        optimizer)."""
         if id(optimizer) in self._hooks:
             return
         handle = optimizer.register_step_pre_hook(self._before_step)
@@ -101,5 +107,7 @@ class StagingGate:
         self._hooks.clear()
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.on_step is not None:
+            self.on_step()
         if self._pending is not None:
             self.settle()
