@@ -104,8 +104,7 @@ class CheckpointManager:
             # them under interval=, else every step of the state's optimizer does
             self._meter = SaveCostMeter(self.log)
             self._cadence = None if cfg.interval is None else Cadence(
-                cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS,  # type: ignore[arg-type]
-                meter=self._meter)
+                cfg.interval, self.comm, self.log, cfg.tier1 / layout.EVENTS)  # type: ignore[arg-type]
             if self._cadence is None:
                 self._gate.on_step = lambda: self._meter.mark(busy=self._saving())
             self._saver = AsyncSaver(cfg, self.comm, self.domains, self.log,
@@ -190,10 +189,9 @@ class CheckpointManager:
                                 save_id=f"{self.run_id}-{step}", started=t0,
                                 staged_at=staged_at, to_tier1=to_tier1,
                                 ready=staged.ready), handle)
+        self._meter.saving(step, t0)
         if self._cadence is not None:
-            self._cadence.saved(step, t0)
-        else:
-            self._meter.saving(step, t0)
+            self._cadence.saved(step)
         return handle
 
     def wait_for_staging(self) -> None:
@@ -210,7 +208,8 @@ class CheckpointManager:
             raise ConfigError("should_save() needs CheckpointManager(interval=...): "
                               "tierckpt.Every(steps=500), Every(seconds=600) or "
                               "tierckpt.AutoInterval(node_mtbf='30d')")
-        return self._cadence.should_save(step, busy=self._saving())
+        self._meter.mark(busy=self._saving())
+        return self._cadence.should_save(step)
 
     def _saving(self) -> bool:
         """A save is still in flight (not yet committed or failed)."""

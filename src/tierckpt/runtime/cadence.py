@@ -1,7 +1,6 @@
 """When the job saves under ``CheckpointManager(interval=...)``: the schedule of
-:mod:`tierckpt.policy.interval`, the step timing it needs (and the whole cost of each save,
-:mod:`tierckpt.runtime.save_cost`), and the collective hand-off that keeps every rank's
-answer the same."""
+:mod:`tierckpt.policy.interval`, the step timing it needs, and the collective hand-off that
+keeps every rank's answer the same."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from pathlib import Path
 from tierckpt.policy import interval
 from tierckpt.policy.interval import AutoInterval, Every, Policy, Schedule
 from tierckpt.runtime import events, interval_inputs
-from tierckpt.runtime.save_cost import SaveCostMeter
 from tierckpt.runtime.topology import Comm
 
 
@@ -22,20 +20,17 @@ class Cadence:
     step, log ``interval_decided``, and broadcast the step."""
 
     def __init__(self, policy: Policy, comm: Comm, log: events.EventLog,
-                 events_path: Path, meter: SaveCostMeter | None = None) -> None:
+                 events_path: Path) -> None:
         self.schedule = Schedule(policy)
         self.comm, self.log, self.events_path = comm, log, events_path
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the last save
         self._marks = events.ProgressMarks(log) if comm.rank == 0 else None
-        self.meter = meter if meter is not None else SaveCostMeter(log)
 
     @property
     def policy(self) -> Policy:
         return self.schedule.policy
 
-    def should_save(self, step: int, busy: bool = False) -> bool:
-        """``busy``: a save is still in flight (its window of slower steps is open)."""
-        self.meter.mark(busy)
+    def should_save(self, step: int) -> bool:
         if self._marks is not None:
             self._marks.step(step)
         if self._last is None:  # the first step this incarnation trains
@@ -43,9 +38,7 @@ class Cadence:
             self._last = (step - 1, time.monotonic())
         return self.schedule.should_save(step)
 
-    def saved(self, step: int, started: float) -> None:
-        """``save(step)``, entered at ``started`` (monotonic seconds), is returning."""
-        self.meter.saving(step, started)
+    def saved(self, step: int) -> None:
         if isinstance(self.policy, Every) and self.policy.steps is not None:
             return
         now = time.monotonic()
