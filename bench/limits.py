@@ -52,7 +52,7 @@ def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -
     runs = []
     try:
         for _ in range(repeats + 1):  # first round warms caches and the allocator
-            runs.append(_timed_threads(work, threads))
+            runs.append(timed_threads(work, threads))
     finally:
         torch.set_num_threads(saved_threads)
     return best_of(runs[1:], sum(t.numel() * t.element_size() for t in tensors),
@@ -132,7 +132,18 @@ def cold_read_limit(path: Path, repeats: int) -> tuple[Measurement, dict[str, An
             {"method": evictions[-1]["method"], "honoured": cold, "evictions": evictions})
 
 
-def _timed_threads(fn: Callable[[int], None], n: int) -> float:
+def read_range(path: Path, pos: int, end: int) -> None:
+    """Read bytes ``[pos, end)`` of ``path`` front to back into a reused 16 MiB buffer."""
+    view = memoryview(bytearray(_CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        while pos < end:
+            n = os.preadv(f.fileno(), [view[:min(_CHUNK, end - pos)]], pos)
+            if n <= 0:
+                break
+            pos += n
+
+
+def timed_threads(fn: Callable[[int], None], n: int) -> float:
     """Seconds for ``n`` threads running ``fn(0)`` … ``fn(n - 1)`` at once."""
     workers = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
     start = time.perf_counter()
@@ -150,19 +161,10 @@ def concurrent_cold_read_limit(path: Path, readers: int, repeats: int) -> Measur
     bounds = [size * i // readers for i in range(readers + 1)]
     runs, cold = [], True
 
-    def read(i: int) -> None:
-        buf = bytearray(_CHUNK)
-        with open(path, "rb", buffering=0) as f:
-            pos, end = bounds[i], bounds[i + 1]
-            while pos < end:
-                n = os.preadv(f.fileno(), [memoryview(buf)[:min(_CHUNK, end - pos)]], pos)
-                if n <= 0:
-                    break
-                pos += n
-
     for _ in range(repeats):
         cold = cold and evict([path]).honoured
-        runs.append(_timed_threads(read, readers))
+        runs.append(timed_threads(lambda i: read_range(path, bounds[i], bounds[i + 1]),
+                                  readers))
     return best_of(runs, size, f"{readers} concurrent readers, 1/{readers} of the file each",
                    cold=cold)
 

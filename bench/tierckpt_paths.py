@@ -35,11 +35,9 @@ section with that reason when it cannot.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +46,7 @@ import torch.distributed as dist
 
 from bench import _dist
 from bench.dcp_peers import PeerJob, summarize_ram
+from bench.limits import read_range, timed_threads
 from bench.measure import best_of, slowest_rank
 from bench.memory import PeakSampler, tree_pss
 from bench.pagecache import evict, files_under
@@ -157,28 +156,14 @@ def _throughput(ckpt: Any, ts: Any, first_step: int, job: PeerJob) -> dict[str, 
 def _read_own_files(root: Path, rank: int, streams: int) -> float:
     """Seconds this rank takes to read its own shard files of the newest checkpoint
     (``__<rank>_*.distcp``) with ``streams`` threads, each one contiguous part front to
-    back into a reused 16 MiB buffer — the read pattern ``restore()`` uses (4 streams for a
-    rank alone on its disk, 1 per rank otherwise), without anything else it does."""
+    back — the read pattern ``restore()`` uses (4 streams for a rank alone on its disk, 1
+    per rank otherwise), without anything else it does."""
     newest = max(p for p in root.glob("step-*") if p.is_dir())
     parts = []
     for path in sorted(newest.glob(f"__{rank}_*.distcp")):
         size = path.stat().st_size
         parts += [(path, size * i // streams, size * (i + 1) // streams) for i in range(streams)]
-
-    def read(part: tuple[Path, int, int]) -> None:
-        path, pos, end = part
-        buf = memoryview(bytearray(16 << 20))
-        with open(path, "rb", buffering=0) as f:
-            while pos < end:
-                n = os.preadv(f.fileno(), [buf[:min(len(buf), end - pos)]], pos)
-                if n <= 0:
-                    break
-                pos += n
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max(1, len(parts))) as pool:
-        list(pool.map(read, parts))
-    return time.perf_counter() - start
+    return timed_threads(lambda i: read_range(*parts[i]), len(parts))
 
 
 def _cold(root: Path) -> dict[str, Any]:
