@@ -78,7 +78,7 @@ def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> Non
 
 def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Path) -> None:
     # staging='overlap' makes C tiny; the cost moves into steps that run slower while the
-    # save writes in the background. Here a step takes 10 ms, 40 ms while a save is in
+    # save writes in the background. Here a step takes 10 ms, 60 ms while a save is in
     # flight (the loop asks the handle): the save_cost events must carry that slowdown, and
     # the interval decision must plan with it instead of C alone.
     torch.manual_seed(0)
@@ -91,7 +91,7 @@ def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Pa
         while saves < 6:
             busy = handle is not None and not handle.done()
             busy_steps += busy
-            time.sleep(0.04 if busy else 0.01)
+            time.sleep(0.06 if busy else 0.01)
             if ck.should_save(step):
                 handle = ck.save(step, st)
                 saves += 1
@@ -105,9 +105,9 @@ def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Pa
     costs = [e for e in recs if e["event"] == events.SAVE_COST]
     assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
     assert all(c["steps"] >= 1 and c["step_s"] < 0.03 for c in costs), costs
-    # what the meter saw: the blocked time plus (most of) the 30 ms each busy step lost
+    # what the meter saw: the blocked time plus (most of) the 50 ms each busy step lost
     lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
-    assert lost > 0.5 * 0.03 * busy_steps, (lost, busy_steps, costs)
+    assert lost > 0.5 * 0.05 * busy_steps, (lost, busy_steps, costs)
     decided = [e for e in recs if e["event"] == events.INTERVAL_DECIDED]
     assert "with the slower steps" in decided[-1]["inputs"]["C_source"]
     assert decided[-1]["inputs"]["C"] >= sorted(staged.values())[len(staged) // 2]
@@ -127,8 +127,10 @@ def test_without_an_interval_the_optimizer_steps_mark_the_save_cost(tmp_path: Pa
         busy_steps = 0
         for step in range(60):
             busy = handle is not None and not handle.done()
-            busy_steps += busy
-            time.sleep(0.04 if busy else 0.01)  # forward/backward
+            # the step pre-hook (the marks) exists from the first save on: its window has
+            # no idle steps to compare with, so it is not counted
+            busy_steps += busy and step > 10
+            time.sleep(0.06 if busy else 0.01)  # forward/backward
             opt.step()
             if step % 10 == 5:
                 handle = ck.save(step, st)
@@ -140,4 +142,4 @@ def test_without_an_interval_the_optimizer_steps_mark_the_save_cost(tmp_path: Pa
     costs = [e for e in recs if e["event"] == events.SAVE_COST]
     assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
     lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
-    assert lost > 0.5 * 0.03 * busy_steps, (lost, busy_steps, costs)
+    assert lost > 0.5 * 0.05 * busy_steps, (lost, busy_steps, costs)
