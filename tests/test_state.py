@@ -32,3 +32,36 @@ def test_a_blob_from_before_packing_still_loads() -> None:
                                                        dtype=torch.uint8))
     assert torch.equal(payload["small"][("model", "b")], torch.ones(3))
     assert payload["small"][("optim", "param_groups")] == [{"lr": 0.1}]
+
+
+def _blob(payload: dict) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+_BASE = {"small": {}, "step": 4, "rank": 0, "world_size": 1, "rng": None, "scheduler": None,
+         "dataloader": None, "extra": None}
+
+
+def test_the_index_is_plain_bytes_and_an_older_list_index_still_loads() -> None:
+    packed = _pack({("model", "b"): torch.arange(3.0), ("s",): torch.tensor(7)})
+    assert isinstance(packed["index"], bytes)  # one object for torch.save's pickler
+    old_index = [(("model", "b"), torch.float32, (3,), 0)]  # the list format before it
+    payload = TrainState._decode_blob(_blob({**_BASE, "small_tensors": {
+        "data": torch.arange(3.0).view(torch.uint8), "index": old_index}}))
+    assert torch.equal(payload["small"][("model", "b")], torch.arange(3.0))
+
+
+def test_an_index_naming_a_global_is_refused() -> None:
+    import collections
+    import pickle
+
+    import pytest
+
+    from tierckpt.errors import CheckpointError
+
+    index = pickle.dumps([(("a",), collections.OrderedDict, (1,), 0)])
+    with pytest.raises(CheckpointError, match="only tuples, lists, strings and numbers"):
+        TrainState._decode_blob(_blob({**_BASE, "small_tensors": {
+            "data": torch.zeros(4, dtype=torch.uint8), "index": index}}))

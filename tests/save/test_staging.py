@@ -140,3 +140,23 @@ def test_sync_staging_copies_everything_before_save_returns(tmp_path: Path) -> N
 def test_staging_mode_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"staging must be one of \['overlap', 'sync'\]"):
         tierckpt.CheckpointManager(tier1=tmp_path, staging="async")
+
+
+def test_many_small_tensors_and_a_large_one_are_all_copied() -> None:
+    # hundreds of small tensors (a transformer's biases and norms) go to the copy threads
+    # in a few batches; the large one in 8 MiB pieces among them
+    from tierckpt.save.staging import _batches
+
+    stager = HostStager(copy_threads=2)
+    try:
+        sd = {f"b{i}": torch.randn(17 + i % 5) for i in range(500)}
+        sd["big"] = torch.randn(5 * 1024 * 1024)  # 20 MiB
+        staged = stager.stage(sd)
+        assert all(torch.equal(staged.tree[k], v) for k, v in sd.items())
+        assert all(staged.tree[k].data_ptr() != v.data_ptr() for k, v in sd.items())
+    finally:
+        stager.close()
+    pieces = [(torch.empty(n), torch.empty(n)) for n in [1] * 300 + [1000] * 4]
+    batches = _batches(pieces, 4)
+    assert len(batches) == 4 and [p for b in batches for p in b] == pieces  # order kept
+    assert max(sum(d.numel() for d, _ in b) for b in batches) <= 1300

@@ -186,12 +186,13 @@ class HostStager:
         return self._background.submit(run)
 
     def _run_copies(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Copy host tensors in ~8 MiB pieces spread over the copy threads."""
+        """Copy host tensors in ~8 MiB pieces spread over the copy threads, the pieces
+        handed out in a few batches of about equal bytes (a transformer's state is hundreds
+        of small tensors: one hand-off each cost more than their copies)."""
         if not jobs:
             return
         if self._pool is None:
-            for dst, src in jobs:
-                dst.copy_(src)
+            _copy_all(jobs)
             return
         pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in jobs:
@@ -202,8 +203,28 @@ class HostStager:
                 continue
             d, s = dst.view(-1), src.reshape(-1)
             pieces.extend((d[i:i + step], s[i:i + step]) for i in range(0, n, step))
-        for _ in self._pool.map(lambda ds: ds[0].copy_(ds[1]), pieces):
+        for _ in self._pool.map(_copy_all, _batches(pieces, 2 * self.copy_threads)):
             pass
+
+
+def _copy_all(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for dst, src in pieces:
+        dst.copy_(src)
+
+
+def _batches(pieces: list[tuple[torch.Tensor, torch.Tensor]], k: int
+             ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``pieces`` in at most ``k`` contiguous batches of about equal bytes (at least one
+    piece each)."""
+    sizes = [dst.numel() * dst.element_size() for dst, _ in pieces]
+    out: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
+    total, acc = sum(sizes), 0
+    for piece, size in zip(pieces, sizes, strict=True):
+        if out[-1] and acc >= total * len(out) / k and len(out) < k:
+            out.append([])
+        out[-1].append(piece)
+        acc += size
+    return out
 
 
 class _Walk:
