@@ -13,6 +13,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     worlds   {"1": {"dcp": {...}, "tierckpt": {...} | {"skipped": reason}}, "2": ...}
     transfer {...} | {"skipped": reason}   (bench/transfer.py)
     share    {...} | {"skipped": reason}   (bench/share.py; absent in older results)
+    model_state {...} | {"skipped": reason} (bench/model_state.py; absent in older results)
     tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
@@ -190,4 +191,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         from bench.tier0 import markdown as tier0_markdown
 
         body += tier0_markdown(r["tier0"])
+    if "model_state" in r:  # likewise: a real model's many small tensors
+        from bench.model_state import markdown as model_state_markdown
+
+        body += model_state_markdown(r["model_state"])
     return "\n".join(body + _targets(r))

@@ -22,6 +22,7 @@ from bench.config import BenchConfig, make_config
 from bench.dcp_peers import PeerJob, measure_dcp
 from bench.limits import measure_limits
 from bench.machine import fsync_probe, machine_facts
+from bench.model_state import measure_model_state
 from bench.report import SCHEMA, write_results
 from bench.share import measure_share
 from bench.state import build_state, make_specs
@@ -33,6 +34,9 @@ from bench.transfer import measure_transfer
 from tierckpt.errors import ConfigError
 
 _REPO = Path(__file__).resolve().parent.parent
+MODEL_STATE_BYTES = 128 << 20
+"""The model-state section's size (``bench/model_state.py``): its point is the tensor count
+(1,152 for 24 layers with AdamW), not the bytes."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -110,6 +114,10 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
                 "tierckpt": _section(f"tierckpt world {w}", partial(measure_tierckpt, job, w),
                                      errors),
             }
+        # a real model's state (many small tensors; ~1 min): off with --quick, as share is
+        model_state = _section("model state", partial(
+            measure_model_state, workdir / "model", MODEL_STATE_BYTES, repeats=cfg.repeats),
+            errors) if not cfg.quick else {"skipped": "off with --quick"}
         transfer = _section("transfer", partial(measure_transfer, cfg, workdir / "xfer"), errors)
         # The sharing readers (bench/share.py): on unless --quick; --share/--no-share decide.
         if (not cfg.quick) if share is None else share:
@@ -137,7 +145,7 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
                    "repeats": cfg.repeats, "saves": cfg.saves,
                    "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
-        "share": shared, "tier0": tier0_section,
+        "share": shared, "tier0": tier0_section, "model_state": model_state,
         "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors

@@ -73,6 +73,7 @@ def test_quick_results_schema(quick: tuple[dict[str, Any], str, Path]) -> None:
         _is_measurement(tk[key], size)
     assert "own shard files" in md
     assert tk["restore_cold"]["bytes_read"] >= size
+    assert "skipped" in r["model_state"]  # --quick: tests/test_bench_model_state.py runs it
     assert not list((base / "target").glob("bench-*")), "checkpoint files left behind"
 
 
