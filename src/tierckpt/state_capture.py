@@ -50,11 +50,14 @@ class StateCapture:
         self._model_keys: dict[str, str] = {}   # raw key -> canonical FQN (renamed only)
         self._param_fqns: list[str] = []        # optimizer parameter id (index) -> FQN
         self._fast = _supported(model, optimizer)
+        self.calls = 0
         self.reference_calls = 0
-        """How many times ``get_state_dict`` itself ran (structure changes, fallbacks)."""
+        """Of ``calls``, how many ran ``get_state_dict`` itself (structure changes,
+        fallbacks)."""
 
     def __call__(self) -> StateDicts:
         """The model and optimizer state dicts, as ``get_state_dict`` returns them."""
+        self.calls += 1
         opt = self.optimizer
         if not self._fast or (opt is not None and not opt.state and not _has_grads(opt)):
             return self._reference()  # it initialises the state with a zero-gradient step

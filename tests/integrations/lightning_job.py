@@ -177,6 +177,10 @@ def main() -> int:
     model = Net(args.samples, shard=args.strategy == "modelparallel")
     trainer.fit(model, ckpt_path=RESUME)  # USER: resume from tier 1 or tier 2, or start fresh
     rank = trainer.global_rank
+    state = trainer.strategy._state  # one TrainState across saves: keys derived once
+    (args.out / f"capture.{rank}.json").write_text(json.dumps(
+        {} if state is None else {"calls": state._capture.calls,
+                                  "reference_calls": state._capture.reference_calls}))
     if args.strategy == "ddp":
         torch.save(model.state_dict(), args.out / f"final.{rank}.pt")
     if args.validate:

@@ -69,6 +69,10 @@ def test_killed_and_tier2_only_resumes_continue_bit_identically(tmp_path: Path) 
     tier2.mkdir()
     _job(ref, "--tier1", str(ref / "t1"), "--max-steps", "14", "--model-checkpoint")
     ref_rows = _rows(ref, 0)
+    # saves after steps 3, 6, 9, 12 and 14 on one TrainState: get_state_dict ran for the
+    # first only (the rest reuse its key renaming; tests/test_state_capture.py)
+    capture = json.loads((ref / "capture.0.json").read_text())
+    assert capture["reference_calls"] == 1 and capture["calls"] >= 5, capture
     assert [r["step"] for r in ref_rows] == list(range(1, 15))
     assert [r["epoch"] for r in ref_rows] == [0] * 6 + [1] * 6 + [2] * 2  # 6 batches/epoch
     assert ref_rows[0]["ids"] != _rows(ref, 1)[0]["ids"]  # a DistributedSampler per rank

@@ -213,6 +213,7 @@ class TierckptStrategy(_Base):
         self._lean = False  # inside save_now: Lightning need not gather model/optimizer state
         self._resume_epoch: int | None = None  # set on samplers until training starts
         self._failed = False
+        self._state: TrainState | None = None  # reused: its StateCapture learns once
 
     # -- for the callback and the user --------------------------------------------------
     @property
@@ -360,10 +361,17 @@ class TierckptStrategy(_Base):
 
     # -- internals ------------------------------------------------------------------------
     def _train_state(self, extra: dict[str, Any]) -> TrainState:
+        """The ``TrainState`` of the current model and optimizer with ``extra``: one object
+        while they stay the same, so its :class:`~tierckpt.state_capture.StateCapture`
+        derives the state dicts' keys once, not every save."""
         model = self.model if self.model is not None else self.lightning_module
         assert model is not None
-        return TrainState(model=model, optimizer=self.optimizers[0] if self.optimizers else None,
-                          extra=extra)
+        optimizer = self.optimizers[0] if self.optimizers else None
+        state = self._state
+        if state is None or state.model is not model or state.optimizer is not optimizer:
+            state = self._state = TrainState(model=model, optimizer=optimizer, extra=extra)
+        state.extra = extra
+        return state
 
     def _restore(self) -> dict[str, Any]:
         state = self._train_state(extra={})
