@@ -69,6 +69,29 @@ def test_upload_is_complete_and_download_identical(section: dict[str, Any]) -> N
         assert (dst / name).read_bytes() == (src / name).read_bytes(), name
 
 
+def test_a_given_server_is_not_evicted_a_local_one_is_before_each_download(
+        section: dict[str, Any], tmp_path: Path) -> None:
+    from bench.transfer import _timed_all
+
+    assert section["server_cache"]["evicted"].startswith("no (a given server")
+    data = tmp_path / "server" / "volume.dat"
+    data.parent.mkdir()
+    data.write_bytes(b"x" * (4 * MiB))
+
+    calls: list[str] = []
+
+    class Ops:  # the order and the evictions are what is checked here, not the transfers
+        def __getattr__(self, name: str) -> Any:
+            return lambda: calls.append(name) or 0.0
+
+    runs, evictions = _timed_all(Ops(), 2, data.parent)  # type: ignore[arg-type]
+    assert calls == ["tierckpt_upload", "boto3_upload", "tierckpt_download",
+                         "boto3_download", "boto3_upload", "tierckpt_upload",
+                         "boto3_download", "tierckpt_download"]
+    assert len(evictions) == 4 and all(e["honoured"] for e in evictions), evictions
+    assert all(len(v) == 2 for v in runs.values())
+
+
 def test_throughput_while_uploading(section: dict[str, Any]) -> None:
     t = section["throughput_uploading"]
     assert t["idle_steps_s"] > 0 and t["during_steps_s"] > 0
