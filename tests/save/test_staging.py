@@ -145,7 +145,7 @@ def test_staging_mode_is_validated(tmp_path: Path) -> None:
 def test_many_small_tensors_and_a_large_one_are_all_copied() -> None:
     # hundreds of small tensors (a transformer's biases and norms) go to the copy threads
     # in a few batches; the large one in 8 MiB pieces among them
-    from tierckpt.save.staging import _batches
+    from tierckpt._runs import contiguous_runs
 
     stager = HostStager(copy_threads=2)
     try:
@@ -157,6 +157,6 @@ def test_many_small_tensors_and_a_large_one_are_all_copied() -> None:
     finally:
         stager.close()
     pieces = [(torch.empty(n), torch.empty(n)) for n in [1] * 300 + [1000] * 4]
-    batches = _batches(pieces, 4)
+    batches = contiguous_runs(pieces, 4, lambda p: p[0].numel())
     assert len(batches) == 4 and [p for b in batches for p in b] == pieces  # order kept
     assert max(sum(d.numel() for d, _ in b) for b in batches) <= 1300

@@ -25,10 +25,10 @@ import contextlib
 import io
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from tierckpt._runs import contiguous_runs
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
 from tierckpt.format.manifest import Chunk, FileEntry
@@ -46,7 +47,6 @@ _PIECE = 16 * 1024 * 1024
 READ_STREAMS = 4  # sequential read streams of a rank alone on its tier-1 disk
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
-P = TypeVar("P")
 
 
 def _raw_data_offset(fd: int, info: _StorageInfo, nbytes: int) -> int | None:
@@ -209,7 +209,7 @@ class DirectReader(FileSystemReader):
                 out.append((off, len(buf), checksum.extend(0, buf) if crc else 0))
             return where, out
 
-        runs = _runs(pieces, self.threads, lambda p: len(p[1]))
+        runs = contiguous_runs(pieces, self.threads, lambda p: len(p[1]))
         with ThreadPoolExecutor(len(runs), thread_name_prefix="tierckpt-read") as pool:
             results = list(pool.map(run, runs))
         located = {id(wanted[j][0]): off for where, _ in results
@@ -308,20 +308,6 @@ class DirectReader(FileSystemReader):
         target.copy_(tensor)
         planner.commit_tensor(item, target)
         return info.offset, len(data), crc
-
-
-def _runs(pieces: list[P], k: int, size: Callable[[P], int]) -> list[list[P]]:
-    """``pieces`` (in file order) cut into at most ``k`` contiguous runs of about equal
-    ``size``, none empty."""
-    total = sum(size(p) for p in pieces)
-    runs: list[list[P]] = [[]]
-    acc = 0
-    for piece in pieces:
-        if runs[-1] and acc >= total * len(runs) / k and len(runs) < k:
-            runs.append([])
-        runs[-1].append(piece)
-        acc += size(piece)
-    return runs
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:

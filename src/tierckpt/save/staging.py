@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from tierckpt._runs import contiguous_runs
 from tierckpt.errors import StagingRaceError
 from tierckpt.save.directio import ZERO_COPY_MIN
 
@@ -203,28 +204,15 @@ class HostStager:
                 continue
             d, s = dst.view(-1), src.reshape(-1)
             pieces.extend((d[i:i + step], s[i:i + step]) for i in range(0, n, step))
-        for _ in self._pool.map(_copy_all, _batches(pieces, 2 * self.copy_threads)):
+        batches = contiguous_runs(pieces, 2 * self.copy_threads,
+                                  lambda p: p[0].numel() * p[0].element_size())
+        for _ in self._pool.map(_copy_all, batches):
             pass
 
 
 def _copy_all(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for dst, src in pieces:
         dst.copy_(src)
-
-
-def _batches(pieces: list[tuple[torch.Tensor, torch.Tensor]], k: int
-             ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``pieces`` in at most ``k`` contiguous batches of about equal bytes (at least one
-    piece each)."""
-    sizes = [dst.numel() * dst.element_size() for dst, _ in pieces]
-    out: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-    total, acc = sum(sizes), 0
-    for piece, size in zip(pieces, sizes, strict=True):
-        if out[-1] and acc >= total * len(out) / k and len(out) < k:
-            out.append([])
-        out[-1].append(piece)
-        acc += size
-    return out
 
 
 class _Walk:
