@@ -227,6 +227,23 @@ def test_round_trip_restores_every_accelerator_value(tmp_path: Path, fresh: None
     assert [next(it)[2].tolist() for _ in range(3)] == upcoming
 
 
+def test_saves_derive_the_state_dict_keys_once(tmp_path: Path, fresh: None) -> None:
+    # the integration hands TrainState the torch optimizer inside Accelerate's wrapper and
+    # keeps one TrainState: its StateCapture runs get_state_dict for the first save only
+    from tierckpt.integrations.accelerate import CheckpointManager
+
+    acc = _accelerator()
+    model, opt, loader, sched = acc.prepare(*_objects())
+    with CheckpointManager(acc, tier1=tmp_path / "t1") as ckpt:
+        it = _endless(loader)
+        for step in range(3):
+            _step(acc, model, opt, sched, next(it))
+            ckpt.save(step).wait()
+        capture = ckpt.state._capture
+    assert ckpt.state.optimizer is opt.optimizer
+    assert (capture.calls, capture.reference_calls) == (3, 1)
+
+
 def test_manual_data_position_saves_no_loader(tmp_path: Path, fresh: None) -> None:
     from tierckpt.errors import ConfigError
     from tierckpt.integrations.accelerate import CheckpointManager
