@@ -73,8 +73,10 @@ def _model(width: int) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], N
     return model, opt, step
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
+def _state_tensors(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters and every optimizer-state tensor: what a checkpoint holds."""
+    return [p.detach() for p in model.parameters()] + [
+        v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
 
 
 def _tierckpt_saves(root: Path, staging: str, model: nn.Module, opt: torch.optim.Optimizer,
@@ -111,9 +113,7 @@ def _dcp_saves(root: Path, model: nn.Module, opt: torch.optim.Optimizer,
 
 
 def _copies(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[list[float], list[float]]:
-    tensors = [p.detach() for p in model.parameters()]
-    tensors += [v for st in opt.state.values() for v in st.values()
-                if isinstance(v, torch.Tensor)]
+    tensors = _state_tensors(model, opt)
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
     flat_dst, dsts = torch.empty_like(flat), [torch.empty_like(t) for t in tensors]
     memcpy, each = [], []
@@ -161,14 +161,13 @@ def _rank(rank: int, world: int, job: dict[str, Any]) -> dict[str, Any]:
         start = time.perf_counter()
         step()
         idle.append(time.perf_counter() - start)
-    idle_step = _median(idle)
+    idle_step = statistics.median(idle)
     runs: dict[str, list[list[float]]] = {k: [] for k in (
         "tierckpt_overlap", "tierckpt_sync", "dcp_async_save", "memcpy", "per_tensor_copy",
         "restore_tierckpt", "restore_dcp")}
-    first = 0
+    first = 0  # steps keep increasing in the one tier-1 root
     for r in range(job["repeats"]):
-        ours_first = r % 2 == 0
-        for which in ("tierckpt", "dcp") if ours_first else ("dcp", "tierckpt"):
+        for which in ("tierckpt", "dcp") if r % 2 == 0 else ("dcp", "tierckpt"):
             if which == "dcp":
                 runs["dcp_async_save"].append(_dcp_saves(work / "dcp", model, opt, step))
                 continue
@@ -182,14 +181,11 @@ def _rank(rank: int, world: int, job: dict[str, Any]) -> dict[str, Any]:
         ours, theirs = _restores(work / "tier1", work / "dcp" / f"step-{SAVES - 1}", width)
         runs["restore_tierckpt"].append(ours)
         runs["restore_dcp"].append(theirs)
-    tensors = len(list(model.parameters())) + sum(
-        isinstance(v, torch.Tensor) for st in opt.state.values() for v in st.values())
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
-        v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
-        if isinstance(v, torch.Tensor))
-    return {"runs": runs, "idle_step_seconds": idle_step, "tensors": tensors,
+    tensors = _state_tensors(model, opt)
+    return {"runs": runs, "idle_step_seconds": idle_step, "tensors": len(tensors),
             "params": sum(p.numel() for p in model.parameters()),
-            "parameters": len(list(model.parameters())), "state_bytes": nbytes}
+            "parameters": len(list(model.parameters())),
+            "state_bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
 
 def measure_model_state(work: Path, total_bytes: int, *, repeats: int = 2) -> dict[str, Any]:
@@ -197,7 +193,7 @@ def measure_model_state(work: Path, total_bytes: int, *, repeats: int = 2) -> di
     work.mkdir(parents=True, exist_ok=True)
     width = width_for(total_bytes)
     (r,) = _dist.run_ranks(1, _rank, {"work": str(work), "width": width, "repeats": repeats})
-    med = {k: min(_median(v) for v in per_repeat) for k, per_repeat in r["runs"].items()}
+    med = {k: min(statistics.median(v) for v in per_repeat) for k, per_repeat in r["runs"].items()}
     out: dict[str, Any] = {
         "model": {"layers": LAYERS, "width": width, "params": r["params"],
                   "parameters": r["parameters"], "tensors": r["tensors"],

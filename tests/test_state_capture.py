@@ -35,14 +35,32 @@ def _reference(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple:
     return get_state_dict(model, () if opt is None else opt)
 
 
-def test_matches_get_state_dict_and_reuses_the_renaming() -> None:
+def _compiled() -> nn.Module:
+    return torch.compile(_model(), backend="eager")  # keys: "_orig_mod.<fqn>"
+
+
+def _checkpointed() -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+    )
+
     model = _model()
+    model[0] = checkpoint_wrapper(model[0])
+    return model
+
+
+@pytest.mark.parametrize("build", [_model, _compiled, _checkpointed],
+                         ids=["plain", "compiled", "ckpt-wrapper"])
+def test_matches_get_state_dict_and_reuses_the_renaming(build: Any) -> None:
+    # wrappers' prefixes are renamed away as get_state_dict does
+    model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     _step(model, opt)
     capture = StateCapture(model, opt)
     for i in range(4):
         got = capture()
         assert _same(got, _reference(model, opt)), f"call {i}"
+        assert all("_orig_mod" not in k and "_checkpoint_wrapped" not in k for k in got[0])
         _step(model, opt)
     assert capture.reference_calls == 1  # only the first call derived the renaming
 
@@ -203,31 +221,3 @@ def test_wrapped_models_match_get_state_dict(tmp_path: Path, kind: str) -> None:
     want = sorted(["0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"])
     for rank in range(2):
         assert Path(tmp_path, f"rank{rank}").read_text() == f"True 1 {want}"
-
-
-def _compiled() -> nn.Module:
-    return torch.compile(_model(), backend="eager")  # keys: "_orig_mod.<fqn>"
-
-
-def _checkpointed() -> nn.Module:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        checkpoint_wrapper,
-    )
-
-    model = _model()
-    model[0] = checkpoint_wrapper(model[0])
-    return model
-
-
-@pytest.mark.parametrize("build", [_compiled, _checkpointed], ids=["compiled", "ckpt-wrapper"])
-def test_wrapper_prefixes_are_renamed_as_get_state_dict_does(build: Any) -> None:
-    model = build()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _step(model, opt)
-    capture = StateCapture(model, opt)
-    for _ in range(3):
-        got = capture()
-        assert _same(got, _reference(model, opt))
-        assert all("_orig_mod" not in k and "_checkpoint_wrapped" not in k for k in got[0])
-        _step(model, opt)
-    assert capture.reference_calls == 1

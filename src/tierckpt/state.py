@@ -246,10 +246,9 @@ def _pack(tensors: dict[tuple[Any, ...], torch.Tensor]) -> dict[str, Any]:
             if pad:
                 parts.append(torch.zeros(pad, dtype=torch.uint8))
             pos += pad
-            size, name = torch.empty((), dtype=dtype).element_size(), str(dtype)
             for path, t in members:
-                index.append((path, name, tuple(t.shape), pos))
-                pos += t.numel() * size
+                index.append((path, str(dtype), tuple(t.shape), pos))
+                pos += t.numel() * dtype.itemsize
             flat = torch._C._nn.flatten_dense_tensors([t for _, t in members])
             parts.append(flat.cpu().view(torch.uint8))
     data = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
@@ -266,7 +265,7 @@ def _unpack(packed: dict[str, Any]) -> dict[tuple[Any, ...], torch.Tensor]:
     out = {}
     for path, dtype, shape, offset in index:
         dtype = _DTYPES[dtype] if isinstance(dtype, str) else dtype
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        n = torch.Size(shape).numel() * dtype.itemsize
         out[tuple(path)] = data[offset:offset + n].view(dtype).reshape(shape).clone()
     return out
 
