@@ -76,3 +76,32 @@ def test_slower_steps_while_saving_are_their_own_category() -> None:
     assert g.seconds["productive"] == pytest.approx(base.seconds["productive"] - 2.0)
     assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
     assert g.C_s == 0.5 and base.C_s == 0.5  # median of 2.5, 0.5, 0.5
+
+
+def test_each_save_counts_at_its_slowest_rank() -> None:
+    """The ranks wait for each other in the next step's collectives: a save blocks the job
+    for its slowest rank's C, and its slowed steps are that rank's cost above it. A step
+    saved again after the resume (step 24 here, by both incarnations) is two saves."""
+    def other(t: float, event: str, **kw: Any) -> dict[str, Any]:
+        return {**_ev(t, event, 11 if t < 50 else 12, **kw), "rank": 1}
+
+    recs = [*_run(), _ev(21.0, "save_cost", 1, step=9, seconds=1.5),
+            other(19.6, "save_staged", step=9, seconds=0.8),   # rank 1 slower at step 9
+            other(21.1, "save_cost", step=9, seconds=2.0),
+            other(29.6, "save_staged", step=19, seconds=0.2),  # rank 0 slower at step 19
+            other(30.0, "overlap", step=19, seconds=0.3),
+            _ev(34.5, "save_staged", 1, step=24, seconds=0.4),  # killed before it committed
+            other(34.6, "save_staged", step=24, seconds=0.6),
+            _ev(64.5, "save_staged", 2, step=24, seconds=0.3),  # saved again after resuming
+            other(64.6, "save_staged", step=24, seconds=0.7)]
+    g = goodput.account(recs)
+    s = g.seconds
+    # step 9: 0.8; 19: 0.5; 24 before the kill: 0.6, after the resume: 0.7; 29: 0.5
+    assert s["blocked"] == pytest.approx(0.8 + 0.5 + 0.6 + 0.7 + 0.5)
+    assert s["slowed"] == pytest.approx(2.0 - 0.8)  # rank 1's cost above the save's C
+    assert s["overlap"] == pytest.approx(0.3)
+    assert sum(s.values()) == pytest.approx(g.wall_s)
+    base = goodput.account(_run())
+    assert s["lost_work"] == pytest.approx(base.seconds["lost_work"])
+    assert s["productive"] == pytest.approx(
+        base.seconds["productive"] - (s["blocked"] - 1.5) - s["slowed"] - s["overlap"])

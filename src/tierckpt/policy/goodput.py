@@ -12,6 +12,8 @@ The run is cut into incarnations (one per rank-0 process, in start order). For e
   waiting for the previous one);
 - **slowed**: steps that ran slower while a save copied and wrote in the background
   (``save_cost`` seconds above that save's C, :mod:`tierckpt.runtime.save_cost`);
+- each of these three per save at its slowest rank (the others wait for it in the next
+  step's collectives);
 - **lost work**: the steps an incarnation computed beyond the step the next one resumed
   from (``restore_done``), at that incarnation's measured seconds per step;
 - **productive**: the rest of its training time.
@@ -23,6 +25,7 @@ gap between incarnations leaves over. The model's prediction for the same C, R, 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import statistics
@@ -125,6 +128,27 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
     return sorted(out, key=lambda i: i.start)
 
 
+def _save_parts(recs: list[Mapping[str, Any]], incs: list[Incarnation]) -> dict[str, float]:
+    """Blocked, overlap and slowed seconds of every save, each save counted at its slowest
+    rank (the ranks meet in every step's collectives, so the job waits for that one). A
+    save is a step within an incarnation: records of any rank are placed by time in the
+    rank-0 incarnation started last before them, so a step saved again after a resume
+    counts twice, as it cost twice."""
+    starts = [i.start for i in incs]
+    worst: dict[str, dict[tuple[int, int], float]] = {
+        "save_staged": {}, "overlap": {}, "save_cost": {}}
+    for r in recs:
+        into, step, s = worst.get(str(r.get("event"))), r.get("step"), _num(r.get("seconds"))
+        if into is None or s is None or not isinstance(step, int) or isinstance(step, bool):
+            continue
+        key = (max(0, bisect.bisect_right(starts, float(r["t"])) - 1), step)
+        into[key] = max(into.get(key, s), s)
+    blocked = worst["save_staged"]
+    return {"blocked": sum(blocked.values()), "overlap": sum(worst["overlap"].values()),
+            "slowed": sum(max(0.0, c - blocked[k]) for k, c in worst["save_cost"].items()
+                          if k in blocked)}
+
+
 def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None = None,
             nodes: int = 1) -> Goodput:
     """The goodput of the run the records describe (see the module docstring)."""
@@ -137,15 +161,8 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
     t0 = min(float(r["t"]) for r in recs)
     t1 = max(float(r["t"]) for r in recs)
     staged = [r for r in recs if r.get("event") == "save_staged" and r.get("rank", 0) == 0]
-    for r in staged:
-        sec["blocked"] += _num(r.get("seconds")) or 0.0
-    blocked_at = {r.get("step"): _num(r.get("seconds")) or 0.0 for r in staged}
-    for r in recs:
-        if r.get("event") == "overlap" and r.get("rank", 0) == 0:
-            sec["overlap"] += _num(r.get("seconds")) or 0.0
-        elif r.get("event") == "save_cost" and r.get("rank", 0) == 0 \
-                and r.get("step") in blocked_at:
-            sec["slowed"] += max(0.0, (_num(r.get("seconds")) or 0.0) - blocked_at[r["step"]])
+    for part, seconds in _save_parts(recs, incs).items():
+        sec[part] += seconds
     dead_prev = None
     for k, inc in enumerate(incs):
         begin = inc.first_step_t if inc.first_step_t is not None else inc.end
