@@ -32,8 +32,10 @@ _CHUNK = 16 << 20
 _ALIGN = 4096
 
 
-def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -> Measurement:
-    """Best seconds for ``threads`` Python threads to ``copy_`` the state into existing buffers."""
+def copy_runner(state: dict[str, torch.Tensor], threads: int = 2) -> Callable[[], float]:
+    """The copy limit's procedure, set up once: a function that times ``threads`` Python
+    threads ``copy_``-ing the state into buffers allocated (and touched) here, largest
+    tensors spread first. Each call is one timed copy, torch at one thread per copy thread."""
     tensors = sorted(state.values(), key=lambda t: -t.numel())
     groups: list[list[torch.Tensor]] = [[] for _ in range(threads)]
     loads = [0] * threads
@@ -47,14 +49,21 @@ def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -
         for dst, src in zip(dests[i], groups[i], strict=True):
             dst.copy_(src)
 
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one core per copy thread, no intra-op oversubscription
-    runs = []
-    try:
-        for _ in range(repeats + 1):  # first round warms caches and the allocator
-            runs.append(timed_threads(work, threads))
-    finally:
-        torch.set_num_threads(saved_threads)
+    def timed() -> float:
+        saved_threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one core per copy thread, no intra-op oversubscription
+        try:
+            return timed_threads(work, threads)
+        finally:
+            torch.set_num_threads(saved_threads)
+    return timed
+
+
+def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -> Measurement:
+    """Best seconds for ``threads`` Python threads to ``copy_`` the state into existing buffers."""
+    tensors = list(state.values())
+    copy = copy_runner(state, threads)
+    runs = [copy() for _ in range(repeats + 1)]  # the first warms caches and the allocator
     return best_of(runs[1:], sum(t.numel() * t.element_size() for t in tensors),
                    threads=threads)
 

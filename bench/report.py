@@ -44,6 +44,8 @@ _ROWS = (
     ("tierckpt", "blocking", "C: tierckpt save(), staging='sync'", "copy_2threads"),
     ("tierckpt", "blocking_overlap", "C: tierckpt save(), staging='overlap' (+ wait in step)",
      "copy_2threads"),
+    ("tierckpt", "copy_inline", "the copy limit's procedure in the saving ranks, beside each "
+     "sync save", "copy_2threads"),
     ("dcp", "save_t1", "durable: dcp.save thread_count=1", "write_odirect_fsync"),
     ("dcp", "save_t4", "durable: dcp.save thread_count=4", "write_odirect_fsync"),
     ("dcp", "torch_save_rank0", "durable: torch.save gathered on rank 0", "write_odirect_fsync"),
@@ -131,6 +133,10 @@ def _world(r: dict[str, Any], world: str, sections: dict[str, Any]) -> list[str]
                   else m["gbps"] / ref["gbps"]) if ref and ref.get("seconds") else None
         lines.append(f"| {label} | {_f(m['seconds'])} | {_f(m['gbps'])} | {_x(vs_limit)} | "
                      f"{_x(vs_dcp)} |")
+    inline = sections.get("tierckpt", {}).get("blocking", {}).get("vs_copy_inline")
+    if inline is not None:
+        lines.append(f"| C: tierckpt save(), staging='sync', ÷ the copy beside it (vs limit "
+                     f"= that copy) | | | {_x(inline)} | |")
     lines += ["", "| loop / RAM | idle steps/s | during steps/s | ratio | peak extra RAM | "
               "× state | growth |", "|---|---|---|---|---|---|---|"]
     for section, entry, label in (("dcp", "throughput", "during dcp.async_save"),

@@ -122,7 +122,7 @@ def _rank_point(rank: int, world: int, size: int, job: SweepJob) -> dict[str, An
                            "manager_open_seconds": time.perf_counter() - start}
     with ckpt:
         out["ram"] = _ram(ckpt, ts, RAM_SAVES)
-        out.update(_save(ckpt, ts, RAM_SAVES, job.repeats))
+        out.update(_save(ckpt, ts, None, RAM_SAVES, job.repeats))  # no copy beside: RAM
     del ckpt  # its host buffers go before the restore target is allocated
     gc.collect()
     out["restore"] = _restore(state, root, job.repeats)

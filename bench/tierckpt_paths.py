@@ -15,6 +15,11 @@ DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 the
   waits for the background copy); ``save()``, then a step's compute (the bench loop) of
   twice the synchronous C, then ``optimizer.step()``. Blocked = ``save()`` + the wait in
   ``step()``; ``compute_seconds`` is what the copy could hide behind.
+- ``copy_inline``: the copy limit's procedure (``limits.copy_runner``) on each rank's
+  state, beside each timed save in alternating order, all ranks at once (2 copy threads
+  over all ranks): C's floor in the same processes at the same time. The limit row is
+  taken minutes earlier in the bench's own process, where the same copy ran up to 1.5×
+  faster; ``blocking.vs_copy_inline`` is C ÷ this.
 - ``durable``: ``save()`` call → ``handle.durable`` resolved (committed on every rank).
 - ``restore_cold``: ``restore()`` of the newest checkpoint by a fresh manager after the page
   cache dropped the shard files.
@@ -46,7 +51,7 @@ import torch.distributed as dist
 
 from bench import _dist
 from bench.dcp_peers import PeerJob, summarize_ram
-from bench.limits import read_range, timed_threads
+from bench.limits import copy_runner, read_range, timed_threads
 from bench.measure import best_of, slowest_rank
 from bench.memory import PeakSampler, tree_pss
 from bench.pagecache import evict, files_under
@@ -93,10 +98,19 @@ def _ram(ckpt: Any, ts: Any, saves: int) -> dict[str, Any]:
     return {"baseline": baseline, "peak_extra": sampler.peak - baseline, "after_each": after}
 
 
-def _save(ckpt: Any, ts: Any, first_step: int, repeats: int) -> dict[str, list[float]]:
-    """Timed saves; the manager's buffers are already allocated by earlier saves."""
-    blocking, durable = [], []
-    for step in range(first_step, first_step + repeats):
+def _save(ckpt: Any, ts: Any, state: dict[str, torch.Tensor] | None, first_step: int,
+          repeats: int) -> dict[str, list[float]]:
+    """Timed saves; the manager's buffers are already allocated by earlier saves. Given
+    the ``state``, each save has beside it, in alternating order, one run of the copy
+    limit's procedure on this rank's state (2 copy threads over all ranks, all ranks at
+    once): C's floor measured in the process, and at the time, that C is (its buffers: one
+    more state's worth of RAM while this runs)."""
+    copy = None if state is None else copy_runner(state, max(1, 2 // dist.get_world_size()))
+    if copy is not None:
+        copy()  # warm, as the limit's first round
+    blocking, durable, copies = [], [], []
+
+    def save(step: int) -> None:
         dist.barrier()
         start = time.perf_counter()
         handle = ckpt.save(step, ts)
@@ -105,7 +119,16 @@ def _save(ckpt: Any, ts: Any, first_step: int, repeats: int) -> dict[str, list[f
         handle.wait()
         blocking.append(staged)
         durable.append(time.perf_counter() - start)
-    return {"blocking": blocking, "durable": durable}
+
+    for r, step in enumerate(range(first_step, first_step + repeats)):
+        for fn in (save, None) if r % 2 == 0 else (None, save):
+            if fn is not None:
+                fn(step)
+            elif copy is not None:
+                dist.barrier()
+                copies.append(copy())
+    out = {"blocking": blocking, "durable": durable}
+    return out if copy is None else {**out, "copy_inline": copies}
 
 
 def _with_optimizer(state: dict[str, torch.Tensor]) -> Any:
@@ -226,7 +249,7 @@ def tierckpt_rank(rank: int, world: int, job: PeerJob) -> dict[str, Any]:
     with _manager(root) as ckpt:
         out["ram"] = _ram(ckpt, ts, job.saves)  # first, on a clean heap; allocates buffers
         phases["ram"] = time.perf_counter() - start
-        out.update(_save(ckpt, ts, job.saves, job.repeats))
+        out.update(_save(ckpt, ts, state, job.saves, job.repeats))
         phases["save"] = time.perf_counter() - start - phases["ram"]
         out["throughput"] = _throughput(ckpt, ts, job.saves + job.repeats, job)
         overlapped = _with_optimizer(state)
@@ -259,10 +282,14 @@ def summarize(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     own = best([r["restore"]["own_files"] for r in ranks],
                "each rank reads its own shard files of the same checkpoint, raw, one stream, "
                "all ranks at once, cache dropped (state bytes)")
+    blocking = best([r["blocking"] for r in ranks], "save() blocking time (C)")
+    copy = best([r["copy_inline"] for r in ranks], "the copy limit's procedure in the saving "
+                "ranks, beside each timed save (2 copy threads over all ranks)")
     return {
         "bytes": total,
         "phase_seconds": ranks[0]["phase_seconds"],
-        "blocking": best([r["blocking"] for r in ranks], "save() blocking time (C)"),
+        "blocking": {**blocking, "vs_copy_inline": blocking["seconds"] / copy["seconds"]},
+        "copy_inline": copy,
         "durable": best([r["durable"] for r in ranks], "save() → committed on every rank"),
         "blocking_overlap": {
             **best([r["overlap"]["blocking"] for r in ranks],

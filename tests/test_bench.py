@@ -69,8 +69,13 @@ def test_quick_results_schema(quick: tuple[dict[str, Any], str, Path]) -> None:
     # tierckpt is importable in this repo, so its section must have been measured
     tk = r["worlds"]["1"]["tierckpt"]
     assert "skipped" not in tk, tk
-    for key in ("blocking", "durable", "restore_cold", "own_files_read"):
+    for key in ("blocking", "durable", "restore_cold", "own_files_read", "copy_inline"):
         _is_measurement(tk[key], size)
+    # C beside the copy run in the same ranks: one per timed save, and the ratio of the two
+    assert len(tk["copy_inline"]["runs"]) == len(tk["blocking"]["runs"])
+    assert tk["blocking"]["vs_copy_inline"] == pytest.approx(
+        tk["blocking"]["seconds"] / tk["copy_inline"]["seconds"])
+    assert "÷ the copy beside it" in md
     assert "own shard files" in md
     assert tk["restore_cold"]["bytes_read"] >= size
     assert "skipped" in r["model_state"]  # --quick: tests/test_bench_model_state.py runs it
