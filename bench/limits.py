@@ -61,10 +61,9 @@ def copy_runner(state: dict[str, torch.Tensor], threads: int = 2) -> Callable[[]
 
 def copy_limit(state: dict[str, torch.Tensor], repeats: int, threads: int = 2) -> Measurement:
     """Best seconds for ``threads`` Python threads to ``copy_`` the state into existing buffers."""
-    tensors = list(state.values())
     copy = copy_runner(state, threads)
     runs = [copy() for _ in range(repeats + 1)]  # the first warms caches and the allocator
-    return best_of(runs[1:], sum(t.numel() * t.element_size() for t in tensors),
+    return best_of(runs[1:], sum(t.numel() * t.element_size() for t in state.values()),
                    threads=threads)
 
 

@@ -18,8 +18,8 @@ DCP de-duplicates the unflattened ``param_groups`` list across ranks: rank 0 the
 - ``copy_inline``: the copy limit's procedure (``limits.copy_runner``) on each rank's
   state, beside each timed save in alternating order, all ranks at once (2 copy threads
   over all ranks): C's floor in the same processes at the same time. The limit row is
-  taken minutes earlier in the bench's own process, where the same copy ran up to 1.5×
-  faster; ``blocking.vs_copy_inline`` is C ÷ this.
+  taken minutes earlier in the bench's own process, where the same copy may run at
+  another speed; ``blocking.vs_copy_inline`` is C ÷ this.
 - ``durable``: ``save()`` call → ``handle.durable`` resolved (committed on every rank).
 - ``restore_cold``: ``restore()`` of the newest checkpoint by a fresh manager after the page
   cache dropped the shard files.
@@ -120,13 +120,14 @@ def _save(ckpt: Any, ts: Any, state: dict[str, torch.Tensor] | None, first_step:
         blocking.append(staged)
         durable.append(time.perf_counter() - start)
 
+    def copy_beside(step: int) -> None:
+        if copy is not None:
+            dist.barrier()
+            copies.append(copy())
+
     for r, step in enumerate(range(first_step, first_step + repeats)):
-        for fn in (save, None) if r % 2 == 0 else (None, save):
-            if fn is not None:
-                fn(step)
-            elif copy is not None:
-                dist.barrier()
-                copies.append(copy())
+        for fn in (save, copy_beside) if r % 2 == 0 else (copy_beside, save):
+            fn(step)
     out = {"blocking": blocking, "durable": durable}
     return out if copy is None else {**out, "copy_inline": copies}
 
