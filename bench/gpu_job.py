@@ -32,6 +32,7 @@ committed (a deterministic resume point), the rank SIGKILLs itself; torchrun
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -199,4 +200,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # FSDP2 modules sit in reference cycles that hold the process group: free them while
+    # the interpreter is whole, or gloo sometimes aborts the exiting process (SIGABRT)
+    gc.collect()
+    sys.exit(code)

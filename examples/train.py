@@ -36,6 +36,7 @@ arbitrary times).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -266,4 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # FSDP2 modules sit in reference cycles that hold the process group: free them while
+    # the interpreter is whole, or gloo sometimes aborts the exiting process (SIGABRT)
+    gc.collect()
+    sys.exit(code)

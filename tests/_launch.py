@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
 
 WORKLOADS = Path(__file__).parent / "workloads"
 
@@ -27,6 +34,31 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, max_restarts: int =
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n"
                              f"--- stderr ---\n{proc.stderr[-8000:]}")
     return proc
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(fn: Callable[..., None], *args: Any, nprocs: int = 2) -> None:
+    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes and wait; raises when one
+    fails. Each process collects garbage once ``fn`` returns, while the interpreter is still
+    whole: FSDP2 modules sit in reference cycles that hold the gloo process group, and a
+    group freed during interpreter finalisation sometimes aborts the process (torch 2.13,
+    CPU: "terminate called without an active exception", SIGABRT; 2 of 30 runs of a
+    10-line ``fully_shard`` script, 0 of 30 with the collection)."""
+    mp.start_processes(functools.partial(_then_collect, fn), args=args, nprocs=nprocs,
+                       join=True, start_method="spawn")
+
+
+def _then_collect(fn: Callable[..., None], rank: int, *args: Any) -> None:
+    try:
+        fn(rank, *args)
+    finally:
+        gc.collect()
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

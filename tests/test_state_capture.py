@@ -5,17 +5,16 @@ only when the structure changes, for plain, DDP-wrapped and FSDP2 models."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from tests._launch import free_port, spawn
 from tierckpt import state_capture
 from tierckpt.state_capture import StateCapture, _same
 
@@ -182,12 +181,6 @@ def test_same_compares_order_storage_and_values() -> None:
     assert not _same({"lr": 0.1}, {"lr": 0.2})
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wrapped_worker(rank: int, world: int, port: int, kind: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -216,8 +209,7 @@ def _wrapped_worker(rank: int, world: int, port: int, kind: str, out: str) -> No
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_wrapped_models_match_get_state_dict(tmp_path: Path, kind: str) -> None:
-    mp.start_processes(_wrapped_worker, args=(2, _port(), kind, str(tmp_path)), nprocs=2,
-                       join=True, start_method="spawn")
+    spawn(_wrapped_worker, 2, free_port(), kind, str(tmp_path), nprocs=2)
     want = sorted(["0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"])
     for rank in range(2):
         assert Path(tmp_path, f"rank{rank}").read_text() == f"True 1 {want}"

@@ -8,20 +8,13 @@ tierckpt keeps every rank's groups, RNG and extras in that rank's own blob.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import tierckpt
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests._launch import free_port, spawn
 
 
 def _build(rank: int) -> torch.nn.Module:
@@ -58,6 +51,6 @@ def _worker(rank: int, world: int, port: int, root: str, out: str) -> None:
 
 
 def test_ranks_with_different_parameters_restore_exactly(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(2, _port(), str(tmp_path / "t1"), str(tmp_path)), nprocs=2)
+    spawn(_worker, 2, free_port(), str(tmp_path / "t1"), str(tmp_path), nprocs=2)
     assert (tmp_path / "rank0").read_text() == "True True 100"
     assert (tmp_path / "rank1").read_text() == "True True 101"

@@ -25,6 +25,7 @@ freshly initialised model with ``trainer.validate(ckpt_path="tierckpt")`` and wr
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -230,4 +231,8 @@ def make_trainer(args: argparse.Namespace, record: bool = True) -> pl.Trainer:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # FSDP2 modules sit in reference cycles that hold the process group: free them while
+    # the interpreter is whole, or gloo sometimes aborts the exiting process (SIGABRT)
+    gc.collect()
+    sys.exit(code)

@@ -8,18 +8,17 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
 import tierckpt
+from tests._launch import free_port, spawn
 from tests._payload import REFUSED, Where, plant_metadata_payload
 from tierckpt.errors import IntegrityError, UnsafeCheckpointError
 from tierckpt.format import layout
@@ -93,12 +92,6 @@ def test_plain_dcp_metadata_loads_like_pickle(tmp_path: Path) -> None:
     assert ours == theirs.read_metadata()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _fsdp_worker(rank: int, world: int, port: int, root: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -119,7 +112,7 @@ def _fsdp_worker(rank: int, world: int, port: int, root: str) -> None:
 
 
 def test_fsdp2_metadata_loads_like_pickle(tmp_path: Path) -> None:
-    mp.spawn(_fsdp_worker, args=(2, _port(), str(tmp_path)), nprocs=2)
+    spawn(_fsdp_worker, 2, free_port(), str(tmp_path), nprocs=2)
     _assert_loads_as_pickle(tmp_path / layout.step_dirname(1) / layout.METADATA)
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -26,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import tierckpt
+from tests._launch import free_port, spawn
 from tests._require import require
 from tierckpt.share.contents import contents
 from tierckpt.share.loader import load
@@ -43,12 +42,6 @@ IN, HIDDEN, OUT = 250, 1000, 10  # ~2 MB of fp32 weights; 1000 and 10 shard unev
 STEPS = 4  # saves at steps 1 and 3; "latest" is 3
 LAST = STEPS - 1
 SLACK = 4096  # bytes beyond the model's records, metadata, manifest and marker
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _mlp(seed: int) -> nn.Sequential:
@@ -127,7 +120,7 @@ def _fresh_url(server: S3Server) -> str:
 def job(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Job:
     base = tmp_path_factory.mktemp("fsdp-job")
     url, dump = _fresh_url(s3), base / "trained.pt"
-    mp.spawn(_train, args=(2, _port(), str(base / "t1"), url, str(dump)), nprocs=2)
+    spawn(_train, 2, free_port(), str(base / "t1"), url, str(dump), nprocs=2)
     with open_checkpoint(url) as ckpt:  # the drain on close() uploaded the last step
         assert ckpt.step == LAST
     trained = torch.load(dump, weights_only=True)
@@ -196,7 +189,7 @@ def _load_at(rank: int, world: int, port: int, root: str, want: str, out: str) -
 def test_tier1_load_at_world_size_three(job: Job, tmp_path: Path) -> None:
     want = tmp_path / "trained.pt"
     torch.save(job.trained, want)
-    mp.spawn(_load_at, args=(3, _port(), str(job.root), str(want), str(tmp_path)), nprocs=3)
+    spawn(_load_at, 3, free_port(), str(job.root), str(want), str(tmp_path), nprocs=3)
     model_bytes, overhead, _ = _budget(job.root)
     for rank in range(3):
         doc = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -6,13 +6,12 @@ unaffected."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests._launch import free_port, spawn
 from tests._synthetic import make_checkpoint
 from tierckpt.errors import CorruptDataError
 from tierckpt.format import layout
@@ -25,12 +24,6 @@ from tierckpt.tier1.catalog import read_committed
 DOMAINS = ((0,), (1,))
 SIZES = {"__0_0.distcp": (PIECE + 1000, 0), "__1_0.distcp": (5000, 1),
          "__1_1.distcp": (0, 1), ".metadata": (300, None)}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, port: int, base: str, damage: bool, out: str) -> None:
@@ -63,7 +56,7 @@ def _rank(rank: int, port: int, base: str, damage: bool, out: str) -> None:
 def _run(tmp_path: Path, damage: bool) -> dict[int, str]:
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(_rank, args=(_port(), str(tmp_path), damage, str(out)), nprocs=2, join=True)
+    spawn(_rank, free_port(), str(tmp_path), damage, str(out), nprocs=2)
     return {r: (out / f"rank{r}").read_text() for r in (0, 1)}
 
 

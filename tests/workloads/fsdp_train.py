@@ -13,6 +13,7 @@ lands while the background write is in flight).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -170,3 +171,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # FSDP2 modules sit in reference cycles that hold the process group: free them while
+    # the interpreter is whole, or gloo sometimes aborts the exiting process (SIGABRT)
+    gc.collect()
