@@ -48,8 +48,8 @@ def spawn(fn: Callable[..., None], *args: Any, nprocs: int = 2) -> None:
     fails. Each process collects garbage once ``fn`` returns, while the interpreter is still
     whole: FSDP2 modules sit in reference cycles that hold the gloo process group, and a
     group freed during interpreter finalisation sometimes aborts the process (torch 2.13,
-    CPU: "terminate called without an active exception", SIGABRT; 2 of 30 runs of a
-    10-line ``fully_shard`` script, 0 of 30 with the collection)."""
+    CPU: "terminate called without an active exception", SIGABRT; 4 of 70 runs of a
+    10-line ``fully_shard`` script, 0 of 70 with the collection)."""
     mp.start_processes(functools.partial(_then_collect, fn), args=args, nprocs=nprocs,
                        join=True, start_method="spawn")
 
