@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from tierckpt._version import __version__
 from tierckpt.errors import (
     CheckpointError,
     ConfigError,
@@ -19,8 +20,6 @@ from tierckpt.errors import (
     SignatureError,
     StorageError,
 )
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "AutoInterval": "tierckpt.policy.interval",

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tierckpt import __version__
+from tierckpt._version import __version__
 from tierckpt.config import ManagerConfig
 from tierckpt.errors import SaveError
 from tierckpt.format import layout
