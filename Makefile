@@ -10,7 +10,7 @@ STAMP := $(VENV)/.tierckpt-installed
 TORCHTITAN := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
 	typeguard==4.6.1
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test test-fast lint bench venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,14 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m tierckpt.cli.demo
 
+# Everything, slow tests included (what CI runs). pytest's default options (pyproject addopts)
+# print the 25 slowest tests.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The edit-test loop: everything but the tests marked `slow`.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples bench
