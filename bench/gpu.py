@@ -94,6 +94,7 @@ from bench.gpu_report import render_markdown, write_results
 from bench.gpu_resume import measure_fsdp_resume
 from bench.machine import machine_facts
 from bench.measure import Measurement, best_of
+from tierckpt import Failures, Writes
 from tierckpt.save.staging import HostStager
 
 SCHEMA = "tierckpt-bench-gpu/1"
@@ -337,8 +338,9 @@ def _round(tr: _Trainer, save: Callable[[], Any], wait_staged: Callable[[Any], N
 
 def _tierckpt_rounds(tr: _Trainer, root: Path, mode: str, repeats: int) -> list[_Round]:
     state = tierckpt.TrainState(model=tr.model, optimizer=tr.opt)
-    with tierckpt.CheckpointManager(tier1=root / f"tierckpt-{mode}", keep_last=1, staging=mode,
-                                    collective_timeout_s=300) as ckpt:
+    with tierckpt.CheckpointManager(tier1=root / f"tierckpt-{mode}", keep_last=1,
+                                    writes=Writes(staging=mode),
+                                    failures=Failures(collective_timeout_s=300)) as ckpt:
 
         def save(step: int) -> Any:
             return ckpt.save(step, state)

@@ -50,6 +50,7 @@ from torch.distributed.fsdp import fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import tierckpt
+from tierckpt import Failures, Writes
 
 VOCAB, SEQ, DIM, HEADS, LAYERS = 64, 16, 64, 4, 2
 
@@ -161,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     lead = info.rank == 0
     losses = open(args.losses, "a") if lead else None  # noqa: SIM115
     try:
-        with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=2, staging=args.staging,
-                                        collective_timeout_s=120) as ckpt:
+        with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=2,
+                                        writes=Writes(staging=args.staging),
+                                        failures=Failures(collective_timeout_s=120)) as ckpt:
             restored = ckpt.restore(state)
             if lead:
                 with open(args.meta, "a") as meta:

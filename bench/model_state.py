@@ -43,6 +43,7 @@ from torch import nn
 
 from bench import _dist
 from bench._cli import run_section
+from tierckpt import Writes
 
 MiB = 1 << 20
 LAYERS = 24
@@ -85,7 +86,8 @@ def _tierckpt_saves(root: Path, staging: str, model: nn.Module, opt: torch.optim
 
     ts = tierckpt.TrainState(model=model, optimizer=opt)
     out = []
-    with tierckpt.CheckpointManager(tier1=root, keep_last=2, staging=staging) as ckpt:
+    with tierckpt.CheckpointManager(tier1=root, keep_last=2,
+                                    writes=Writes(staging=staging)) as ckpt:
         for s in range(first, first + SAVES):
             handle = ckpt.save(s, ts)
             step()  # overlap: its optimizer.step() waits for the background copy

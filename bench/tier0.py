@@ -64,7 +64,7 @@ from bench.pagecache import evict, files_under
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
 from bench.transfer import ENDPOINT_ENV, remove_remote, weed_missing
 from bench.transfer import tier2 as transfer_tier2
-from tierckpt import CheckpointManager, TrainState
+from tierckpt import CheckpointManager, Tier0, TrainState
 from tierckpt.cli.demo import CLUSTER_NODES, NODE_MTBF_S
 from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
@@ -296,8 +296,8 @@ def _plans(saves: dict[str, Any], restores: dict[str, Any],
 
 def _managers(roots: dict[str, Path], tier0_dir: Path) -> tuple[CheckpointManager,
                                                                  CheckpointManager]:
-    on = CheckpointManager(tier1=roots["tier0_on"], tier0=tier0_dir, tier1_every=TIER1_EVERY,
-                           keep_last=1, tier0_keep=1)
+    on = CheckpointManager(tier1=roots["tier0_on"],
+                           tier0=Tier0(tier0_dir, tier1_every=TIER1_EVERY, keep=1), keep_last=1)
     try:
         return on, CheckpointManager(tier1=roots["tier0_off"], keep_last=1)
     except BaseException:

@@ -223,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     state = tierckpt.TrainState(model=model, optimizer=opt, scheduler=sched, dataloader=loader)
     losses = open(args.losses, "a") if args.losses and info.rank == 0 else None  # noqa: SIM115
     try:
-        with tierckpt.CheckpointManager(tier1=args.tier1, keep_last=args.keep_last,
-                                        verify=args.verify, tier2=args.tier2,
-                                        upload_every=args.upload_every,
-                                        tier0=args.tier0, tier1_every=args.tier1_every,
-                                        collective_timeout_s=args.timeout) as ckpt:
+        tier2 = args.tier2 and tierckpt.Tier2(args.tier2, upload_every=args.upload_every)
+        tier0 = args.tier0 and tierckpt.Tier0(None if args.tier0 == "auto" else args.tier0,
+                                              tier1_every=args.tier1_every)
+        with tierckpt.CheckpointManager(
+                tier1=args.tier1, keep_last=args.keep_last, verify=args.verify, tier2=tier2,
+                tier0=tier0, failures=tierckpt.Failures(collective_timeout_s=args.timeout),
+        ) as ckpt:
             restored = ckpt.restore(state)
             start = restored.step + 1 if restored else 0
             with tierckpt.StepWatchdog(args.hang_timeout, event_log=events) as watchdog:

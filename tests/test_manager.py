@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt import Failures, Tier2, Writes
 from tierckpt.errors import ConfigError, LockError, SaveError
 from tierckpt.format import layout
 from tierckpt.runtime import events
@@ -115,7 +116,8 @@ def test_save_failure_surfaces_and_training_can_continue(tmp_path: Path) -> None
 
 def test_on_save_error_continue_keeps_training(tmp_path: Path) -> None:
     st, _ = _state()
-    with tierckpt.CheckpointManager(tier1=tmp_path, on_save_error="continue") as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path,
+                                    failures=Failures(on_save_error="continue")) as ck:
         ck.save(0, st).wait()
         (tmp_path / layout.tmp_dirname(1, f"{ck.run_id}-1")).write_text("in the way")
         ck.save(1, st)
@@ -177,13 +179,15 @@ def test_startup_removes_stale_tmp_but_never_complete(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"keep_last": 0}, "keep_last"),
     ({"verify": "bogus"}, "verify"),
-    ({"file_mode": 0o666}, "world-writable"),
-    ({"write_threads": 0}, "write_threads"),
-    ({"collective_timeout_s": -1}, "collective_timeout_s"),
+    ({"writes": {"threads": 0}}, r"Writes\.threads"),
+    ({"writes": {"file_mode": 0o666}}, "world-writable"),
+    ({"failures": {"collective_timeout_s": -1}}, r"Failures\.collective_timeout_s"),
 ])
 def test_bad_config_names_the_argument(tmp_path: Path, kwargs: dict, match: str) -> None:
+    groups = {"writes": tierckpt.Writes, "failures": tierckpt.Failures}
     with pytest.raises(ConfigError, match=match):
-        tierckpt.CheckpointManager(tier1=tmp_path, **kwargs)
+        kw = {k: groups[k](**v) if k in groups else v for k, v in kwargs.items()}
+        tierckpt.CheckpointManager(tier1=tmp_path, **kw)
 
 
 def test_unwritable_tier1_and_missing_tier1(tmp_path: Path) -> None:
@@ -209,7 +213,8 @@ def test_trainstate_rejects_wrong_types() -> None:
 
 def test_files_are_not_world_writable(tmp_path: Path) -> None:
     st, _ = _state()
-    with tierckpt.CheckpointManager(tier1=tmp_path, file_mode=0o600, dir_mode=0o700) as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path,
+                                    writes=Writes(file_mode=0o600, dir_mode=0o700)) as ck:
         ck.save(0, st).wait()
     for p in (tmp_path / "step-00000000").iterdir():
         assert os.stat(p).st_mode & 0o777 == 0o600, p
@@ -220,7 +225,7 @@ def test_tier2_uploader_process_and_restore_from_tier2(tmp_path: Path) -> None:
     tier1, tier2 = tmp_path / "t1", f"file://{tmp_path / 't2'}"
     (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist: opening one never creates it
     st, _ = _state()
-    with tierckpt.CheckpointManager(tier1=tier1, tier2=tier2, upload_drain_s=60) as ck:
+    with tierckpt.CheckpointManager(tier1=tier1, tier2=Tier2(tier2, drain_s=60)) as ck:
         _train(st, 2)
         ck.save(1, st).wait()
         ref = _train(st, 3)
@@ -231,7 +236,7 @@ def test_tier2_uploader_process_and_restore_from_tier2(tmp_path: Path) -> None:
     import shutil
     shutil.rmtree(tier1)
     st2, _ = _state(seed=7)
-    with tierckpt.CheckpointManager(tier1=tier1, tier2=tier2, start_uploader=False) as ck:
+    with tierckpt.CheckpointManager(tier1=tier1, tier2=Tier2(tier2, start_uploader=False)) as ck:
         info = ck.restore(st2)
     assert info is not None and info.step == 1 and info.source == "tier2"
     assert info.bytes_by_source["tier2"] > 0
@@ -273,8 +278,9 @@ def test_a_save_still_writing_never_lends_its_buffers(tmp_path: Path, mode: str)
     Once the slow write ends, saving works again and both checkpoints hold their own values."""
     root = tmp_path / "t1"
     st = _big(1.0)
-    with tierckpt.CheckpointManager(tier1=root, wait_timeout_s=0.01, keep_last=5,
-                                    on_save_error=mode) as ck:
+    with tierckpt.CheckpointManager(tier1=root, keep_last=5,
+                                    failures=Failures(wait_timeout_s=0.01,
+                                                      on_save_error=mode)) as ck:
         first = ck.save(1, st)
         with torch.no_grad():
             st.model.weight.fill_(2.0)

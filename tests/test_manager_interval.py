@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt import Writes
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.runtime import events
@@ -42,10 +43,12 @@ def test_every_steps_is_the_readme_loop(tmp_path: Path) -> None:
     assert saved == [3, 7]
 
 
-def test_should_save_needs_an_interval(tmp_path: Path) -> None:
-    with tierckpt.CheckpointManager(tier1=tmp_path) as ck, \
-            pytest.raises(ConfigError, match="interval="):
-        ck.should_save(0)
+def test_without_an_interval_should_save_is_false_and_the_loop_decides(tmp_path: Path) -> None:
+    st = _state([0.0])
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        assert not any(ck.should_save(step) for step in range(50))
+        ck.save(3, st).wait()  # the loop's own choice still saves
+    assert tierckpt.ManagerConfig(tier1=tmp_path).interval is None
     with pytest.raises(ConfigError, match="interval must be"):
         tierckpt.CheckpointManager(tier1=tmp_path, interval=600)
 
@@ -122,7 +125,8 @@ def test_without_an_interval_the_optimizer_steps_mark_the_save_cost(tmp_path: Pa
     model = nn.Linear(1024, 2048)
     opt = torch.optim.SGD(model.parameters(), lr=0)
     st = tierckpt.TrainState(model=model, optimizer=opt)
-    with tierckpt.CheckpointManager(tier1=tmp_path, keep_last=2, staging=staging) as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path, keep_last=2,
+                                    writes=Writes(staging=staging)) as ck:
         handle = None
         busy_steps = 0
         for step in range(60):

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt import Tier2
 from tierckpt.errors import ConfigError, SaveError
 from tierckpt.format import layout
 from tierckpt.ops.inventory import inventory
@@ -51,8 +52,7 @@ def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
         caplog: pytest.LogCaptureFixture) -> None:
     root, st = tmp_path / "t1", _state()
     with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
-            tier1=root, tier2=s3_env.url, keep_last=1, upload_backlog=1,
-            upload_drain_s=2) as ck:
+            tier1=root, tier2=Tier2(s3_env.url, backlog=1, drain_s=2), keep_last=1) as ck:
         _revoke(fault_proxy)
         ck.save(0, st).wait()
         _wait_for_failed_record(root, 0)
@@ -72,12 +72,12 @@ def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
 def test_tier2_required_turns_a_failing_tier2_into_a_save_error(
         tmp_path: Path, s3_env: S3Env, fault_proxy: Any) -> None:
     root, st = tmp_path / "t1", _state()
-    with tierckpt.CheckpointManager(tier1=root, tier2=s3_env.url, tier2_required=True,
-                                    upload_drain_s=0) as ck:
+    with tierckpt.CheckpointManager(tier1=root,
+                                    tier2=Tier2(s3_env.url, required=True, drain_s=0)) as ck:
         _revoke(fault_proxy)
         ck.save(0, st).wait()
         _wait_for_failed_record(root, 0)
-        with pytest.raises(SaveError, match=r"tier2_required and .* tier 2 .* is failing"):
+        with pytest.raises(SaveError, match=r"Tier2\.required and .* tier 2 .* is failing"):
             ck.save(1, st)
 
 

@@ -26,32 +26,41 @@ _LAZY = {
     "Every": "tierckpt.policy.interval",
     "CheckpointManager": "tierckpt.manager",
     "DistInfo": "tierckpt.runtime.distributed",
+    "Failures": "tierckpt.save.config",
     "HangInfo": "tierckpt.runtime.watchdog",
     "ManagerConfig": "tierckpt.config",
-    "OnSaveError": "tierckpt.config",
+    "OnSaveError": "tierckpt.save.config",
     "RestoreInfo": "tierckpt.restore.loader",
     "ResumableSampler": "tierckpt.data",
     "SaveHandle": "tierckpt.save.saver",
     "SaveResult": "tierckpt.save.saver",
+    "Staging": "tierckpt.save.config",
     "StepWatchdog": "tierckpt.runtime.watchdog",
+    "Tier0": "tierckpt.tier0.config",
+    "Tier2": "tierckpt.tier2.config",
     "TrainState": "tierckpt.state",
-    "Verify": "tierckpt.config",
+    "Verify": "tierckpt.restore.verify",
+    "Writes": "tierckpt.save.config",
     "init_distributed": "tierckpt.runtime.distributed",
     "load": "tierckpt.share.loader",
     "LoadResult": "tierckpt.share.loader",
 }
 
 if TYPE_CHECKING:
-    from tierckpt.config import ManagerConfig, OnSaveError, Verify
+    from tierckpt.config import ManagerConfig
     from tierckpt.data import ResumableSampler
     from tierckpt.manager import CheckpointManager
     from tierckpt.policy.interval import AutoInterval, Every
     from tierckpt.restore.loader import RestoreInfo
+    from tierckpt.restore.verify import Verify
     from tierckpt.runtime.distributed import DistInfo, init_distributed
     from tierckpt.runtime.watchdog import HangInfo, StepWatchdog
+    from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
     from tierckpt.save.saver import SaveHandle, SaveResult
     from tierckpt.share.loader import LoadResult, load
     from tierckpt.state import TrainState
+    from tierckpt.tier0.config import Tier0
+    from tierckpt.tier2.config import Tier2
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +83,7 @@ __all__ = [
     "ConfigError",
     "DistInfo",
     "Every",
+    "Failures",
     "HangInfo",
     "IntegrityError",
     "LoadResult",
@@ -87,10 +97,14 @@ __all__ = [
     "SaveHandle",
     "SaveResult",
     "SignatureError",
+    "Staging",
     "StepWatchdog",
     "StorageError",
+    "Tier0",
+    "Tier2",
     "TrainState",
     "Verify",
+    "Writes",
     "__version__",
     "init_distributed",
     "load",

@@ -28,6 +28,7 @@ import torch
 
 import tierckpt
 from tests.faults._oracle import make_state, set_weights, snapshot, weights_step
+from tierckpt import Failures
 from tierckpt.errors import SaveError
 from tierckpt.format import layout
 from tierckpt.runtime.distributed import init_distributed
@@ -74,7 +75,8 @@ def main() -> None:
     st = make_state(1)
     mode = "continue" if args.phase == "enospc" else "raise"
     with tierckpt.CheckpointManager(tier1=root, keep_last=3, verify="full",
-                                    collective_timeout_s=20, on_save_error=mode) as ck:
+                                    failures=Failures(collective_timeout_s=20,
+                                                      on_save_error=mode)) as ck:
         if args.phase == "restore":
             got = ck.restore(st)
             res = {"step": got.step if got else None,

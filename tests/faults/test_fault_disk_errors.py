@@ -30,6 +30,7 @@ from tests.faults._oracle import (
     set_weights,
     snapshot,
 )
+from tierckpt import Failures
 from tierckpt.errors import SaveError
 from tierckpt.format import layout
 from tierckpt.runtime import events
@@ -82,8 +83,9 @@ def test_continue_mode_cleans_up_escalates_and_keeps_events(small_fs: Path) -> N
     root = small_fs / "tier1"
     save_steps(root, [1])
     st = make_state(2)
-    with tierckpt.CheckpointManager(tier1=root, on_save_error="continue",
-                                    max_consecutive_save_failures=3) as ck:
+    with tierckpt.CheckpointManager(tier1=root,
+                                    failures=Failures(on_save_error="continue",
+                                                      max_consecutive=3)) as ck:
         filler = _fill(small_fs, leave=0)
         _choke(root / layout.EVENTS)
         for step in (2, 3, 4):
@@ -145,7 +147,8 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
     records = _Records()
     logging.getLogger("tierckpt").addHandler(records)
     try:
-        with tierckpt.CheckpointManager(tier1=root, on_save_error="continue") as ck:
+        with tierckpt.CheckpointManager(tier1=root,
+                                        failures=Failures(on_save_error="continue")) as ck:
             more = _fill(small_fs, leave=8192, name="filler2")  # start-up freed the debris
             failure = ck.save(2, st).durable.exception(timeout=120)  # let it fail first
             assert isinstance(failure, SaveError)

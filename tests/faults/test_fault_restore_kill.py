@@ -30,6 +30,7 @@ from tests.faults._oracle import (
     save_steps,
     weights_step,
 )
+from tierckpt import Tier2
 from tierckpt.format import layout
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
@@ -51,7 +52,7 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_sweep.Zygote]:
 
 def _retry(root: Path, tier2: str) -> tuple[int | None, float | None]:
     st = make_state(-1)
-    with tierckpt.CheckpointManager(tier1=root, tier2=tier2, start_uploader=False,
+    with tierckpt.CheckpointManager(tier1=root, tier2=Tier2(tier2, start_uploader=False),
                                     verify="full") as ck:
         info = ck.restore(st)
     return (None, None) if info is None else (info.step, weights_step(st))

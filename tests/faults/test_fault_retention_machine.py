@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import tierckpt
 from tests.faults._oracle import TALLY, committed, make_state, set_weights, weights_step
+from tierckpt import Tier2
 from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.policy import retention
@@ -71,10 +72,11 @@ class RetentionResume(RuleBasedStateMachine):
             return self.ck
         expected = max(self.intact | (self._remote() if self.root.exists() else set()),
                        default=None)
+        # the invariant here: nothing is deleted before its upload (backlog=None)
         self.ck = tierckpt.CheckpointManager(
-            tier1=self.root, keep_last=KEEP, verify="full", tier2=self.tier2,
-            upload_every=UPLOAD_EVERY, start_uploader=False,
-            upload_backlog=None)  # the invariant here: nothing is deleted before its upload
+            tier1=self.root, keep_last=KEEP, verify="full",
+            tier2=Tier2(self.tier2, upload_every=UPLOAD_EVERY, start_uploader=False,
+                        backlog=None))
         st = make_state(-1)
         info = self.ck.restore(st)
         chosen = None if info is None else info.step

@@ -24,6 +24,7 @@ torch.set_num_threads(1)
 
 import tierckpt  # noqa: E402
 from tests.faults._oracle import make_state, set_weights  # noqa: E402
+from tierckpt import Failures, Tier2  # noqa: E402
 from tierckpt.errors import SaveError  # noqa: E402
 
 
@@ -32,9 +33,9 @@ def _restore(cmd: dict) -> int:
     ``tier2`` what tier 1 lacks); write ``{"step"}`` to ``result``."""
     with open(cmd["fifo"], "rb") as f:
         f.read()
+    tier2 = cmd["tier2"] and Tier2(cmd["tier2"], start_uploader=False)
     with tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
-                                    tier2=cmd["tier2"], start_uploader=False,
-                                    verify="full") as ck:
+                                    tier2=tier2, verify="full") as ck:
         info = ck.restore(make_state(-1))
     Path(cmd["result"]).write_text(json.dumps({"step": info.step if info else None}))
     return 0
@@ -56,7 +57,8 @@ def _child(cmd: dict) -> int:
     if not cmd.get("after_open"):
         go()  # traced from here: start-up (lock, cleanup) is part of the sweep
     ck = tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
-                                    on_save_error=cmd.get("on_save_error", "raise"))
+                                    failures=Failures(
+                                        on_save_error=cmd.get("on_save_error", "raise")))
     Path(cmd["fifo"] + ".ready").touch()
     if cmd.get("after_open"):
         go()

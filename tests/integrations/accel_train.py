@@ -33,6 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tierckpt
+from tierckpt import Failures, Tier2
 from tierckpt.integrations.accelerate import CheckpointManager
 
 DIM, CLASSES = 16, 4
@@ -100,8 +101,9 @@ def main() -> None:
     kills = [int(s) for s in args.kill_at.split(",") if s]
     kill_ranks = [int(r) for r in args.kill_rank.split(",")]
     out = open(args.losses, "a") if info.rank == 0 else None  # noqa: SIM115
-    with CheckpointManager(accelerator, tier1=args.tier1, tier2=args.tier2, every=args.every,
-                           keep_last=3, collective_timeout_s=60, upload_drain_s=60) as ckpt:
+    tier2 = args.tier2 and Tier2(args.tier2, drain_s=60)
+    with CheckpointManager(accelerator, tier1=args.tier1, tier2=tier2, every=args.every,
+                           keep_last=3, failures=Failures(collective_timeout_s=60)) as ckpt:
         restored = ckpt.restore()
         if restored is not None and info.rank == 0 and args.restored:
             with open(args.restored, "a") as f:

@@ -44,6 +44,7 @@ from torch.utils.data import Dataset, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import tierckpt
+from tierckpt import Failures, Tier2
 from tierckpt.integrations.lightning import (
     RESUME,
     TierckptCheckpoint,
@@ -204,8 +205,9 @@ def main() -> int:
 
 def make_trainer(args: argparse.Namespace, record: bool = True) -> pl.Trainer:
     # --- USER: what a Lightning user adds --------------------------------------------------
-    config = tierckpt.ManagerConfig(tier1=args.tier1, tier2=args.tier2, keep_last=3,
-                                    collective_timeout_s=60, upload_drain_s=60)
+    config = tierckpt.ManagerConfig(tier1=args.tier1,
+                                    tier2=args.tier2 and Tier2(args.tier2, drain_s=60),
+                                    keep_last=3, failures=Failures(collective_timeout_s=60))
     strategy: TierckptDDPStrategy | TierckptModelParallelStrategy
     if args.strategy == "ddp":
         strategy = TierckptDDPStrategy(tierckpt=config, process_group_backend="gloo",

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt import Tier2
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
 from tierckpt.runtime import events
@@ -115,8 +116,8 @@ def hung_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def test_hung_tier2_does_not_block_a_restore_from_tier1(tmp_path: Path, hung_s3: str) -> None:
     _save(tmp_path, [4, 8])
     t0 = time.monotonic()
-    with tierckpt.CheckpointManager(tier1=tmp_path, tier2=hung_s3, start_uploader=False,
-                                    tier2_timeout_s=1.5) as ck:
+    with tierckpt.CheckpointManager(
+            tier1=tmp_path, tier2=Tier2(hung_s3, start_uploader=False, timeout_s=1.5)) as ck:
         info = ck.restore(_state())
     took = time.monotonic() - t0
     assert info is not None and info.step == 8 and info.source == "tier1"
@@ -128,8 +129,8 @@ def test_hung_tier2_does_not_block_a_restore_from_tier1(tmp_path: Path, hung_s3:
 
 def test_unreachable_tier2_with_empty_tier1_is_not_a_fresh_start(tmp_path: Path,
                                                                  hung_s3: str) -> None:
-    with tierckpt.CheckpointManager(tier1=tmp_path, tier2=hung_s3, start_uploader=False,
-                                    tier2_timeout_s=1.0) as ck, \
+    with tierckpt.CheckpointManager(
+            tier1=tmp_path, tier2=Tier2(hung_s3, start_uploader=False, timeout_s=1.0)) as ck, \
             pytest.raises(CheckpointError, match="refusing to start training from scratch"):
         ck.restore(_state())
 
@@ -141,8 +142,8 @@ def test_a_tier2_that_can_never_work_is_refused_when_the_job_starts(tmp_path: Pa
     bad = tmp_path / "not-a-dir"
     bad.write_text("x")
     with pytest.raises(ConfigError, match="is not a directory"):
-        tierckpt.CheckpointManager(tier1=tmp_path / "t1", tier2=bad.as_uri(),
-                                   start_uploader=False)
+        tierckpt.CheckpointManager(tier1=tmp_path / "t1",
+                                   tier2=Tier2(bad.as_uri(), start_uploader=False))
     with tierckpt.CheckpointManager(tier1=tmp_path / "t1") as ck:  # the root was released
         info = ck.restore(_state())
     assert info is not None and info.step == 3
@@ -156,7 +157,7 @@ def test_a_tier2_mount_that_is_down_does_not_stop_a_restart(
     _save(tmp_path / "t1", [3])
     gone = tmp_path / "mnt" / "tier2"
     with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
-            tier1=tmp_path / "t1", tier2=gone.as_uri(), upload_drain_s=0) as ck:
+            tier1=tmp_path / "t1", tier2=Tier2(gone.as_uri(), drain_s=0)) as ck:
         info = ck.restore(_state())
     assert info is not None and info.step == 3 and info.source == "tier1"
     assert any("is not there" in r.getMessage() for r in caplog.records)

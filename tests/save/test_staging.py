@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import tierckpt
+from tierckpt import Writes
 from tierckpt.errors import ConfigError, SaveError, StagingRaceError
 from tierckpt.save.staging import HostStager
 
@@ -84,7 +85,7 @@ def test_step_right_after_save_waits_and_the_checkpoint_holds_the_saved_step(
     save() all the same, with the step held until the copy landed."""
     st, model, opt = _job()
     _step(model, opt)
-    with tierckpt.CheckpointManager(tier1=tmp_path, fsync=False) as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path, writes=Writes(fsync=False)) as ck:
         snap = _snapshot(model, opt)
         gate = _hold(ck._stager)
         h = ck.save(1, st)
@@ -111,7 +112,7 @@ def test_step_right_after_save_waits_and_the_checkpoint_holds_the_saved_step(
 def test_in_place_write_outside_step_fails_that_save_only(tmp_path: Path) -> None:
     st, model, opt = _job()
     _step(model, opt)
-    with tierckpt.CheckpointManager(tier1=tmp_path, fsync=False) as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path, writes=Writes(fsync=False)) as ck:
         gate = _hold(ck._stager)
         ck.save(1, st)
         with torch.no_grad():
@@ -127,7 +128,8 @@ def test_in_place_write_outside_step_fails_that_save_only(tmp_path: Path) -> Non
 def test_sync_staging_copies_everything_before_save_returns(tmp_path: Path) -> None:
     st, model, opt = _job()
     _step(model, opt)
-    with tierckpt.CheckpointManager(tier1=tmp_path, fsync=False, staging="sync") as ck:
+    with tierckpt.CheckpointManager(tier1=tmp_path,
+                                    writes=Writes(fsync=False, staging="sync")) as ck:
         gate = _hold(ck._stager)  # nothing may depend on the background queue
         h = ck.save(1, st)
         assert h.staged.done()
@@ -139,7 +141,7 @@ def test_sync_staging_copies_everything_before_save_returns(tmp_path: Path) -> N
 
 def test_staging_mode_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"staging must be one of \['overlap', 'sync'\]"):
-        tierckpt.CheckpointManager(tier1=tmp_path, staging="async")
+        tierckpt.CheckpointManager(tier1=tmp_path, writes=Writes(staging="async"))
 
 
 def test_many_small_tensors_and_a_large_one_are_all_copied() -> None:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 import tierckpt
 from tests._launch import free_port, spawn
 from tests._require import require
+from tierckpt import Failures, Tier2
 from tierckpt.share.contents import contents
 from tierckpt.share.loader import load
 from tierckpt.share.source import open_checkpoint
@@ -75,8 +76,8 @@ def _train(rank: int, world: int, port: int, root: str, url: str, dump: str) -> 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         state = tierckpt.TrainState(model=model, optimizer=opt)
         data = torch.Generator().manual_seed(100 + rank)
-        with tierckpt.CheckpointManager(tier1=root, tier2=url, upload_every=1,
-                                        collective_timeout_s=60, upload_drain_s=120) as ck:
+        with tierckpt.CheckpointManager(tier1=root, tier2=Tier2(url, upload_every=1, drain_s=120),
+                                        failures=Failures(collective_timeout_s=60)) as ck:
             for step in range(STEPS):
                 loss = model(torch.randn(8, IN, generator=data)).square().mean()
                 opt.zero_grad()
@@ -228,7 +229,7 @@ def llama(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Llama:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(3))
     url = _fresh_url(s3)
-    with tierckpt.CheckpointManager(tier1=base / "t1", tier2=url, upload_drain_s=120) as ck:
+    with tierckpt.CheckpointManager(tier1=base / "t1", tier2=Tier2(url, drain_s=120)) as ck:
         model.train()
         for _ in range(3):
             loss = model(data, labels=data).loss

@@ -28,6 +28,7 @@ from torch.distributed.fsdp import fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import tierckpt
+from tierckpt import Failures, Tier0, Tier2
 from tierckpt.runtime.distributed import init_distributed
 
 VOCAB, SEQ, DIM = 64, 16, 32
@@ -125,11 +126,12 @@ def main() -> None:
     node = os.environ.get("GROUP_RANK", "0")
     tier1 = args.tier1.format(node=node)
     tier0 = args.tier0.format(node=node) if args.tier0 else None
-    with tierckpt.CheckpointManager(tier1=tier1, keep_last=3, verify=args.verify,
-                                    collective_timeout_s=30, tier2=args.tier2,
-                                    upload_every=args.upload_every, tier0=tier0,
-                                    tier1_every=args.tier1_every,
-                                    tier0_replicate=not args.no_replicate) as ckpt:
+    tier2 = args.tier2 and Tier2(args.tier2, upload_every=args.upload_every)
+    tier0_cfg = tier0 and Tier0(None if tier0 == "auto" else tier0,
+                                tier1_every=args.tier1_every, replicate=not args.no_replicate)
+    with tierckpt.CheckpointManager(tier1=tier1, keep_last=3, verify=args.verify, tier2=tier2,
+                                    tier0=tier0_cfg,
+                                    failures=Failures(collective_timeout_s=30)) as ckpt:
         restored = ckpt.restore(state)
         if restored and rank == 0 and args.dump_restored:
             torch.save({"step": restored.step, **full_state(model, opt)}, args.dump_restored)

@@ -276,7 +276,7 @@ class TierckptStrategy(_Base):
             raise ConfigError(f"{type(self).__name__} saves one optimizer (a TrainState "
                               f"holds one); configure_optimizers returned "
                               f"{len(self.optimizers)}")
-        self._manager = CheckpointManager(config=self.tierckpt_config)
+        self._manager = CheckpointManager(self.tierckpt_config)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any,
                         storage_options: Any | None = None) -> None:
@@ -394,7 +394,8 @@ class TierckptStrategy(_Base):
 
         cfg = self.tierckpt_config
         model = self.model if self.model is not None else self.lightning_module
-        sources = [s for s in (str(cfg.tier1) if cfg.tier1.is_dir() else None, cfg.tier2) if s]
+        sources = [s for s in (str(cfg.tier1) if cfg.tier1.is_dir() else None,
+                                cfg.tier2.url if cfg.tier2 is not None else None) if s]
         for source in sources:
             try:
                 result = load(source, model)
@@ -410,7 +411,7 @@ class TierckptStrategy(_Base):
                                                    TorchElasticEnvironment):
             return
         cfg = self.tierckpt_config
-        cfg.tier1.mkdir(mode=cfg.dir_mode, parents=True, exist_ok=True)
+        cfg.tier1.mkdir(mode=cfg.writes.dir_mode, parents=True, exist_ok=True)
         timeout: timedelta = getattr(self, "_timeout", None) or DEFAULT_TIMEOUT
         init_distributed(getattr(self, "_process_group_backend", None), timeout=timeout,
                          event_log=cfg.tier1 / layout.EVENTS)

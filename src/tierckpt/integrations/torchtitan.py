@@ -70,7 +70,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       "pip install 'tierckpt[torchtitan]'") from e
 from torch import nn
 
-from tierckpt.config import ManagerConfig
+from tierckpt.config import Failures, ManagerConfig, Tier0, Tier2, Verify
 from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.integrations._plain import require_plain
 from tierckpt.manager import CheckpointManager
@@ -134,12 +134,15 @@ class TierckptCheckpointManager(BaseCheckpointManager):
         """Checkpoints kept on tier 2."""
 
         tier0: str | None = None
-        """Node RAM first: a tmpfs directory or 'auto' (docs/tier0.md); off by default."""
+        """Node RAM first: a tmpfs directory, or 'auto' for ``tierckpt.Tier0()`` (the default
+        location, off where it does not fit; docs/tier0.md); off by default. A string, not
+        a Tier0: torchtitan's configs come from the command line and TOML."""
 
         tier1_every: int = 1
         """With tier0: every N-th save is also copied to tier 1."""
 
         verify: Literal["sizes", "full"] = "sizes"
+        # the values of tierckpt.Verify, as a Literal: tyro parses the flag from it
         """Check before restoring: sizes and digests, or also every file's CRC32C."""
 
         node_mtbf: str | None = None
@@ -164,15 +167,17 @@ class TierckptCheckpointManager(BaseCheckpointManager):
             """The :class:`tierckpt.ManagerConfig` this config means for a job whose dump
             folder is ``base_folder``."""
             tier1 = self.tier1 or os.path.join(base_folder, self.folder)
+            tier2 = None if self.tier2 is None else Tier2(
+                self.tier2, upload_every=self.upload_every, keep_last=self.tier2_keep_last,
+                drain_s=self.upload_drain_s)
+            tier0 = None if self.tier0 is None else Tier0(
+                None if self.tier0 == "auto" else Path(self.tier0),
+                tier1_every=self.tier1_every)
             return ManagerConfig(
                 tier1=Path(tier1), keep_last=self.keep_latest_k or _KEEP_ALL,
-                verify=self.verify,  # type: ignore[arg-type]  # a str: validated, converted
-                tier2=self.tier2, upload_every=self.upload_every,
-                tier2_keep_last=self.tier2_keep_last, tier0=self.tier0,
-                tier1_every=self.tier1_every,
+                verify=Verify(self.verify), tier2=tier2, tier0=tier0,
                 interval=AutoInterval(node_mtbf=self.node_mtbf) if self.node_mtbf else None,
-                collective_timeout_s=self.collective_timeout_s,
-                upload_drain_s=self.upload_drain_s)
+                failures=Failures(collective_timeout_s=self.collective_timeout_s))
 
     def __init__(self, config: Config, *, dataloader: Any, model_parts: list[nn.Module],
                  optimizers: Any, lr_schedulers: Any, states: dict[str, Any],
@@ -201,7 +206,7 @@ class TierckptCheckpointManager(BaseCheckpointManager):
         manager_config = config.manager_config(base_folder)
         self.folder = str(manager_config.tier1)
         self.restored: RestoreInfo | None = None
-        self.manager = CheckpointManager(config=manager_config)
+        self.manager = CheckpointManager(manager_config)
 
     # -- BaseCheckpointManager's hooks ----------------------------------------------------
     def _load(self, step: int = -1) -> bool:

@@ -9,18 +9,19 @@ import logging
 import os
 import time
 
-from tierckpt.config import ManagerConfig, Verify
 from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError
 from tierckpt.format import layout
 from tierckpt.restore.choose import Chooser
 from tierckpt.restore.loader import RestoreInfo, load_into
-from tierckpt.restore.verify import verify_checkpoint
+from tierckpt.restore.verify import Verify, verify_checkpoint
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
+from tierckpt.save.config import Writes
 from tierckpt.state import TrainState
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.storage import open_storage
 
 _log = logging.getLogger("tierckpt")
@@ -31,14 +32,17 @@ this domain's source)``."""
 
 
 class Restorer:
-    """Restores into a :class:`TrainState` per ``config`` (verify mode, tier 2 and its
-    deadline) from this process's tier-1 root (``catalog``), in its ``domain``."""
+    """Restores into a :class:`TrainState` from this process's tier-1 root (``catalog``),
+    in its ``domain``: checks candidates per ``verify``, falls back to ``tier2`` (within its
+    ``timeout_s``), and creates what it fetches with ``writes``' modes."""
 
-    def __init__(self, config: ManagerConfig, catalog: Tier1Catalog, comm: Comm,
-                 domain: tuple[int, ...], *, is_owner: bool, log: events.EventLog,
+    def __init__(self, catalog: Tier1Catalog, comm: Comm, domain: tuple[int, ...], *,
+                 verify: Verify, is_owner: bool, log: events.EventLog,
+                 tier2: Tier2 | None = None, writes: Writes | None = None,
                  tier0: Tier0Root | None = None,
                  domains: tuple[tuple[int, ...], ...] = ()) -> None:
-        self.config, self.catalog, self.comm, self.domain = config, catalog, comm, domain
+        self.catalog, self.comm, self.domain = catalog, comm, domain
+        self.verify, self.tier2, self.writes = verify, tier2, writes or Writes()
         self.is_owner, self.log = is_owner, log
         self.tier0, self.domains = tier0, domains or (tuple(domain),)
 
@@ -61,7 +65,7 @@ class Restorer:
             step, source, skipped, fetched, saved_world, mine = chosen
             in_ram = mine in ("tier0", "tier0-peer") and self.tier0 is not None
             path = (self.tier0.path if in_ram and self.tier0 is not None
-                    else self.config.tier1) / layout.step_dirname(step)
+                    else self.catalog.root) / layout.step_dirname(step)
             t_load = time.monotonic()
             try:
                 nbytes = load_into(state, path, saved_world, self.comm,
@@ -127,18 +131,19 @@ class Restorer:
         _log.warning("step %d failed to load and was set aside: %s", step, reason)
 
     def _chooser(self, exclude: frozenset[int]) -> Chooser:
-        cfg, tier2 = self.config, self.config.tier2
-        opener = (lambda: Tier2Catalog(open_storage(tier2))) if tier2 and self.is_owner \
-            else None
+        tier2 = self.tier2
+        opener = (lambda: Tier2Catalog(open_storage(tier2.url))) \
+            if tier2 is not None and self.is_owner else None
         return Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
-                       full=cfg.verify is Verify.FULL, log=self.log, open_remote=opener,
-                       tier2_timeout_s=cfg.tier2_timeout_s, exclude=exclude,
+                       full=self.verify is Verify.FULL, log=self.log, open_remote=opener,
+                       tier2_timeout_s=tier2.timeout_s if tier2 is not None else 60.0,
+                       exclude=exclude,
                        tier0=self.tier0, domains=self.domains)
 
     def _choose(self, exclude: frozenset[int]) -> Chosen | None:
         """Collective: agree on a step (not one of ``exclude``), set newer entries aside,
         fetch what this domain lacks; None when nothing is restorable."""
-        comm, cfg = self.comm, self.config
+        comm, w = self.comm, self.writes
         with self._chooser(exclude) as chooser:
             step = chooser.choose()
             if self.is_owner:  # nothing restorable: whatever is left would block new saves
@@ -161,8 +166,8 @@ class Restorer:
                 err = f"rank {comm.rank}: pulling step {step} from the partner failed: {e}"
             if self.is_owner and err is None:
                 try:
-                    fetched += chooser.materialize(step, file_mode=cfg.file_mode,
-                                                   dir_mode=cfg.dir_mode)
+                    fetched += chooser.materialize(step, file_mode=w.file_mode,
+                                                   dir_mode=w.dir_mode)
                 except (CheckpointError, OSError) as e:
                     err = f"rank {comm.rank}: fetching step {step} from tier 2 failed: {e}"
             errors = [e for e in comm.all_gather(err) if e]

@@ -8,6 +8,7 @@ substitute is never unpickled.
 
 from __future__ import annotations
 
+import enum
 import os
 import stat
 from pathlib import Path
@@ -16,6 +17,18 @@ from tierckpt.errors import IntegrityError, MissingFilesError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
 from tierckpt.tier1.catalog import read_committed
+
+
+class Verify(str, enum.Enum):
+    """How much of a checkpoint is checked before it is restored: one vocabulary for
+    ``ManagerConfig.verify`` and the integrations (``verify="full"`` is accepted too).
+
+    ``SIZES``: the marker's digest, the manifest, and every file's size (cheap; the
+    default). ``FULL``: also every file's CRC32C (reads every byte once more).
+    """
+
+    SIZES = "sizes"
+    FULL = "full"
 
 
 def required_ranks(m: mf.Manifest, domain: tuple[int, ...] | None,

@@ -8,9 +8,9 @@ import logging
 import time
 from concurrent.futures import Future
 
-from tierckpt.config import ManagerConfig, OnSaveError
 from tierckpt.errors import SaveError
 from tierckpt.runtime import events
+from tierckpt.save.config import Failures, OnSaveError
 from tierckpt.save.saver import SaveHandle, SaveResult
 
 _log = logging.getLogger("tierckpt")
@@ -21,7 +21,7 @@ class InFlight:
     wait of ``wait_timeout_s`` (it keeps its host buffers until it ends); ``failures``:
     consecutive failed saves."""
 
-    def __init__(self, config: ManagerConfig, log: events.EventLog) -> None:
+    def __init__(self, config: Failures, log: events.EventLog) -> None:
         self.config, self.log = config, log
         self.handle: SaveHandle | None = None
         self.stuck = False
@@ -39,10 +39,10 @@ class InFlight:
             self.failures += 1
             if cfg.on_save_error is OnSaveError.RAISE:
                 raise
-            if self.failures >= cfg.max_consecutive_save_failures:
+            if self.failures >= cfg.max_consecutive:
                 raise SaveError(f"{self.failures} checkpoint saves in a row failed "
-                                f"(max_consecutive_save_failures="
-                                f"{cfg.max_consecutive_save_failures}); last: {e}") from e
+                                f"(Failures.max_consecutive="
+                                f"{cfg.max_consecutive}); last: {e}") from e
             _log.error("previous checkpoint save failed; continuing (on_save_error=continue): "
                        "%s", e)
             return None, (e if self.handle is not None else None)

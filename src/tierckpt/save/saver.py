@@ -29,13 +29,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierckpt._version import __version__
-from tierckpt.config import ManagerConfig
 from tierckpt.errors import SaveError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
+from tierckpt.save.config import Writes
 from tierckpt.save.writer import ShardWriter
+from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -119,11 +120,13 @@ class AsyncSaver:
     returns those directories, which are removed after the handle resolved. A failure there
     is logged, never turned into a failed save."""
 
-    def __init__(self, cfg: ManagerConfig, comm: Comm, domains: tuple[tuple[int, ...], ...],
-                 log: events.EventLog,
+    def __init__(self, tier1: Path, writes: Writes, comm: Comm,
+                 domains: tuple[tuple[int, ...], ...], log: events.EventLog,
                  on_committed: Callable[[SaveResult], list[Path]] | None = None,
-                 tier0: Tier0Root | None = None) -> None:
-        self.cfg, self.comm, self.domains, self.log = cfg, comm, domains, log
+                 tier0: Tier0Root | None = None, tier0_config: Tier0 | None = None) -> None:
+        self.tier1, self.writes, self.comm, self.domains, self.log = \
+            tier1, writes, comm, domains, log
+        self.tier0_config = tier0_config or Tier0()
         self.on_committed = on_committed
         self.is_owner = any(d[0] == comm.rank for d in domains)
         self.domain = next(d for d in domains if comm.rank in d)
@@ -131,7 +134,7 @@ class AsyncSaver:
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
-                                        initargs=(cfg.background_nice,))
+                                        initargs=(writes.background_nice,))
 
     def submit(self, job: SaveJob, handle: SaveHandle) -> None:
         def run() -> None:
@@ -170,7 +173,7 @@ class AsyncSaver:
         ranks' complete shards included) so failed saves do not fill the disk."""
         if not self.is_owner:
             return
-        roots = [self.cfg.tier1] if self.tier0 is None else [self.tier0.path, self.cfg.tier1]
+        roots = [self.tier1] if self.tier0 is None else [self.tier0.path, self.tier1]
         for root in roots:
             tmp = root / layout.tmp_dirname(job.step, job.save_id)
             try:
@@ -182,20 +185,20 @@ class AsyncSaver:
 
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:
-        cfg, comm = self.cfg, self.comm
+        w, comm = self.writes, self.comm
         staged_at = job.staged_at
         if job.ready is not None:
             waited = not job.ready.done()
             job.ready.result()  # copies still running end before the next optimizer step
             staged_at = time.monotonic() if waited else staged_at
         in_ram = self.tier0 is not None
-        root = self.tier0.path if self.tier0 is not None else cfg.tier1
+        root = self.tier0.path if self.tier0 is not None else self.tier1
         tmp = root / layout.tmp_dirname(job.step, job.save_id)
         final = root / layout.step_dirname(job.step)
-        tmp.mkdir(mode=cfg.dir_mode, exist_ok=True)  # ranks of one domain share it
-        writer = ShardWriter(tmp, thread_count=cfg.write_threads, file_mode=cfg.file_mode,
-                             fsync=cfg.fsync and not in_ram,
-                             direct_io=cfg.direct_io and not in_ram)
+        tmp.mkdir(mode=w.dir_mode, exist_ok=True)  # ranks of one domain share it
+        writer = ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
+                             fsync=w.fsync and not in_ram,
+                             direct_io=w.direct_io and not in_ram)
         dcp.save(job.staged, storage_writer=writer, process_group=comm.group,
                  no_dist=comm.group is None)
         durable_at = time.monotonic()
@@ -222,7 +225,7 @@ class AsyncSaver:
         if self.is_owner:
             try:
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
-                              metadata_bytes=meta_bytes, file_mode=cfg.file_mode)
+                              metadata_bytes=meta_bytes, file_mode=w.file_mode)
             except Exception as e:
                 error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
         errors = [e for e in comm.all_gather(error) if e]
@@ -237,12 +240,12 @@ class AsyncSaver:
             self._replicate(committed)
             if job.to_tier1:
                 self.copy_to_tier1(committed, final)
-                final = cfg.tier1 / layout.step_dirname(job.step)
+                final = self.tier1 / layout.step_dirname(job.step)
             else:
                 tier = "tier0"
             if self.is_owner:
-                keep_newest(self.tier0.own, cfg.tier0_keep)
-                keep_newest(self.tier0.peer, cfg.tier0_keep)
+                keep_newest(self.tier0.own, self.tier0_config.keep)
+                keep_newest(self.tier0.peer, self.tier0_config.keep)
                 self.tier0.touch()
         now = time.monotonic()
         result = SaveResult(step=job.step, path=final, bytes_total=manifest.total_bytes,
@@ -255,15 +258,15 @@ class AsyncSaver:
     def _replicate(self, committed: mf.Committed) -> None:
         """Owners: the ring exchange of tier-0 replicas. A failure is an event and a
         warning, never a failed save (tier 1 and tier 2 still hold the job)."""
-        cfg, comm, step = self.cfg, self.comm, committed.manifest.step
-        if self.tier0 is None or not cfg.tier0_replicate or len(self.domains) < 2 \
+        w, comm, step = self.writes, self.comm, committed.manifest.step
+        if self.tier0 is None or not self.tier0_config.replicate or len(self.domains) < 2 \
                 or not self.is_owner:
             return
         t0 = time.monotonic()
         try:
             got = replicate(comm, self.domains, self.domain, self.tier0, committed,
-                            file_mode=cfg.file_mode, dir_mode=cfg.dir_mode,
-                            bandwidth=cfg.tier0_bandwidth)
+                            file_mode=w.file_mode, dir_mode=w.dir_mode,
+                            bandwidth=self.tier0_config.bandwidth)
         except Exception as e:
             self.log.emit(events.TIER0_REPLICATION_FAILED, step=step, error=str(e))
             _log.warning("tier-0 replica of step %d failed: %s", step, e)
@@ -275,13 +278,13 @@ class AsyncSaver:
         """Collective: owners copy the committed tier-0 step at ``src`` to tier 1
         (verified; ``committed`` is read by owners, None elsewhere); raises SaveError on
         every rank when one failed."""
-        cfg, comm = self.cfg, self.comm
+        w, comm = self.writes, self.comm
         step = layout.parse_step_dirname(src.name)
         error = None
         if self.is_owner and committed is not None:
             try:
-                copy_to_tier1(src, Tier1Catalog(cfg.tier1), committed, file_mode=cfg.file_mode,
-                              dir_mode=cfg.dir_mode, fsync=cfg.fsync, direct_io=cfg.direct_io)
+                copy_to_tier1(src, Tier1Catalog(self.tier1), committed, file_mode=w.file_mode,
+                              dir_mode=w.dir_mode, fsync=w.fsync, direct_io=w.direct_io)
             except Exception as e:
                 error = f"rank {comm.rank}: copy of step {step} to tier 1 failed: {e}"
         errors = [e for e in comm.all_gather(error) if e]

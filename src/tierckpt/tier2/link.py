@@ -1,0 +1,120 @@
+"""The job's side of tier 2, from start-up to close: the probe (collective, bounded), one
+uploader supervisor per domain owner, its health at every save, and the drain at close.
+Built from :class:`~tierckpt.tier2.config.Tier2` alone. Torch-free: the ranks' collective
+is any object with ``rank`` and ``all_gather`` (:class:`Gather`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Protocol
+
+from tierckpt.errors import CheckpointError, ConfigError, SaveError
+from tierckpt.policy.retention import RetentionPolicy
+from tierckpt.runtime import events
+from tierckpt.runtime.deadline import call_with_deadline
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2 import probe
+from tierckpt.tier2.config import Tier2
+from tierckpt.tier2.storage.url import parse_url
+from tierckpt.tier2.uploader import UploaderConfig
+from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
+
+_log = logging.getLogger("tierckpt")
+
+
+class Gather(Protocol):
+    """The one collective the link needs (``runtime.topology.Comm`` is one)."""
+
+    rank: int
+
+    def all_gather(self, obj: Any) -> list[Any]: ...
+
+
+class Tier2Link:
+    """Tier 2 as one job sees it. Call :meth:`probe` once (collective), then :meth:`start`
+    (domain owners start their uploader), :meth:`check` at every save, and :meth:`close`
+    at the end (idempotent)."""
+
+    def __init__(self, config: Tier2, *, catalog: Tier1Catalog, comm: Gather,
+                 is_owner: bool) -> None:
+        self.config, self.catalog, self.comm, self.is_owner = config, catalog, comm, is_owner
+        self._uploader: UploaderSupervisor | None = None
+        self._s3_options: dict[str, Any] = {}
+
+    def probe(self, *, dir_mode: int) -> None:
+        """Collective: owners probe tier 2 once, within ``timeout_s``, and keep the S3
+        options for the modes it supports. A tier 2 that can never work (missing bucket,
+        refused credentials, no integrity mode, a file:// root that does not exist) is a
+        ConfigError now, on every rank; one that does not answer is only a warning: an
+        outage must not stop a job that can restore from tier 1 (its uploader probes again
+        when it starts)."""
+        cfg, err = self.config, None
+        if self.is_owner:
+            url = cfg.url
+            try:
+                result = call_with_deadline(lambda: probe.probe_url(url), cfg.timeout_s,
+                                            f"probing tier 2 {url}")
+                self.catalog.write_tier2_probe(result.to_json(), dir_mode=dir_mode)
+                probe.require_usable(result, conditional_writes=cfg.require_conditional_writes)
+                self._s3_options = result.s3_options()
+                for weaker in result.modes.weaker:
+                    _log.warning("tier 2 %s: %s", url, weaker)
+            except ConfigError as e:
+                if _missing_dir(url):  # an unmounted file system: an outage, not a typo
+                    _log.warning("tier 2 %s is not there (%s); starting from tier 1 — mount "
+                                 "it: the uploader retries", url, e)
+                else:
+                    err = str(e)
+            except (CheckpointError, OSError) as e:  # TimeoutError is an OSError
+                _log.warning("tier 2 %s did not answer the probe (%s); starting anyway", url, e)
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if errors:
+            raise ConfigError(errors[0])
+
+    def start(self, retention: RetentionPolicy, log: events.EventLog, *, file_mode: int,
+              dir_mode: int) -> None:
+        """Owners record the retention ``tierckpt gc`` applies to this root and, with
+        ``start_uploader``, start the uploader process."""
+        cfg = self.config
+        if not self.is_owner:
+            return
+        self.catalog.write_policy(tier2=cfg.url, policy=retention, file_mode=file_mode,
+                                  dir_mode=dir_mode)
+        if cfg.start_uploader:
+            self._uploader = UploaderSupervisor(UploaderConfig(
+                tier1=self.catalog.root, tier2=cfg.url, upload_every=cfg.upload_every,
+                keep_last=cfg.keep_last, keep_every=cfg.keep_every,
+                s3_options=self._s3_options), log=log).start()
+
+    def check(self, *, raise_error: bool) -> None:
+        """At each save: restart a dead uploader and report a failing tier 2. With
+        ``required`` (collective then) a failing tier 2 is a SaveError on every rank when
+        ``raise_error``, else logged."""
+        health = self._uploader.check() if self._uploader is not None else None
+        if not self.config.required:
+            return
+        err = None if health is None or health.healthy else \
+            f"rank {self.comm.rank}: tier 2 {self.config.url} is failing: {health.error}"
+        errors = [e for e in self.comm.all_gather(err) if e]
+        if not errors:
+            return
+        failure = SaveError(f"Tier2.required and {'; '.join(errors)}")
+        if raise_error:
+            raise failure
+        _log.error("%s (on_save_error=continue)", failure)
+
+    def close(self, *, drain: bool) -> None:
+        """Stop the uploader: first let it copy what is due for up to ``drain_s`` when
+        ``drain`` (a clean close), else at once (it resumes from its records)."""
+        if self._uploader is not None:
+            uploader, self._uploader = self._uploader, None
+            uploader.close(self.config.drain_s if drain else 0.0)
+
+
+def _missing_dir(url: str) -> bool:
+    """A ``file://`` tier 2 whose directory does not exist (yet): never created by us, but
+    a mount that is down is an outage — the job must still restart from tier 1."""
+    if not url.startswith("file://"):
+        return False
+    return not os.path.lexists(parse_url(url).location)
