@@ -11,26 +11,26 @@ from tests.cli._helpers import flags, invoke, invoke_json
 
 
 def test_doctor_reports_each_server_and_the_modes(any_s3_env: S3Env) -> None:
-    doc = invoke_json("doctor", any_s3_env.url)
+    doc = invoke_json("doctor", "--tier2", any_s3_env.url)
     want = {"seaweedfs": "crc32c", "moto": "md5"}[any_s3_env.server.kind]
     assert doc["integrity"] == want and doc["marker"] == "create-only"
     by = {f["field"]: f["supported"] for f in doc["features"]}
     assert by["basic_ops"] and by["multipart"] and by["if_none_match"]
     assert by["crc32c_put_verified"] is (want == "crc32c")
-    table = invoke("doctor", any_s3_env.url)
+    table = invoke("doctor", "--tier2", any_s3_env.url)
     text = " ".join(table.stdout.split())
     assert table.exit_code == 0 and f"integrity: {want}" in text and "If-None-Match" in text
     assert any_s3_env.keys() == []  # the probe's scratch objects are gone
 
 
 def test_doctor_on_a_missing_bucket_exits_2(any_s3_env: S3Env) -> None:
-    r = invoke("doctor", "s3://no-such-bucket-doctor/p")
+    r = invoke("doctor", "--tier2", "s3://no-such-bucket-doctor/p")
     assert r.exit_code == 2 and "bucket does not exist" in " ".join(r.stderr.split())
 
 
 def test_doctor_on_a_directory(tmp_path: Path) -> None:
-    assert invoke_json("doctor", tmp_path.as_uri())["integrity"] == "crc32c"
+    assert invoke_json("doctor", "--tier2", tmp_path.as_uri())["integrity"] == "crc32c"
 
 
 def test_flags_are_frozen() -> None:
-    assert flags("doctor") == {"tier2", "--json"}
+    assert flags("doctor") == {"--tier2", "--json"}

@@ -3,12 +3,20 @@ output, exit statuses, no code run from a planted ``.metadata``."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-import tierckpt.cli.export
-import tierckpt.cli.inspect  # noqa: F401  (register the commands)
+import torch
+from rich.console import Console
+from torch import nn
+
+import tierckpt
+import tierckpt.cli.export  # registers the command
 from tests._payload import plant_metadata_payload
+from tierckpt.cli.inspect import entries_table
 from tierckpt.format import layout
+from tierckpt.share.contents import contents
+from tierckpt.share.source import open_checkpoint
 
 from ._checkpoints import clone
 from ._helpers import invoke, invoke_json
@@ -66,3 +74,36 @@ def test_planted_metadata_never_runs_in_inspect_or_export(template: Path,
         r = invoke(*args)
         assert r.exit_code == 1 and "pathlib.Path.touch" in " ".join(r.output.split())
     assert not marker.exists() and not (tmp_path / "o").exists()
+
+
+LONG = ("encoder_stack_with_a_deliberately_long_module_name", "attention_output_projection",
+        "low_rank_adapter_for_the_output")
+"""Module names whose dotted tensor name is far wider than 80 columns."""
+
+
+def _long_name_checkpoint(root: Path) -> str:
+    """Commit step 1 of a model with one long-named Linear; return its weight's name."""
+    torch.manual_seed(0)
+    inner: nn.Module = nn.Linear(2, 2)
+    for name in reversed(LONG):
+        inner = nn.ModuleDict({name: inner})
+    opt = torch.optim.SGD(inner.parameters(), lr=0.1)
+    with tierckpt.CheckpointManager(tier1=root) as ck:
+        ck.save(1, tierckpt.TrainState(model=inner, optimizer=opt)).wait(60)
+    return "model." + ".".join(LONG) + ".weight"
+
+
+def test_inspect_prints_long_names_whole(tmp_path: Path) -> None:
+    name = _long_name_checkpoint(tmp_path / "t1")
+    assert len(name) > 100
+    out = invoke("inspect", "latest", "--tier1", str(tmp_path / "t1")).stdout
+    assert any(name in line for line in out.splitlines())  # a pipe: one line per entry
+    assert "…" not in out
+    # A narrow terminal folds the name within its column instead of cutting it.
+    with open_checkpoint(str(tmp_path / "t1"), step="latest") as ckpt:
+        entries = contents(ckpt).entries
+    con = Console(width=60, record=True, file=io.StringIO())
+    con.print(entries_table(entries))
+    lines = con.export_text().splitlines()
+    assert "…" not in "".join(lines) and max(map(len, lines)) <= 60
+    assert name in "".join(line.split("│")[0].strip() for line in lines)

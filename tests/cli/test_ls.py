@@ -32,7 +32,7 @@ def test_every_state_on_both_tiers(template: Path, tmp_path: Path) -> None:
     LocalStorage(t2).put_bytes("step-00000005/__0_0.distcp", b"y" * 7)  # upload in progress
 
     t0 = time.time()
-    doc = invoke_json("ls", str(t1), "--tier2", t2.as_uri())
+    doc = invoke_json("ls", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert doc["tier1"] == str(t1) and doc["tier2"] == t2.as_uri()
     one, two = _rows(doc, 1), _rows(doc, 2)
     assert {n: r["state"] for n, r in one.items()} == {
@@ -65,7 +65,7 @@ def test_failed_upload_and_damaged_marker(template: Path, tmp_path: Path) -> Non
     [r] = upload(t1, (tmp_path / "t2").as_uri())
     assert r.status == "failed"
     (t1 / "step-00000001" / layout.MANIFEST).write_bytes(b"{}")
-    one = _rows(invoke_json("ls", str(t1)), 1)
+    one = _rows(invoke_json("ls", "--tier1", str(t1)), 1)
     assert one["step-00000003"]["state"] == "upload_failed"  # not "uploading"
     assert one["step-00000003"]["upload_status"] == "failed"
     assert "has 10 bytes" in one["step-00000003"]["detail"]
@@ -77,27 +77,27 @@ def test_human_table(template: Path, tmp_path: Path) -> None:
     t1 = clone(template, tmp_path / "t1")
     (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist
     upload(t1, (tmp_path / "t2").as_uri())
-    result = invoke("ls", str(t1), "--tier2", (tmp_path / "t2").as_uri())
+    result = invoke("ls", "--tier1", str(t1), "--tier2", (tmp_path / "t2").as_uri())
     assert result.exit_code == 0, result.output
     for fragment in ("step", "state", "verified", "complete", "age"):
         assert fragment in result.stdout
 
 
 def test_empty_and_missing_roots(tmp_path: Path) -> None:
-    result = invoke("ls", str(tmp_path))
+    result = invoke("ls", "--tier1", str(tmp_path))
     assert result.exit_code == 0 and "no checkpoints" in result.stdout
-    assert invoke_json("ls", str(tmp_path))["checkpoints"] == []
-    result = invoke("ls", str(tmp_path / "nope"))
+    assert invoke_json("ls", "--tier1", str(tmp_path))["checkpoints"] == []
+    result = invoke("ls", "--tier1", str(tmp_path / "nope"))
     assert result.exit_code == 2
     err = " ".join(result.stderr.split())  # rich wraps long lines
     assert "nope" in err and "not a directory" in err
-    result = invoke("ls", str(tmp_path), "--tier2", "ftp://x/y")
+    result = invoke("ls", "--tier1", str(tmp_path), "--tier2", "ftp://x/y")
     assert result.exit_code == 2 and "ftp://x/y" in result.stderr
 
 
 def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
-    assert flags("ls") == {"tier1", "--tier2", "--json"}  # positionals by name
+    assert flags("ls") == {"--tier1", "--tier2", "--json"}
 
 
 def test_an_endpoint_without_a_scheme_exits_2_naming_the_variable(
@@ -105,7 +105,7 @@ def test_an_endpoint_without_a_scheme_exits_2_naming_the_variable(
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.delenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:9000")
-    result = invoke("ls", str(tmp_path), "--tier2", "s3://b/p")
+    result = invoke("ls", "--tier1", str(tmp_path), "--tier2", "s3://b/p")
     err = " ".join(result.stderr.split())
     assert result.exit_code == 2, result.output
     assert "AWS_ENDPOINT_URL='localhost:9000'" in err and "http://host:port" in err
@@ -115,6 +115,6 @@ def test_bad_or_missing_tier2_exits_2(tmp_path: Path) -> None:
     for url, needle in (("s3://b:9000/p", "host:port, not a bucket name"),
                         ("file://relative/p", "file:///absolute/path"),
                         ((tmp_path / "unmounted").as_uri(), "does not exist")):
-        result = invoke("ls", str(tmp_path), "--tier2", url)
+        result = invoke("ls", "--tier1", str(tmp_path), "--tier2", url)
         assert result.exit_code == 2 and needle in " ".join(result.stderr.split()), result.output
     assert not (tmp_path / "unmounted").exists()

@@ -21,25 +21,26 @@ def events_file(tmp_path: Path) -> Path:
 
 
 def test_json_sums_to_the_wall_time(events_file: Path) -> None:
-    doc = invoke_json("report", str(events_file))
+    doc = invoke_json("report", "--tier1", str(events_file))
     assert doc["wall_s"] == 79.0 and sum(doc["seconds"].values()) == pytest.approx(79.0)
     assert doc["failures"] == 1 and doc["saves"] == 3 and 0 < doc["goodput"] < 1
-    with_model = invoke_json("report", str(events_file / "events.jsonl"), "--node-mtbf", "1h")
+    with_model = invoke_json("report", "--events", str(events_file / "events.jsonl"),
+                             "--node-mtbf", "1h")
     assert with_model["predicted_waste"] is not None
 
 
 def test_table_and_plot(events_file: Path, tmp_path: Path) -> None:
     png = tmp_path / "goodput.png"
-    r = invoke("report", str(events_file), "--plot", str(png))
+    r = invoke("report", "--tier1", str(events_file), "--plot", str(png))
     text = " ".join(r.stdout.split())
     assert r.exit_code == 0 and "lost work" in text and "goodput" in text and "1 failure" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bad_source_exits_2(tmp_path: Path) -> None:
-    r = invoke("report", str(tmp_path / "nope"))
+    r = invoke("report", "--tier1", str(tmp_path / "nope"))
     assert r.exit_code == 2 and "events" in " ".join(r.stderr.split())
 
 
 def test_flags_are_frozen() -> None:
-    assert flags("report") == {"source", "--node-mtbf", "--nodes", "--plot", "--json"}
+    assert flags("report") == {"--tier1", "--events", "--node-mtbf", "--nodes", "--plot", "--json"}

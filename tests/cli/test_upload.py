@@ -25,14 +25,14 @@ from ._helpers import flags, invoke, invoke_json
 def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
-    doc = invoke_json("upload", str(t1), t2.as_uri())
+    doc = invoke_json("upload", "--tier1", str(t1), "--tier2", t2.as_uri())
     # the policy copies the newest due step; older ones are abandoned, never uploaded late
     assert [(r["step"], r["status"]) for r in doc["results"]] == [(3, "verified")]
     m = manifest(t1, 3)
     assert doc["results"][0]["bytes"] == m.total_bytes
     assert Tier2Catalog(LocalStorage(t2)).read_committed(3)[0] == m
     assert Tier1Catalog(t1).upload_record(3)["status"] == "verified"  # type: ignore[index]
-    again = invoke("upload", str(t1), t2.as_uri())
+    again = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert again.exit_code == 0 and "nothing to upload" in again.stdout
 
 
@@ -40,9 +40,10 @@ def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     assert [r["step"] for r in invoke_json(
-        "upload", str(t1), t2.as_uri(), "--every", "2")["results"]] == [2]
+        "upload", "--tier1", str(t1), "--tier2", t2.as_uri(), "--every", "2")["results"]] == [2]
     save_steps(t1, [4, 6])
-    result = invoke("upload", str(t1), t2.as_uri(), "--every", "2", "--keep-last", "1")
+    result = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri(), "--every", "2",
+                    "--keep-last", "1")
     assert result.exit_code == 0, result.output
     assert "verified" in result.stdout and "step 6" in result.stdout
     bar = " ".join(result.stderr.split())  # the progress bar, on stderr, ends full
@@ -57,11 +58,11 @@ def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) ->
     bad = shard(t1, 3)
     with open(bad, "r+b") as f:
         f.truncate(5)
-    result = invoke("upload", str(t1), t2.as_uri())
+    result = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert result.exit_code == 1
     assert "failed" in result.stdout and bad.name in " ".join(result.stdout.split())
     assert Tier2Catalog(LocalStorage(t2)).complete_steps() == []  # no marker over a damaged copy
-    doc = invoke("upload", str(t1), t2.as_uri(), "--json")
+    doc = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri(), "--json")
     assert doc.exit_code == 1 and '"status": "failed"' in doc.stdout
 
 
@@ -69,7 +70,7 @@ def test_a_second_uploader_on_the_root_is_refused(template: Path, tmp_path: Path
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     with Uploader(UploaderConfig(tier1=t1, tier2=t2.as_uri())):
-        result = invoke("upload", str(t1), t2.as_uri())
+        result = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert result.exit_code == 1 and "another uploader" in result.stderr
     assert not t2.exists() or Tier2Catalog(LocalStorage(t2)).complete_steps() == []
 
@@ -77,12 +78,14 @@ def test_a_second_uploader_on_the_root_is_refused(template: Path, tmp_path: Path
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     for args, needle in ((("--every", "0"), "upload_every"), (("--keep-last", "0"), "keep_last"),
                          (("--poll", "0"), "poll_s")):
-        result = invoke("upload", str(tmp_path), (tmp_path / "t2").as_uri(), *args)
+        result = invoke("upload", "--tier1", str(tmp_path), "--tier2",
+                        (tmp_path / "t2").as_uri(), *args)
         assert result.exit_code == 2 and needle in result.stderr
-    result = invoke("upload", str(tmp_path / "nope"), (tmp_path / "t2").as_uri())
+    result = invoke("upload", "--tier1", str(tmp_path / "nope"), "--tier2",
+                    (tmp_path / "t2").as_uri())
     assert result.exit_code == 2 and "not a directory" in " ".join(result.stderr.split())
     assert not (tmp_path / "nope").exists()
-    result = invoke("upload", str(tmp_path), "s3://user:pw@host/b")
+    result = invoke("upload", "--tier1", str(tmp_path), "--tier2", "s3://user:pw@host/b")
     assert result.exit_code == 2 and "AWS_ENDPOINT_URL" in " ".join(result.stderr.split())
 
 
@@ -97,10 +100,10 @@ def _wait_for(cond: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]
 def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
-    code = "import sys; from tierckpt.cli._app import main; sys.argv[0] = 'tierckpt'; main()"
+    code = "import sys; from tierckpt.cli import main; sys.argv[0] = 'tierckpt'; main()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", code, "upload", str(t1), t2.as_uri(),
-                             "--watch", "--poll", "0.1"], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", code, "upload", "--tier1", str(t1),
+                             "--tier2", t2.as_uri(), "--watch", "--poll", "0.1"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         storage = LocalStorage(t2)
@@ -122,5 +125,5 @@ def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: P
 
 def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
-    assert flags("upload") == {"tier1", "tier2", "--watch", "--every", "--keep-last",
+    assert flags("upload") == {"--tier1", "--tier2", "--watch", "--every", "--keep-last",
                                "--keep-every", "--poll", "--json"}

@@ -97,7 +97,7 @@ def test_tier2_on_s3_ok_then_overwritten_object(template: Path, tmp_path: Path,
     [r] = upload(t1, s3_env.url)
     assert (r.step, r.status) == (3, "verified")
     assert invoke_json("verify", "3", "--tier", "2", "--tier2", s3_env.url)["ok"] is True
-    rows = invoke_json("ls", str(t1), "--tier2", s3_env.url)["checkpoints"]
+    rows = invoke_json("ls", "--tier1", str(t1), "--tier2", s3_env.url)["checkpoints"]
     assert [(x["step"], x["state"]) for x in rows if x["tier"] == 2] == [(3, "verified")]
 
     # Replace one shard behind the store's back with one flipped byte (same size).

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tierckpt.errors import ConfigError
-from tierckpt.share.source import Step
+
+if TYPE_CHECKING:  # share.source imports torch; the CLI's light commands must not
+    from tierckpt.share.source import Step
 
 
 def parse_step(text: str) -> Step:

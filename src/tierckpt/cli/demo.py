@@ -23,9 +23,9 @@ from typing import Any
 from rich.table import Table
 
 from tierckpt.cli import report
+from tierckpt.cli._extras import is_torch, torch_missing
 from tierckpt.cli._render import console, pct
 from tierckpt.cli.drill import live_progress
-from tierckpt.drill import DrillConfig, run_drills
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.policy import goodput
@@ -104,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     con = console()
+    try:  # torch, for the drills only: importing this module (bench/tier0.py does) needs none
+        from tierckpt.drill import DrillConfig, run_drills
+    except ImportError as e:
+        if not is_torch(e):
+            raise
+        con.print(f"[red]error:[/] {torch_missing('the demo')}")
+        return 2
     if not EXAMPLE.is_file():
         con.print(f"[red]error:[/] {EXAMPLE} not found: run the demo from a source checkout")
         return 2
@@ -130,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill_events = cfg.roots("kill")[0] / layout.EVENTS
     if kill_events.is_file():  # the goodput of the killed-and-resumed run, from its events
         report.render(goodput.account(read_events(kill_events)),
-                      "Goodput of the kill drill's run (tierckpt report "
+                      "Goodput of the kill drill's run (tierckpt report --tier1 "
                       f"{kill_events.parent})")
     con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}\n"
               f"Plan it yourself: tierckpt plan --from-drill {doc['files']['json']} "

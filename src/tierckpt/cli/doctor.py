@@ -1,4 +1,4 @@
-"""``tierckpt doctor TIER2``: what a tier-2 server supports and what tierckpt does about it.
+"""``tierckpt doctor --tier2 URL``: what a tier-2 server supports and what tierckpt does about it.
 
 Runs the same probe a job runs when it starts (:func:`tierckpt.tier2.probe.probe_url`, on
 scratch keys under the prefix, removed afterwards) and prints one row per feature: whether
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures
 from tierckpt.tier2.capabilities import TABLE
@@ -23,13 +23,18 @@ from tierckpt.tier2.probe import ProbeResult, probe_url
 _MARK = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not tried[/]"}
 
 
-@app.command()
+@command()
 def doctor(
-    tier2: Annotated[str, typer.Argument(help="s3://bucket/prefix or file:///path.")],
+    tier2: Annotated[str, typer.Option(
+        help="Tier 2 to probe: s3://bucket/prefix or file:///path.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Probe TIER2 and say which integrity and marker modes tierckpt will use with it."""
+    """Probe the tier-2 server at --tier2: which integrity and marker modes tierckpt uses.
+
+    Runs the probe a job runs at start (scratch keys under the prefix, removed afterwards).
+    Exit 0 when the server can be used, 1 when it cannot (no integrity mode), 2 for a
+    configuration error."""
     with failures():
         result = probe_url(tier2)
     if as_json:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,10 +16,12 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
+from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import config_errors, console, emit_json
-from tierckpt.drill import DRILLS, DrillConfig, Progress, run_drills
-from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
+
+if TYPE_CHECKING:  # tierckpt.drill imports torch: imported by the command when it runs
+    from tierckpt.drill import Progress
 
 EXIT_FAILED = 1
 """Exit status when a drill's verdict fails."""
@@ -28,7 +30,7 @@ _STATE_STYLE = {"waiting": "dim", "running": "bold yellow", "passed": "green",
                 "failed": "bold red", "skipped": "dim red"}
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@command(context_settings={"allow_interspersed_args": False})
 def drill(
     command: Annotated[list[str], typer.Argument(
         help="The training command, after --: python examples/train.py FLAGS... It must "
@@ -54,13 +56,24 @@ def drill(
         help="Loss tolerance for continuity (default: exact on CPU, 1e-2 on GPU).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
-    """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report."""
+    """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
+
+    With --chaos N: N seeded fault cycles on one job instead, exit 1 on any violated
+    invariant. Needs PyTorch."""
+    with needs_torch("drill"):
+        from tierckpt.drill import DRILLS, DrillConfig, run_drills
+        from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
     if chaos is not None:
-        _chaos(lambda: ChaosConfig(command=tuple(command), cycles=chaos,
-                                   nproc=1 if nproc is None else nproc,
-                                   nnodes=2 if nnodes is None else nnodes, steps=steps,
-                                   seed=seed, tier2=tier2, out=out, rtol=rtol), as_json)
+        def run_chaos_drill(progress: Progress) -> dict[str, Any]:
+            cfg = ChaosConfig(command=tuple(command), cycles=chaos,
+                              nproc=1 if nproc is None else nproc,
+                              nnodes=2 if nnodes is None else nnodes, steps=steps,
+                              seed=seed, tier2=tier2, out=out, rtol=rtol)
+            return run_chaos(cfg, progress)
+        _run_and_render(run_chaos_drill, (*STAGES, "report"), chaos_table, (("report", "md"),),
+                        as_json)
         return
+
     def run(progress: Progress) -> dict[str, Any]:
         cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
                           nnodes=1 if nnodes is None else nnodes,
@@ -69,12 +82,6 @@ def drill(
         return run_drills(cfg, progress)
     _run_and_render(run, (*DRILLS, "report"), summary_table,
                     (("report", "md"), ("timeline", "png")), as_json)
-
-
-def _chaos(make: Callable[[], ChaosConfig], as_json: bool) -> None:
-    """``--chaos N``: the chaos drill's live view, its totals, exit 1 on a violation."""
-    _run_and_render(lambda progress: run_chaos(make(), progress), (*STAGES, "report"),
-                    chaos_table, (("report", "md"),), as_json)
 
 
 def _run_and_render(run: Callable[[Progress], dict[str, Any]], stages: tuple[str, ...],
@@ -120,11 +127,15 @@ def chaos_table(doc: dict[str, Any]) -> Table:
 
 
 @contextmanager
-def live_progress(con: Console, stages: tuple[str, ...] = (*DRILLS, "report")
-                  ) -> Iterator[Progress]:
+def live_progress(con: Console, stages: tuple[str, ...] | None = None) -> Iterator[Progress]:
     """A rich live table of the drills (waiting, running, passed, failed) on ``con``;
     yields the ``progress`` callback for :func:`tierckpt.drill.run_drills` (or, with the
-    chaos drill's ``stages``, :func:`tierckpt.drill.chaos.run_chaos`)."""
+    chaos drill's ``stages``, :func:`tierckpt.drill.chaos.run_chaos`). ``stages`` defaults
+    to the five drills and the report."""
+    if stages is None:
+        from tierckpt.drill import DRILLS
+
+        stages = (*DRILLS, "report")
     states: dict[str, tuple[str, str]] = {d: ("waiting", "") for d in stages}
     with Live(_table(states), console=con, refresh_per_second=4, transient=False) as live:
         def progress(name: str, state: str, detail: str) -> None:

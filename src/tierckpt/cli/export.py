@@ -17,17 +17,16 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
+from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._source import parse_step, source_of
 from tierckpt.cli._tiers import failures
 from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes, parse_size
-from tierckpt.share.export import export as run_export
-from tierckpt.share.export import parse_dtype
 
 
-@app.command()
+@command()
 def export(
     step: Annotated[str, typer.Argument(help="Step to export, or 'latest'.")],
     to: Annotated[Path, typer.Option("--to", help="Directory to create (must not exist).")],
@@ -57,9 +56,14 @@ def export(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md); no progress bar.")] = False,
 ) -> None:
-    """Write the model of a committed checkpoint (any world size) as Hugging Face-style
-    sharded safetensors with model.safetensors.index.json and SHA256SUMS, streamed: one
-    tensor in memory at a time, every record checked against its CRC32C."""
+    """Write the model of a committed checkpoint as Hugging Face-style safetensors.
+
+    From any world size: sharded safetensors with model.safetensors.index.json and
+    SHA256SUMS, streamed (one tensor in memory at a time), every record checked against its
+    CRC32C. Needs PyTorch."""
+    with needs_torch("export"):
+        from tierckpt.share.export import export as run_export
+        from tierckpt.share.export import parse_dtype
     with failures():
         if fmt not in ("safetensors", "torch"):
             raise ConfigError(f"--format must be safetensors or torch, got {fmt!r}")

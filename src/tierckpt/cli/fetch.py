@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError, NoCheckpointError
@@ -18,10 +18,10 @@ from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
 
 
-@app.command()
+@command()
 def fetch(
     step: Annotated[int, typer.Argument(help="Step of the checkpoint to fetch.")],
-    tier1: Annotated[Path, typer.Argument(help="Tier-1 root to fetch into (created).")],
+    tier1: Annotated[Path, typer.Option(help="Tier-1 root to fetch into (created).")],
     tier2_url: Annotated[str, typer.Option(
         "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")],
     full: Annotated[bool, typer.Option(
@@ -32,9 +32,11 @@ def fetch(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Download STEP from tier 2 into TIER1 (each object checked against the manifest's
-    CRC32C, committed with COMPLETE last; intact local files are reused). Takes the root's
-    lock: refuses while a job writes to TIER1."""
+    """Download checkpoint STEP from --tier2 into --tier1, verified and committed.
+
+    Each object is checked against the manifest's CRC32C and committed with COMPLETE last;
+    intact local files are reused. Takes the root's lock: refuses while a job writes to the
+    tier-1 root."""
     root = tier1_dir(tier1)
     with failures():
         if step < 0:

@@ -13,15 +13,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.ops import gc as gclib
 
 
-@app.command()
+@command()
 def gc(
-    tier1: Annotated[Path, typer.Argument(help="Tier-1 root.")],
+    tier1: Annotated[Path, typer.Option(help="Tier-1 root.")],
     tier2_url: Annotated[str | None, typer.Option(
         "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also collect it).")
     ] = None,
@@ -40,8 +40,10 @@ def gc(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Delete what retention no longer keeps: never the newest complete checkpoint, a pinned
-    one, or one the uploader still has to copy. Retention flags not given take the values
+    """Delete what retention no longer keeps on both tiers; a dry run unless --yes.
+
+    Never the newest complete checkpoint, a pinned one, or one the uploader still has to
+    copy. Retention flags not given take the values
     the job recorded for the root when it started with a tier 2, else the defaults. Takes
     the tier-1 lock: exit 1 while a job holds it."""
     root = tier1_dir(tier1)

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
+from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._source import parse_step, source_of
 from tierckpt.cli._tiers import failures
 from tierckpt.policy.units import format_bytes
-from tierckpt.share.contents import contents
-from tierckpt.share.source import open_checkpoint
+
+if TYPE_CHECKING:  # share.contents imports torch: imported by the command when it runs
+    from tierckpt.share.contents import Entry
 
 
-@app.command()
+@command()
 def inspect(
     step: Annotated[str, typer.Argument(help="Step to inspect, or 'latest'.")] = "latest",
     tier: Annotated[int | None, typer.Option(
@@ -33,9 +36,13 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Every entry of a committed checkpoint: name, shape, dtype, bytes, the files that
-    hold it, and totals per top-level key. Reads only the marker, manifest and
-    .metadata (verified, and unpickled without running any code)."""
+    """List the entries of one committed checkpoint: name, shape, dtype, bytes, files.
+
+    Then the totals per top-level key. Reads only the marker, manifest and .metadata
+    (verified, and unpickled without running any code). Needs PyTorch."""
+    with needs_torch("inspect"):
+        from tierckpt.share.contents import contents
+        from tierckpt.share.source import open_checkpoint
     with failures():
         source = source_of(tier, tier1, tier2_url)
         with open_checkpoint(source, step=parse_step(step)) as ckpt:
@@ -49,15 +56,13 @@ def inspect(
     out = console()
     crcs = "per-record CRC32C" if found.has_chunk_crcs else "file CRC32C only (older format)"
     out.print(f"step {found.step} at {escape(found.location)}: saved by {found.world_size} "
-              f"rank(s), {format_bytes(found.checkpoint_bytes)} in files, {crcs}")
-    table = Table(show_edge=False, pad_edge=False)
-    for col, justify in (("name", "left"), ("shape", "left"), ("dtype", "left"),
-                         ("bytes", "right"), ("files", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for e in entries:
-        shape = "×".join(map(str, e.shape)) if e.shape else ("scalar" if e.shape == () else "")
-        files = ", ".join(e.files) if len(e.files) <= 2 else f"{len(e.files)} files"
-        table.add_row(escape(e.name), shape, e.dtype, format_bytes(e.bytes), files)
+              f"rank(s), {format_bytes(found.checkpoint_bytes)} in files, {crcs}", soft_wrap=True)
+    table = entries_table(entries)
+    # A terminal folds long names within the column; a pipe or file gets one line per
+    # entry however long its name (rich would otherwise fit it to 80 columns).
+    if not out.is_terminal:
+        out.width = max(out.width, out.measure(table, options=out.options.update_width(
+            1 << 20)).maximum)
     out.print(table)
     totals = Table(title="per key", show_edge=False, pad_edge=False)
     for col in ("key", "entries", "bytes", "stored"):
@@ -67,3 +72,19 @@ def inspect(
             totals.add_row(k, str(t["entries"]), format_bytes(t["bytes"]),
                            format_bytes(t["stored_bytes"]))
     out.print(totals)
+
+
+def entries_table(entries: Sequence[Entry]) -> Table:
+    """One row per entry. Names and file lists fold onto more lines when the console is
+    narrow, never cut with an ellipsis; shape, dtype and bytes never wrap."""
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("name", overflow="fold")
+    for col in ("shape", "dtype"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("files", overflow="fold")
+    for e in entries:
+        shape = "×".join(map(str, e.shape)) if e.shape else ("scalar" if e.shape == () else "")
+        files = ", ".join(e.files) if len(e.files) <= 2 else f"{len(e.files)} files"
+        table.add_row(escape(e.name), shape, e.dtype, format_bytes(e.bytes), files)
+    return table

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import age, failures, tier1_dir, tier2
 from tierckpt.format import layout
@@ -20,16 +20,18 @@ _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
           "conflict": "bold red"}
 
 
-@app.command()
+@command()
 def ls(
-    tier1: Annotated[Path, typer.Argument(help="Tier-1 root (the job's tier1 directory).")],
+    tier1: Annotated[Path, typer.Option(help="Tier-1 root (the job's tier1 directory).")],
     tier2_url: Annotated[str | None, typer.Option(
         "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also list it).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Every checkpoint on every tier: complete / partial / uploading / upload failed /
-    verified / pinned."""
+    """List every checkpoint on tier 1 (and tier 2) with its state, size and age.
+
+    States: complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
+    checkpoints name their holders."""
     root = tier1_dir(tier1)
     with failures(), tier2(tier2_url) as storage:
         entries = inventory.inventory(root, storage)

@@ -11,14 +11,14 @@ import typer
 from rich.table import Table
 
 from tierckpt.cli import _planinputs
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import Curve, config_errors, console, emit_json, pct, plot_waste
 from tierckpt.errors import ConfigError
 from tierckpt.policy import plan as planlib
 from tierckpt.policy.units import format_duration, parse_duration
 
 
-@app.command()
+@command()
 def plan(
     blocking: Annotated[str | None, typer.Option(
         help="C: seconds training blocks per save (90s, 5s).")] = None,

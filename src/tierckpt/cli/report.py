@@ -1,4 +1,5 @@
-"""``tierckpt report TIER1|EVENTS``: a run's goodput from its own events, across restarts.
+"""``tierckpt report --tier1 PATH | --events FILE``: a run's goodput from its own events,
+across restarts.
 
 Wall time split into productive training, blocked by saves (C), waiting for a previous
 save, lost work, restart and start-up (:mod:`tierckpt.policy.goodput`); the failures, saves
@@ -15,19 +16,21 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import config_errors, console, emit_json, pct
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.policy import goodput
 from tierckpt.policy.units import format_duration, parse_duration
-from tierckpt.runtime import events
+from tierckpt.runtime.events import read_events
 
 
-@app.command()
+@command()
 def report(
-    source: Annotated[Path, typer.Argument(help="A tier-1 root (its events.jsonl) or an "
-                                                "events.jsonl file.")],
+    tier1: Annotated[Path | None, typer.Option(
+        help="Tier-1 root: read its events.jsonl.")] = None,
+    events: Annotated[Path | None, typer.Option(
+        help="An events.jsonl file to read instead of a tier-1 root's.")] = None,
     node_mtbf: Annotated[str | None, typer.Option(
         help="Node MTBF for the model's prediction (e.g. 30d); default: the observed rate.")
     ] = None,
@@ -36,20 +39,36 @@ def report(
                                                    "timeline.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Where a run's wall time went; goodput = productive ÷ wall."""
+    """Where a run's wall time went, across restarts; goodput = productive ÷ wall.
+
+    Reads the run's events from --tier1 PATH (its events.jsonl) or --events FILE."""
     with config_errors():
-        path = source / layout.EVENTS if source.is_dir() else source
-        if not path.is_file():
-            raise ConfigError(f"{str(source)!r} is neither a tier-1 root with events.jsonl "
-                              "nor an events file")
+        path = events_file(tier1, events)
         mtbf = None if node_mtbf is None else parse_duration(node_mtbf, "--node-mtbf")
-        g = goodput.account(events.read_events(path), node_mtbf_s=mtbf, nodes=nodes)
+        g = goodput.account(read_events(path), node_mtbf_s=mtbf, nodes=nodes)
         if plot is not None:
             _plot(g, plot)
     if as_json:
         emit_json(g.to_json())
         return
     render(g, f"Goodput of {path}")
+
+
+def events_file(tier1: Path | None, events: Path | None) -> Path:
+    """The event log to read: ``tier1/events.jsonl`` or ``events``, exactly one given."""
+    if (tier1 is None) == (events is None):
+        raise ConfigError("give the run as --tier1 PATH (a tier-1 root) or --events FILE "
+                          "(an events.jsonl), one of them")
+    if tier1 is not None:
+        path = tier1 / layout.EVENTS
+        if not path.is_file():
+            raise ConfigError(f"--tier1: {str(tier1)!r} is not a tier-1 root with "
+                              f"{layout.EVENTS} (an events file goes to --events)")
+        return path
+    assert events is not None
+    if not events.is_file():
+        raise ConfigError(f"--events: {str(events)!r} is not a file")
+    return events
 
 
 def render(g: goodput.Goodput, title: str) -> None:

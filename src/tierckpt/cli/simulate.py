@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from tierckpt.cli import _planinputs
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import (
     Curve,
     Points,
@@ -32,7 +32,7 @@ FAILURE_BUDGET = 2e6
 """Simulated failures (replicas × job length / M) the default replica count aims at."""
 
 
-@app.command()
+@command()
 def simulate(
     blocking: Annotated[str | None, typer.Option(help="C: seconds blocked per save.")] = None,
     restart: Annotated[str | None, typer.Option(help="R: restart cost per failure.")] = None,
@@ -43,13 +43,13 @@ def simulate(
     job_length: Annotated[str, typer.Option(help="Training time the job needs: 365d.")
     ] = "365d",
     interval: Annotated[str | None, typer.Option(
-        help="τ: training time between saves [default: Young's sqrt(2CM)].")] = None,
+        help="τ: training time between saves (default: Young's sqrt(2CM)).")] = None,
     failures: Annotated[str, typer.Option(help="exponential | weibull.")] = "exponential",
     shape: Annotated[float | None, typer.Option(
-        help=f"Weibull shape (<1: clustered failures) [default: {DEFAULT_WEIBULL_SHAPE}].")
+        help=f"Weibull shape, below 1 for clustered failures (default: {DEFAULT_WEIBULL_SHAPE}).")
     ] = None,
     replicas: Annotated[int | None, typer.Option(
-        help="Simulated jobs [default: 200, fewer for very long jobs: ~2M failures in all].")
+        help="Simulated jobs (default: 200, fewer for very long jobs: ~2M failures in all).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed (results are reproducible).")] = 0,
     confidence: Annotated[float, typer.Option(help="Confidence level of the CI.")] = 0.95,
@@ -58,7 +58,7 @@ def simulate(
     ] = True,
     points: Annotated[int, typer.Option(help="Intervals in the sweep.")] = 25,
     sweep_replicas: Annotated[int | None, typer.Option(
-        help="Simulated jobs per sweep point [default: a quarter of --replicas, at least 10].")
+        help="Simulated jobs per sweep point (default: a quarter of --replicas, at least 10).")
     ] = None,
     from_events: Annotated[Path | None, typer.Option(help="events.jsonl: measured C, W, R.")
     ] = None,

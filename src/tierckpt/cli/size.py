@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import config_errors, console, emit_json
 from tierckpt.errors import ConfigError
 from tierckpt.policy import plan
@@ -19,7 +19,7 @@ DEFAULT_RESERVE_FRACTION = 0.25
 GIVEN_OR_DEFAULT = {True: "given", False: f"default {DEFAULT_RESERVE_FRACTION:.0%} of node RAM"}
 
 
-@app.command()
+@command()
 def size(
     params: Annotated[str, typer.Option(help="Parameter count: 70e9, 70B, 8B, 1.5T.")],
     optimizer: Annotated[str, typer.Option(
@@ -34,7 +34,7 @@ def size(
         help="Other state in the checkpoint (data loader, RNG): 2GiB.")] = "0",
     node_ram: Annotated[str | None, typer.Option(help="Host RAM per node: 2TiB.")] = None,
     reserve: Annotated[str | None, typer.Option(
-        help="Host RAM per node kept for data loaders etc. [default: 25% of --node-ram]")] = None,
+        help="Host RAM per node kept for data loaders etc. (default: 25% of --node-ram)")] = None,
     node_write_gbps: Annotated[float | None, typer.Option(
         help="Per-node write bandwidth in GB/s (10^9 bytes/s) for the write time.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "

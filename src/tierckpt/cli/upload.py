@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
 from tierckpt.errors import ConfigError
@@ -42,10 +42,11 @@ _OK = ("verified", "files_verified")
 """Results that count as success (``conflict`` is done, but a failure for the user)."""
 
 
-@app.command()
+@command()
 def upload(
-    tier1: Annotated[Path, typer.Argument(help="Tier-1 root to upload from.")],
-    tier2: Annotated[str, typer.Argument(help="s3://bucket/prefix or file:///path.")],
+    tier1: Annotated[Path, typer.Option(help="Tier-1 root to upload from.")],
+    tier2: Annotated[str, typer.Option(
+        help="Tier 2 to upload to: s3://bucket/prefix or file:///path.")],
     watch: Annotated[bool, typer.Option(
         "--watch", help="Keep uploading new checkpoints until Ctrl-C or SIGTERM.")] = False,
     every: Annotated[int, typer.Option(help="Upload every Nth step (1: every step).")] = 1,
@@ -57,8 +58,11 @@ def upload(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md); no progress bar.")] = False,
 ) -> None:
-    """Upload every due checkpoint (verified, marker last), then exit; 1 if one failed or
-    conflicted with a different checkpoint already on tier 2."""
+    """Upload every due checkpoint from --tier1 to --tier2, then exit.
+
+    Each upload is verified, marker last. Exit 1 if one failed or conflicted with a
+    different checkpoint already on tier 2; with --watch, keep going until Ctrl-C or
+    SIGTERM."""
     results: list[UploadResult] = []
     with failures():
         if not tier1_dir(tier1).is_dir():

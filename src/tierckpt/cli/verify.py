@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from tierckpt.cli._app import app
+from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
@@ -16,7 +16,7 @@ from tierckpt.ops import check
 from tierckpt.policy.units import format_bytes
 
 
-@app.command()
+@command()
 def verify(
     step: Annotated[int, typer.Argument(help="Step of the checkpoint to verify.")],
     tier: Annotated[int, typer.Option(help="Which tier to read: 1 or 2.")] = 1,
@@ -29,8 +29,10 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Full check: marker, manifest, sizes and the CRC32C of every file (tier 2: downloaded
-    to a temporary directory and removed). Exit 1 naming the first bad file."""
+    """Check every byte of one checkpoint on one tier against its CRC32C.
+
+    Marker, manifest, sizes and the CRC32C of every file (tier 2: downloaded to a temporary
+    directory and removed). Exit 1 naming the first bad file."""
     with failures():
         if tier not in (1, 2):
             raise ConfigError(f"--tier must be 1 or 2, got {tier}")
