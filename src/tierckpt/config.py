@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.policy.checks import check_enum
@@ -89,3 +90,22 @@ def _tier1_path(value: object) -> Path:
         raise ConfigError(f"tier1 is empty ({raw!r}), which would mean the current directory; "
                           "give the directory for checkpoints, e.g. tier1='/local/ckpt'")
     return Path(raw).expanduser().absolute()
+
+
+def resolve(config: ManagerConfig | None, fields: dict[str, Any]) -> ManagerConfig:
+    """The config a :class:`~tierckpt.CheckpointManager` is built from: ``config``, or one
+    made of ``fields`` (its keyword arguments; None or the field's default = not given).
+    ConfigError for both, or for neither a config nor ``tier1``."""
+    default = {f.name: f.default for f in dataclasses.fields(ManagerConfig)}
+    given = {k: v for k, v in fields.items() if v is not None and v != default[k]}
+    if config is None:
+        if "tier1" not in given:
+            raise ConfigError("CheckpointManager needs tier1=<directory for checkpoints>")
+        return ManagerConfig(**given)
+    if not isinstance(config, ManagerConfig):
+        raise ConfigError(f"config must be a tierckpt.ManagerConfig, got "
+                          f"{type(config).__name__}; pass the fields as keywords instead")
+    if given:
+        raise ConfigError(f"pass either a ManagerConfig or keyword arguments, not both "
+                          f"(got config= and {sorted(given)})")
+    return config

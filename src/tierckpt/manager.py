@@ -16,17 +16,14 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 import uuid
 from concurrent.futures import Future
-from pathlib import Path
 
-from tierckpt.config import ManagerConfig
-from tierckpt.errors import CheckpointError, ConfigError, LockError
+from tierckpt.config import ManagerConfig, resolve
+from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
-from tierckpt.policy.checks import check_enum
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
@@ -38,21 +35,17 @@ from tierckpt.runtime.topology import Comm, discover_domains
 from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
 from tierckpt.save.gate import StagingGate
 from tierckpt.save.inflight import InFlight
+from tierckpt.save.retention import Tier1Retention
 from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
 from tierckpt.save.staging import HostStager
-from tierckpt.state import TrainState
-from tierckpt.tier0.config import Tier0, as_tier0
+from tierckpt.state import TrainState, require_state
+from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier0.session import Tier0Session
-from tierckpt.tier1 import fs
-from tierckpt.tier1.catalog import Tier1Catalog, read_committed
-from tierckpt.tier1.lock import FileLock
-from tierckpt.tier2.config import Tier2, as_tier2
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.session import Tier1Session
+from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.link import Tier2Link
-
-_log = logging.getLogger("tierckpt")
-
-PathLike = str | os.PathLike[str]
 
 
 class CheckpointManager:
@@ -64,29 +57,18 @@ class CheckpointManager:
     single process). Use it as a context manager, or call :meth:`close`.
     """
 
-    def __init__(self, config: ManagerConfig | None = None, *, tier1: PathLike | None = None,
-                 keep_last: int = 3, verify: Verify | str = Verify.SIZES,
-                 interval: Every | AutoInterval | None = None,
-                 tier0: Tier0 | PathLike | None = None, tier2: Tier2 | str | None = None,
+    def __init__(self, config: ManagerConfig | None = None, *,
+                 tier1: str | os.PathLike[str] | None = None, keep_last: int = 3,
+                 verify: Verify | str = Verify.SIZES, interval: Every | AutoInterval | None = None,
+                 tier0: Tier0 | str | os.PathLike[str] | None = None,
+                 tier2: Tier2 | str | None = None,
                  writes: Writes | None = None, failures: Failures | None = None) -> None:
-        if config is None:
-            if tier1 is None:
-                raise ConfigError("CheckpointManager needs tier1=<directory for checkpoints>")
-            config = ManagerConfig(
-                tier1=Path(tier1), keep_last=keep_last, verify=check_enum("verify", Verify, verify),
-                interval=interval, tier0=as_tier0(tier0), tier2=as_tier2(tier2),
-                writes=writes or Writes(), failures=failures or Failures())
-        elif not isinstance(config, ManagerConfig):
-            raise ConfigError(f"config must be a tierckpt.ManagerConfig, got "
-                              f"{type(config).__name__}; pass the fields as keywords instead")
-        elif tier1 is not None or tier0 is not None or tier2 is not None \
-                or interval is not None or writes is not None or failures is not None \
-                or keep_last != 3 or verify != Verify.SIZES:
-            raise ConfigError("pass either a ManagerConfig or keyword arguments, not both")
-        self.config = cfg = config
+        self.config = cfg = resolve(config, dict(
+            tier1=tier1, keep_last=keep_last, verify=verify, interval=interval, tier0=tier0,
+            tier2=tier2, writes=writes, failures=failures))
         self._closed = False
         self._catalog = Tier1Catalog(cfg.tier1)
-        self._lock: FileLock | None = None
+        self._tier1: Tier1Session | None = None
         self._tier0: Tier0Session | None = None
         self._tier2: Tier2Link | None = None
         self._last_result: SaveResult | None = None
@@ -100,11 +82,12 @@ class CheckpointManager:
     def _open(self, cfg: ManagerConfig) -> None:
         """Collective start-up: root, domains, lock, tier 0, tier 2, events, saver."""
         comm, w = self._comm, cfg.writes
-        self._prepare_root()
+        self._catalog.prepare(dir_mode=w.dir_mode, file_mode=w.file_mode)
         self._domains = discover_domains(cfg.tier1, comm)
         self._domain = next(d for d in self._domains if comm.rank in d)
         self._is_owner = self._domain[0] == comm.rank
-        self._take_lock_and_clean()
+        self._tier1 = Tier1Session(self._catalog, comm, is_owner=self._is_owner)
+        self._tier1.open(file_mode=w.file_mode)
         if cfg.tier0 is not None:
             self._tier0 = Tier0Session(cfg.tier0, tier1=cfg.tier1, comm=comm,
                                        domains=self._domains, domain=self._domain,
@@ -118,10 +101,9 @@ class CheckpointManager:
                                        mode=w.file_mode)
         self.run_id: str = comm.broadcast(uuid.uuid4().hex[:12])
         """This incarnation's id (part of every save id)."""
-        existing = self._catalog.complete_steps() if self._is_owner else []
-        if self._is_owner and self.tier0 is not None:
-            existing = sorted({*existing, *self.tier0.own.complete_steps()}, reverse=True)
-        newest = max(comm.all_gather(existing[0] if existing else -1))
+        roots = [self._catalog] + ([self.tier0.own] if self.tier0 is not None else [])
+        mine = [s for r in roots for s in r.complete_steps()[:1]] if self._is_owner else []
+        newest = max(comm.all_gather(max(mine, default=-1)))
         self.last_committed: int | None = None if newest < 0 else newest
         """The newest committed step this job knows of (None: none yet)."""
         if self._tier2 is not None:
@@ -138,7 +120,9 @@ class CheckpointManager:
         if self._cadence is None:
             self._gate.on_step = lambda: self._meter.mark(busy=self._saving())
         self._saver = AsyncSaver(cfg.tier1, w, comm, self._domains, self._events,
-                                 on_committed=self._apply_retention, tier0=self.tier0,
+                                 on_committed=Tier1Retention(
+                                     self._catalog, cfg.retention, uploader=cfg.tier2 is not None,
+                                     log=self._events), tier0=self.tier0,
                                  tier0_config=cfg.tier0)
         self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
 
@@ -160,7 +144,7 @@ class CheckpointManager:
         :class:`tierckpt.restore.restorer.Restorer`.
         """
         self._check_open()
-        _require_state(state)
+        require_state(state)
         self._gate.settle()  # no background copy may read what the restore overwrites
         cfg = self.config
         info = Restorer(self._catalog, self._comm, self._domain, verify=cfg.verify,
@@ -171,20 +155,15 @@ class CheckpointManager:
         return info
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
-        """Stage ``state`` into host buffers, then write and commit it in the background.
-        With ``Staging.OVERLAP`` (the default, when ``state`` has an optimizer) only
-        buffers and small state are copied before this returns; parameters and optimizer
-        state are copied during the next forward/backward, and ``state.optimizer.step()``
-        waits for that copy (see :mod:`tierckpt.save.gate`); ``SYNC`` copies everything
-        first. The blocked time is C (``handle.staged``, the ``save_staged`` event).
-        Waits first for a previous save still in flight (an ``overlap`` event records the
-        wait) and raises its :class:`SaveError` if it failed — with
-        ``Failures(on_save_error="continue")``, logs it instead, until ``max_consecutive``
-        saves in a row have failed. A previous save still writing after ``wait_timeout_s``
-        is never given the host buffers it reads: the new save raises (or, in continue mode,
-        is skipped: its handle holds the error) until the stuck one ends."""
+        """Stage ``state`` into host buffers (see :class:`~tierckpt.save.config.Staging`),
+        then write and commit it in the background; the blocked time is C
+        (``handle.staged``, the ``save_staged`` event). Waits first for a previous save
+        still in flight (an ``overlap`` event) and raises its :class:`SaveError` if it
+        failed, or logs it per :class:`~tierckpt.save.config.Failures`. A previous save
+        still writing after ``wait_timeout_s`` never gets its host buffers taken: the new
+        save raises (or, in continue mode, is skipped: its handle holds the error)."""
         self._check_open()
-        _require_state(state)
+        require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
         self._gate.settle()
@@ -208,20 +187,15 @@ class CheckpointManager:
         staged = self._stager.stage(state.state_dict(), defer=defer)
         staged_at = time.monotonic()
         nbytes = staged.nbytes
-        t0_cfg = self.config.tier0
-        to_tier1 = self.tier0 is None or t0_cfg is None \
-            or self._saves % t0_cfg.tier1_every == 0
         handle = SaveHandle(step=step, staged=Future(), durable=Future())
         self._gate.begin(step=step, blocked_s=staged_at - t0, nbytes=nbytes,
                          deferred_bytes=staged.deferred_bytes, ready=staged.ready,
                          staged=handle.staged)
-        if self._tier0 is not None and self.tier0 is not None:
-            try:
-                if not self._tier0.check_budget(nbytes, self._events):
-                    self._saver.tier0, to_tier1 = None, True
-            except BaseException:
-                self._gate.settle()  # the buffers are not handed to a writer: let go
-                raise
+        try:
+            to_tier1 = self._to_tier1(nbytes)
+        except BaseException:
+            self._gate.settle()  # the buffers are not handed to a writer: let go
+            raise
         self._saves += 1
         self._inflight.handle = handle
         self._saver.submit(SaveJob(step=step, staged=staged.tree, nbytes=nbytes,
@@ -258,26 +232,24 @@ class CheckpointManager:
         """Block until the in-flight save (if any) is committed; raise its error."""
         self._check_open()
         self._gate.settle()
-        return self._finish_inflight(record_overlap=False, timeout=timeout)
+        return self._note(self._inflight.finish(record_overlap=False, timeout=timeout))
 
     def close(self, *, after_error: bool = False) -> None:
-        """Wait for the in-flight save, release the lock and the checkpoint group.
-        Idempotent. Raises the in-flight save's error (after releasing everything). With
-        tier 0, the newest save when it lives in RAM only is first copied to tier 1
-        (collective); the uploader gets ``Tier2.drain_s`` to copy what is due.
-        ``after_error=True`` (what leaving a ``with`` block on an exception does) skips
-        both: other ranks may be gone, and a restart should not wait for the drain (the
-        uploader resumes from its records)."""
+        """Wait for the in-flight save, release the lock and the checkpoint group;
+        idempotent; raises the in-flight save's error after releasing everything. A newest
+        save in RAM only is first copied to tier 1, and the uploader gets
+        ``Tier2.drain_s``; ``after_error=True`` (leaving a ``with`` block on an exception)
+        skips both: other ranks may be gone, and the uploader resumes from its records."""
         if self._closed:
             return
         self._closed = True
         try:
             self._gate.close()
-            self._finish_inflight(record_overlap=False)
+            self._note(self._inflight.finish(record_overlap=False))
             last = self._last_result
             if not after_error and last is not None and last.tier == "tier0" \
                     and self.tier0 is not None:
-                self._flush_tier0(last)
+                self._saver.flush_to_tier1(last)
         finally:
             self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
@@ -294,71 +266,29 @@ class CheckpointManager:
             self.close(after_error=True)
 
     # -- internals ------------------------------------------------------------------------
-    def _flush_tier0(self, last: SaveResult) -> None:
-        """Collective, at close: the newest save lives in RAM only; copy it to tier 1 so
-        the run's last state outlives the node (and reaches tier 2)."""
-        path = last.path
-        committed = read_committed(path, step=last.step) if self._is_owner else None
-        self._saver.copy_to_tier1(committed, path)
-        self._events.emit(events.SAVE_COMMITTED, step=last.step, seconds=0.0,
-                          write_seconds=0.0, bytes=last.bytes_total, tier="tier1", flushed=True)
-        if self._is_owner:
-            for p in self._apply_retention(last):
-                with contextlib.suppress(OSError):
-                    fs.remove_tree(p)
+    def _to_tier1(self, nbytes: int) -> bool:
+        """Whether this save also goes to tier 1 (always without tier 0; every
+        ``Tier0.tier1_every``-th with it). Collective at the first save with tier 0: its RAM
+        budget, which may turn tier 0 off."""
+        t0 = self._tier0
+        if t0 is None or t0.root is None:
+            return True
+        if not t0.check_budget(nbytes, self._events):
+            self._saver.tier0 = None
+            return True
+        return self._saves % t0.config.tier1_every == 0
 
-    def _finish_inflight(self, *, record_overlap: bool,
-                         timeout: float | None = None) -> SaveResult | None:
-        result = self._inflight.finish(record_overlap=record_overlap, timeout=timeout)
-        self._note(result)
-        return result
-
-    def _note(self, result: SaveResult | None) -> None:
+    def _note(self, result: SaveResult | None) -> SaveResult | None:
         if result is not None:
             self.last_committed = max(self.last_committed or -1, result.step)
             self._last_result = result
-
-    def _apply_retention(self, result: SaveResult) -> list[Path]:
-        """Unpublish what tier-1 retention drops; return the directories to reclaim. With a
-        tier 2 configured, what the uploader has yet to copy is kept."""
-        cfg = self.config
-        plan = self._catalog.retention_plan(cfg.retention, uploader=cfg.tier2 is not None)
-        for step in plan.released:  # the disk stays bounded while tier 2 is down
-            backlog = cfg.tier2.backlog if cfg.tier2 is not None else None
-            reason = f"more than Tier2.backlog={backlog} checkpoints wait for tier 2"
-            self._events.emit(events.UPLOAD_SKIPPED, step=step, reason=reason)
-            _log.warning("step %d leaves tier 1 without reaching tier 2: %s", step, reason)
-        return [self._catalog.unpublish(step) for step in plan.delete]
-
-    def _prepare_root(self) -> None:
-        root, w = self.config.tier1, self.config.writes
-        try:
-            root.mkdir(mode=w.dir_mode, parents=True, exist_ok=True)
-            probe = root / f".writable-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-            fs.write_durably(probe, b"", mode=w.file_mode)
-            probe.unlink()
-        except OSError as e:
-            raise ConfigError(f"tier1={root} is not a writable directory ({e}); point tier1 at "
-                              "a local directory this user can write") from e
-
-    def _take_lock_and_clean(self) -> None:
-        err = None
-        if self._is_owner:
-            try:
-                self._lock = self._catalog.lock(self.config.writes.file_mode)
-                self._catalog.clean_stale()
-            except LockError as e:
-                err = str(e)
-        errors = [e for e in self._comm.all_gather(err) if e]
-        if errors:
-            raise LockError(errors[0])
+        return result
 
     def _release(self, *, drain: bool) -> None:
         if self._tier2 is not None:
             self._tier2.close(drain=drain)  # drains what is due, bounded
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        if self._tier1 is not None:
+            self._tier1.release()
         if self._tier0 is not None:
             self._tier0.release()
         if getattr(self, "_events", None) is not None:
@@ -368,8 +298,3 @@ class CheckpointManager:
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("CheckpointManager is closed")
-
-
-def _require_state(state: object) -> None:
-    if not isinstance(state, TrainState):
-        raise ConfigError(f"expected a tierckpt.TrainState, got {type(state).__name__}")

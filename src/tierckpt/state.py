@@ -326,3 +326,10 @@ def _rank() -> int:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def require_state(state: object) -> TrainState:
+    """``state`` if it is a :class:`TrainState`, else ConfigError naming what it is."""
+    if not isinstance(state, TrainState):
+        raise ConfigError(f"expected a tierckpt.TrainState, got {type(state).__name__}")
+    return state

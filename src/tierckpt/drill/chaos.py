@@ -54,6 +54,7 @@ from tierckpt.format import layout
 from tierckpt.ops.check import check_tier2
 from tierckpt.runtime import events as ev
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.storage import open_storage
 
 __all__ = ["STAGES", "STEPS_PER_CYCLE", "ChaosConfig", "run_chaos"]
@@ -160,9 +161,10 @@ class _Chaos(CycleRunner):
         gaps = collections.Counter(b - a for a, b in itertools.pairwise(saves))
         self.save_every = gaps.most_common(1)[0][0] if gaps else saves[0] + 1  # not the last
         recorded = Tier1Catalog(roots[0]).recorded_policy()
-        fields: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ManagerConfig)}
-        self.keep_last = recorded.policy.keep_last if recorded else int(fields["keep_last"])
-        backlog = fields["upload_backlog"]  # not recorded: the library's default is assumed
+        default: dict[str, Any] = {f.name: f.default for f in
+                                   (*dataclasses.fields(ManagerConfig), *dataclasses.fields(Tier2))}
+        self.keep_last = recorded.policy.keep_last if recorded else int(default["keep_last"])
+        backlog = default["backlog"]  # not recorded: the library's default is assumed
         self.backlog = backlog if isinstance(backlog, int) else None
         self.ref_rows = run.rows
         per_node = [sum(p.stat().st_size for p in (r / layout.step_dirname(saves[-1])).iterdir())

@@ -122,7 +122,7 @@ def drain_and_wipe(roots: list[Path], tier2: str, *, timeout_s: float = 600.0) -
                               "draining the uploader")
     for root in roots:
         shutil.rmtree(root)
-        shutil.rmtree(default_root(root), ignore_errors=True)  # its tier0="auto" RAM too
+        shutil.rmtree(default_root(root), ignore_errors=True)  # its Tier0() RAM too
     return remote
 
 

@@ -334,8 +334,8 @@ def plan_interval(C: float, M: float, R: float = 0.0, *, W: float = 0.0,
 
 def auto_interval(C: float, M: float, *, W: float = 0.0, rule: Rule | str = Rule.YOUNG,
                   min_s: float = 0.0, max_s: float = math.inf) -> float:
-    """The interval for ``CheckpointManager(interval="auto")``: the ``rule`` optimum from the
-    measured C (and W), never shorter than W (one save in flight: a shorter interval would
+    """The interval of ``CheckpointManager(interval=AutoInterval())``: the ``rule`` optimum
+    from the measured C (and W), never shorter than W (one save in flight: a shorter interval would
     only make ``save()`` wait) and clamped to ``[min_s, max_s]``."""
     tau = plan_interval(C, M, W=W, rule=rule).interval_s
     return min(max(tau, W, min_s), max_s)

@@ -40,7 +40,7 @@ interval_decided    interval_s, M_s, step_s, next_step, inputs (C, W, R, node_mt
 tier0_saved         step, bytes (this rank's), seconds (stage end → committed in RAM)
 tier0_replicated    step, bytes (the partner's files received), seconds
 tier0_replication_failed  step, error (the save stands; the replica is missing)
-tier0_disabled      reason (tier0="auto" and it does not fit; the job runs without it)
+tier0_disabled      reason (tier0=Tier0() and it does not fit; the job runs without it)
 ==================  =============================================================
 """
 

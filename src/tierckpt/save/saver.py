@@ -39,7 +39,7 @@ from tierckpt.save.writer import ShardWriter
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
-from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog, read_committed
 from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 
@@ -273,6 +273,18 @@ class AsyncSaver:
             return
         self.log.emit(events.TIER0_REPLICATED, step=step, bytes=got,
                       seconds=time.monotonic() - t0)
+
+    def flush_to_tier1(self, last: SaveResult) -> None:
+        """Collective, at close: ``last`` lives in RAM only; copy it to tier 1 so the run's
+        last state outlives the node (and reaches tier 2), then apply retention."""
+        committed = read_committed(last.path, step=last.step) if self.is_owner else None
+        self.copy_to_tier1(committed, last.path)
+        self.log.emit(events.SAVE_COMMITTED, step=last.step, seconds=0.0, write_seconds=0.0,
+                      bytes=last.bytes_total, tier="tier1", flushed=True)
+        if self.is_owner and self.on_committed is not None:
+            for p in self.on_committed(last):
+                with contextlib.suppress(OSError):
+                    remove_tree(p)
 
     def copy_to_tier1(self, committed: mf.Committed | None, src: Path) -> None:
         """Collective: owners copy the committed tier-0 step at ``src`` to tier 1

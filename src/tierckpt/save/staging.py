@@ -6,7 +6,7 @@ dict and reused while shape and dtype stay the same, so steady-state saves alloc
 DTensors keep their sharding: the local shard is staged and re-wrapped with the same mesh and
 placements, which is what DCP's planner needs to write the shard without gathering.
 
-Two modes (``CheckpointManager(staging=...)``):
+Two modes (``Writes(staging=...)``):
 
 - ``stage(sd)`` copies everything before it returns (``"sync"``).
 - ``stage(sd, defer=...)`` copies only what ``defer`` rejects before it returns; the rest —
@@ -180,9 +180,9 @@ class HostStager:
                     raise StagingRaceError(
                         "a tensor staged in the background (shape "
                         f"{tuple(src.shape)}, {src.dtype}) was changed in place before its "
-                        "copy landed: with staging='overlap', parameters and optimizer state "
-                        "may change only in optimizer.step() until the copy is done; use "
-                        "staging='sync' if the loop writes them elsewhere")
+                        "copy landed: with Writes(staging='overlap'), parameters and optimizer "
+                        "state may change only in optimizer.step() until the copy is done; "
+                        "use Writes(staging='sync') if the loop writes them elsewhere")
             return time.monotonic() - started
         return self._background.submit(run)
 

@@ -32,7 +32,7 @@ from tierckpt.tier1.lock import FileLock
 
 DEFAULT_BASE = Path("/dev/shm/tierckpt")
 BASE_ENV = "TIERCKPT_TIER0_BASE"
-"""Overrides :data:`DEFAULT_BASE` (the parent of ``tier0="auto"`` roots), e.g. another tmpfs."""
+"""Overrides :data:`DEFAULT_BASE` (the parent of ``Tier0()`` roots), e.g. another tmpfs."""
 JOB_FILE = "job.json"
 PEER_DIR = "peer"
 LOCK_FILE = ".lock"
@@ -48,13 +48,13 @@ def job_key(tier1: Path) -> str:
 
 
 def auto_base() -> Path:
-    """Where ``tier0="auto"`` roots live: ``$TIERCKPT_TIER0_BASE`` or /dev/shm/tierckpt."""
+    """Where ``Tier0()`` roots live: ``$TIERCKPT_TIER0_BASE`` or /dev/shm/tierckpt."""
     env = os.environ.get(BASE_ENV)
     return Path(env) if env else DEFAULT_BASE
 
 
 def default_root(tier1: Path) -> Path:
-    """The ``tier0="auto"`` root of a tier-1 root."""
+    """The ``Tier0()`` root of a tier-1 root."""
     return auto_base() / job_key(tier1)
 
 
@@ -167,8 +167,8 @@ class Budget:
                 f"and the partner's replica, x generations) but {path} has "
                 f"{self.tmpfs_free / gib:.2f} GiB free and the host "
                 f"{self.ram_available / gib:.2f} GiB of RAM available (keeping "
-                f"{HEADROOM:.0%} free); lower tier0_keep, turn off tier0_replicate, or use "
-                "tier0='auto' to run without tier 0 when it does not fit")
+                f"{HEADROOM:.0%} free); lower Tier0.keep, turn off Tier0.replicate, or use "
+                "tier0=Tier0() (no path) to run without tier 0 when it does not fit")
 
 
 def budget(path: Path, need: int) -> Budget:

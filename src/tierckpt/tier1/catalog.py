@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tierckpt.errors import IntegrityError
+from tierckpt.errors import ConfigError, IntegrityError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
@@ -322,6 +322,18 @@ class Tier1Catalog:
         return out
 
     # -- locks, debris and deletion -------------------------------------------------------
+    def prepare(self, *, dir_mode: int, file_mode: int) -> None:
+        """Create the root if needed and prove it writable (a durable empty probe file);
+        ConfigError naming the root otherwise."""
+        try:
+            self.root.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+            probe = self.root / f".writable-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            fs.write_durably(probe, b"", mode=file_mode)
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"tier1={self.root} is not a writable directory ({e}); point "
+                              "tier1 at a local directory this user can write") from e
+
     def lock(self, file_mode: int = fs.DEFAULT_FILE_MODE) -> FileLock:
         """The job lock (``<root>/.lock``), held by a job — or ``tierckpt gc``/``fetch`` —
         for as long as it changes this root. Raises LockError when another holds it."""

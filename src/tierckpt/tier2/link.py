@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Protocol
+from typing import Any
 
 from tierckpt.errors import CheckpointError, ConfigError, SaveError
 from tierckpt.policy.retention import RetentionPolicy
 from tierckpt.runtime import events
 from tierckpt.runtime.deadline import call_with_deadline
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.session import Gather
 from tierckpt.tier2 import probe
 from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.storage.url import parse_url
@@ -21,14 +22,6 @@ from tierckpt.tier2.uploader import UploaderConfig
 from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
 
 _log = logging.getLogger("tierckpt")
-
-
-class Gather(Protocol):
-    """The one collective the link needs (``runtime.topology.Comm`` is one)."""
-
-    rank: int
-
-    def all_gather(self, obj: Any) -> list[Any]: ...
 
 
 class Tier2Link:

@@ -161,7 +161,7 @@ class UploaderSupervisor:
     def _report_left(self, left: list[int], seconds: float, drain_s: float) -> list[int]:
         self.log.emit(events.UPLOAD_DRAINED, seconds=seconds, left=left)
         if left:
-            _log.warning("tier-2 upload did not finish (upload_drain_s=%.0f): step(s) %s are "
+            _log.warning("tier-2 upload did not finish (Tier2.drain_s=%.0f): step(s) %s are "
                          "on tier 1 only; the next job's uploader or `tierckpt upload` copies "
                          "them", drain_s, left)
         return left

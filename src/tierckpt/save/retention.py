@@ -1,0 +1,36 @@
+"""Tier-1 retention after each commit: what :func:`~tierckpt.policy.retention` drops is
+unpublished here and reclaimed by the saver once the save's handle resolved. Runs on the
+saver's worker thread, on domain owners only."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tierckpt.policy.retention import RetentionPolicy
+from tierckpt.runtime import events
+from tierckpt.save.saver import SaveResult
+from tierckpt.tier1.catalog import Tier1Catalog
+
+_log = logging.getLogger("tierckpt")
+
+
+class Tier1Retention:
+    """``retention(result)``: unpublish what ``policy`` drops from ``catalog``'s root and
+    return the directories to reclaim. With ``uploader`` (a tier 2 is configured), what the
+    uploader has yet to copy is kept — up to ``policy.upload_backlog`` checkpoints; older
+    ones are released with an ``upload_skipped`` event, so the disk stays bounded while
+    tier 2 is down."""
+
+    def __init__(self, catalog: Tier1Catalog, policy: RetentionPolicy, *, uploader: bool,
+                 log: events.EventLog) -> None:
+        self.catalog, self.policy, self.uploader, self.log = catalog, policy, uploader, log
+
+    def __call__(self, result: SaveResult) -> list[Path]:
+        plan = self.catalog.retention_plan(self.policy, uploader=self.uploader)
+        for step in plan.released:
+            reason = (f"more than Tier2.backlog={self.policy.upload_backlog} checkpoints wait "
+                      "for tier 2")
+            self.log.emit(events.UPLOAD_SKIPPED, step=step, reason=reason)
+            _log.warning("step %d leaves tier 1 without reaching tier 2: %s", step, reason)
+        return [self.catalog.unpublish(step) for step in plan.delete]
