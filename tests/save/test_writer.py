@@ -9,8 +9,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierckpt.format import checksum
-from tierckpt.save.directio import DirectFile
 from tierckpt.save.writer import ShardWriter
+from tierckpt.tier1.directio import DirectFile
 
 
 def test_directfile_marks_give_record_crcs_and_the_file_crc(tmp_path: Path) -> None:
@@ -80,8 +80,8 @@ def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path) -
 def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path) -> None:
     """With zero_copy the I/O buffers are 2 × ZERO_COPY_BUFFER: 6 MiB of sub-MiB records
     after two zero-copy ones fill and reuse them many times; every byte and CRC32C holds."""
-    from tierckpt.save.directio import ZERO_COPY_BUFFER, ZERO_COPY_MIN
     from tierckpt.save.staging import HostStager
+    from tierckpt.tier1.directio import ZERO_COPY_BUFFER, ZERO_COPY_MIN
 
     stager = HostStager(copy_threads=1)
     src = {"big0": torch.randn(3 << 18), "big1": torch.randn(1 << 18)}

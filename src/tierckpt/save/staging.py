@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from tierckpt._runs import contiguous_runs
 from tierckpt.errors import StagingRaceError
-from tierckpt.save.directio import ZERO_COPY_MIN
+from tierckpt.tier1.directio import ZERO_COPY_MIN
 
 Path = tuple[str | int, ...]
 _ATOMIC = frozenset({int, float, bool, str, bytes, type(None), complex})  # copies are moot

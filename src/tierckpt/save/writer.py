@@ -41,7 +41,7 @@ from torch.futures import Future
 
 from tierckpt.format import checksum, layout
 from tierckpt.format.manifest import Chunk, FileEntry
-from tierckpt.save.directio import DirectFile
+from tierckpt.tier1.directio import DirectFile
 from tierckpt.tier1.fs import DEFAULT_FILE_MODE
 
 _WRITE_BLOCK = 16 * 1024 * 1024

@@ -11,12 +11,12 @@ from tierckpt.errors import CorruptDataError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.runtime.topology import Comm
-from tierckpt.save.directio import DirectFile
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier0.transfer import Stream, commit_received, transfer
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.commit import commit_domain
+from tierckpt.tier1.directio import DirectFile
 
 _BLOCK = 16 * 1024 * 1024
 
