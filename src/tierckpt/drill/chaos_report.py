@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tierckpt
+from tierckpt._version import __version__
 from tierckpt.drill import chaos_verdicts as cv
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def build_chaos_report(*, config: Mapping[str, Any], catalogue: Mapping[str, Any
               "tier1_peak": max(peaks.values(), default=0), "tier1_peak_by_node": dict(peaks),
               "tier1_bound": bound, "wall_s": time.time() - t0}
     complete = final is not None and len(cycles) == len(plan) and error is None
-    return {"schema": CHAOS_SCHEMA, "tierckpt_version": tierckpt.__version__,
+    return {"schema": CHAOS_SCHEMA, "tierckpt_version": __version__,
             "created_unix": time.time(), "config": dict(config), "catalogue": dict(catalogue),
             "facts": dict(facts), "plan": [p.as_dict() for p in plan],
             "start": dict(start), "cycles": [dict(c) for c in cycles],

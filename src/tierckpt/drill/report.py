@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-import tierckpt
+from tierckpt._version import __version__
 from tierckpt.runtime import events as ev
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def build_report(cfg: DrillConfig, drills: Mapping[str, dict[str, Any]],
                                             "lost_steps")}
     return {
         "schema": SCHEMA,
-        "tierckpt_version": tierckpt.__version__,
+        "tierckpt_version": __version__,
         "torch_version": torch.__version__,
         "created_unix": time.time(),
         "duration_s": time.time() - t0,
