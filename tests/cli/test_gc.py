@@ -114,8 +114,8 @@ def test_gc_applies_the_policy_the_job_recorded(template: Path, tmp_path: Path) 
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
     upload(t1, t2.as_uri(), steps=[1, 2, 3, 4, 5])
     assert Tier1Catalog(t1).recorded_policy() is None  # the template's job had no tier 2
-    with tierckpt.CheckpointManager(tier1=t1, tier2=t2.as_uri(), start_uploader=False,
-                                    keep_last=5, tier2_keep_last=1, tier2_keep_every=2):
+    with tierckpt.CheckpointManager(tier1=t1, keep_last=5, tier2=tierckpt.Tier2(
+            t2.as_uri(), keep_last=1, keep_every=2, start_uploader=False)):
         pass
     doc = invoke_json("gc", "--tier1", str(t1), "--tier2", t2.as_uri(), "--yes")
     assert doc["tier2"] == {"delete": [1, 3], "keep": [5, 4, 2]}
