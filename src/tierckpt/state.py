@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from tierckpt import _rng
 from tierckpt.errors import CheckpointError, ConfigError
-from tierckpt.state_capture import StateCapture
+from tierckpt.model_state import ModelState, TorchModelState
 
 RANK_STATE = "rank_state"
 
@@ -63,12 +62,16 @@ class TrainState:
     anything with ``state_dict``/``load_state_dict`` (torchdata's ``StatefulDataLoader``);
     ``extra`` a dict of plain values (ints, floats, strings, lists, dicts, tensors) that is
     saved and restored in place. RNG streams are captured automatically (``rng=False`` to
-    opt out).
+    opt out). ``model_state``: how the model and optimizer state is read and applied (a
+    :class:`~tierckpt.model_state.ModelState`; default
+    :class:`~tierckpt.model_state.TorchModelState` of ``model`` and ``optimizer``) — the
+    seam for integrations whose model is several parts or whose optimizer is a container.
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler: Any = None, dataloader: Any = None,
-                 extra: dict[str, Any] | None = None, rng: bool = True) -> None:
+                 extra: dict[str, Any] | None = None, rng: bool = True,
+                 model_state: ModelState | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"TrainState(model=...) must be a torch.nn.Module, got "
                               f"{type(model).__name__}")
@@ -89,7 +92,10 @@ class TrainState:
         self.extra = extra
         self.rng = rng
         self.step: int | None = None  # set by the manager before state_dict()/after restore
-        self._capture = StateCapture(model, optimizer)
+        if model_state is not None and not isinstance(model_state, ModelState):
+            raise ConfigError(f"TrainState(model_state=...) must implement "
+                              f"tierckpt.model_state.ModelState, got {type(model_state).__name__}")
+        self.model_state: ModelState = model_state or TorchModelState(model, optimizer)
 
     # -- DCP Stateful ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -122,24 +128,12 @@ class TrainState:
         without an optimizer: no step would wait for the copy."""
         if self.optimizer is None:
             return None
-        live = {_storage_ptr(t) for t in self._step_tensors()}
+        live = {_storage_ptr(t) for t in self.model_state.step_tensors()}
         live.discard(0)
         return lambda path, t: _storage_ptr(t) in live
 
-    def _step_tensors(self) -> Iterator[torch.Tensor]:
-        """The tensors ``optimizer.step()`` writes: parameters and optimizer state (an
-        optimizer container's inner optimizers' too)."""
-        yield from self.model.parameters()
-        todo = [self.optimizer]
-        while todo:
-            opt = todo.pop()
-            for per_param in getattr(opt, "state", {}).values():
-                if isinstance(per_param, Mapping):
-                    yield from (v for v in per_param.values() if isinstance(v, torch.Tensor))
-            todo.extend(getattr(opt, "optimizers", ()))
-
     def _model_optim(self) -> dict[str, Any]:
-        model_sd, optim_sd = self._model_optim_state()
+        model_sd, optim_sd = self.model_state.state_dicts()
         out: dict[str, Any] = {"model": model_sd}
         if self.optimizer is not None:
             out["optim"] = optim_sd
@@ -153,20 +147,11 @@ class TrainState:
         state_dict = dict(state_dict)
         for path, value in payload["small"].items():
             _set_path(state_dict, path, value)
-        if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"],
-                           optim_state_dict=state_dict["optim"],
-                           options=StateDictOptions(strict=True))
-        else:
-            set_state_dict(self.model, (), model_state_dict=state_dict["model"],
-                           optim_state_dict={}, options=StateDictOptions(strict=True))
+        self.model_state.load_state_dicts(
+            state_dict["model"], state_dict["optim"] if self.optimizer is not None else None)
         self._apply_rank_payload(payload, src_rank=int(src))
 
     # -- internals ------------------------------------------------------------------------
-    def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``get_state_dict(model, optimizer)`` (:class:`~tierckpt.state_capture.StateCapture`)."""
-        return self._capture()
-
     def _rank_blob(self, small: dict[tuple[Any, ...], Any]) -> torch.Tensor:
         payload: dict[str, Any] = {
             "small": {k: v for k, v in small.items() if not isinstance(v, torch.Tensor)},

@@ -181,8 +181,8 @@ def main() -> int:
     rank = trainer.global_rank
     state = trainer.strategy._state  # one TrainState across saves: keys derived once
     (args.out / f"capture.{rank}.json").write_text(json.dumps(
-        {} if state is None else {"calls": state._capture.calls,
-                                  "reference_calls": state._capture.reference_calls}))
+        {} if state is None else {"calls": state.model_state.capture.calls,
+                                  "reference_calls": state.model_state.capture.reference_calls}))
     if args.strategy == "ddp":
         torch.save(model.state_dict(), args.out / f"final.{rank}.pt")
     if args.validate:

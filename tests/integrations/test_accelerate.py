@@ -239,7 +239,7 @@ def test_saves_derive_the_state_dict_keys_once(tmp_path: Path, fresh: None) -> N
         for step in range(3):
             _step(acc, model, opt, sched, next(it))
             ckpt.save(step).wait()
-        capture = ckpt.state._capture
+        capture = ckpt.state.model_state.capture
     assert ckpt.state.optimizer is opt.optimizer
     assert (capture.calls, capture.reference_calls) == (3, 1)
 

@@ -74,9 +74,10 @@ from tierckpt.config import Failures, ManagerConfig, Tier0, Tier2, Verify
 from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.integrations._plain import require_plain
 from tierckpt.manager import CheckpointManager
+from tierckpt.model_state import optimizer_tensors
 from tierckpt.policy.interval import AutoInterval
 from tierckpt.restore.loader import RestoreInfo
-from tierckpt.state import RANK_STATE, TrainState, _set_path  # _set_path: the blob's format
+from tierckpt.state import TrainState
 
 __all__ = ["EXTRA_KEY", "TierckptCheckpointManager", "save_due", "tierckpt_config"]
 
@@ -197,8 +198,8 @@ class TierckptCheckpointManager(BaseCheckpointManager):
                         "optimizers": optimizers, "lr_schedulers": lr_schedulers,
                         "sd_adapter": sd_adapter}
         wrapper, skip = ModelWrapper(model_parts), set(self.exclude_from_loading)
-        self.state = _TitanState(wrapper, optimizers, lr_schedulers, dataloader)
-        self._load_state = self.state if not skip else _TitanState(
+        self.state = _titan_state(wrapper, optimizers, lr_schedulers, dataloader)
+        self._load_state = self.state if not skip else _titan_state(
             wrapper, None if OPTIMIZER in skip else optimizers,
             None if LR_SCHEDULER in skip else lr_schedulers,
             None if DATALOADER in skip else dataloader)
@@ -391,45 +392,40 @@ def _check_exclusions(exclude: list[str], states: dict[str, Any]) -> None:
 
 
 # -- adapters: torchtitan's containers in TrainState's slots ---------------------------------
-class _TitanState(TrainState):
-    """A :class:`TrainState` whose model and optimizer state are torchtitan's own: the model
-    parts through ``ModelWrapper`` (canonical FQNs, one flat dict across pipeline stages)
-    and the ``OptimizersContainer``'s flat FQN-keyed dict (which reshards, and keeps
-    pipeline stages from colliding). TrainState's ``get_state_dict(model, optimizer)`` takes
-    one module and one torch optimizer, so the two places where it reaches them are
-    replaced; the per-rank blob (RNG, scheduler, loader, extra) is TrainState's."""
+class _TitanModelState:
+    """torchtitan's model and optimizer state, as a :class:`~tierckpt.model_state.ModelState`:
+    the model parts through ``ModelWrapper`` (canonical FQNs, one flat dict across pipeline
+    stages) and the ``OptimizersContainer``'s flat FQN-keyed dict (which reshards, and keeps
+    pipeline stages from colliding), each applied by torchtitan's own ``load_state_dict``.
+    The per-rank blob (RNG, scheduler, loader, extra) is TrainState's."""
 
-    def __init__(self, wrapper: ModelWrapper, optimizers: Any, lr_schedulers: Any,
-                 dataloader: Any) -> None:
-        super().__init__(
-            model=wrapper.model[0], optimizer=optimizers,
-            scheduler=None if lr_schedulers is None else _Checked(lr_schedulers,
-                                                                  "lr_schedulers"),
-            dataloader=None if dataloader is None else _Loader(dataloader), extra={})
-        self.wrapper = wrapper
+    def __init__(self, wrapper: ModelWrapper, optimizers: Any) -> None:
+        self.wrapper, self.optimizers = wrapper, optimizers
 
-    def _model_optim_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        optim = self.optimizer.state_dict() if self.optimizer is not None else {}
+    def state_dicts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        optim = self.optimizers.state_dict() if self.optimizers is not None else {}
         return self.wrapper.state_dict(), optim
 
-    def _step_tensors(self) -> Iterator[Any]:
-        """Every model part's parameters (pipeline stages), not only the first part's."""
-        for part in self.wrapper.model[1:]:
-            yield from part.parameters()
-        yield from super()._step_tensors()
+    def load_state_dicts(self, model: dict[str, Any], optim: dict[str, Any] | None) -> None:
+        self.wrapper.load_state_dict(model)
+        if self.optimizers is not None and optim is not None:
+            self.optimizers.load_state_dict(optim)
 
-    def load_state_dict(self, state_dict: Any) -> None:
-        """TrainState's, with the model parts and the optimizers container applied by
-        torchtitan's own ``load_state_dict`` methods."""
-        (src, blob), = state_dict[RANK_STATE].items()
-        payload = self._decode_blob(blob)
-        filled = {k: v for k, v in state_dict.items() if k != RANK_STATE}
-        for path, value in payload["small"].items():  # replicated small leaves, per rank
-            _set_path(filled, path, value)
-        self.wrapper.load_state_dict(filled["model"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(filled["optim"])
-        self._apply_rank_payload(payload, src_rank=int(src))
+    def step_tensors(self) -> Iterator[Any]:
+        """Every model part's parameters (pipeline stages) and the optimizers' state."""
+        for part in self.wrapper.model:
+            yield from part.parameters()
+        yield from optimizer_tensors(self.optimizers)
+
+
+def _titan_state(wrapper: ModelWrapper, optimizers: Any, lr_schedulers: Any,
+                 dataloader: Any) -> TrainState:
+    """A :class:`TrainState` whose model and optimizer state are torchtitan's own."""
+    return TrainState(
+        model=wrapper.model[0], optimizer=optimizers,
+        scheduler=None if lr_schedulers is None else _Checked(lr_schedulers, "lr_schedulers"),
+        dataloader=None if dataloader is None else _Loader(dataloader), extra={},
+        model_state=_TitanModelState(wrapper, optimizers))
 
 
 class _Checked:

@@ -51,8 +51,8 @@ def _etag(r: dict[str, Any]) -> str:
 
 class _Probe:
     def __init__(self, storage: S3Storage) -> None:
-        self.st, self.c, self.bucket = storage, storage._client, storage.bucket
-        self.base = storage._key(f".tierckpt-probe-{uuid.uuid4().hex[:12]}")
+        self.st, self.c, self.bucket = storage, storage.client, storage.bucket
+        self.base = storage.object_key(f".tierckpt-probe-{uuid.uuid4().hex[:12]}")
         self.notes: list[str] = []
 
     def key(self, name: str) -> str:

@@ -110,6 +110,16 @@ class S3Writes:
         """``crc32c`` or ``md5`` (see the module docstring)."""
         return self.config.integrity
 
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client: for the capability probe, which asks the server directly
+        what it supports (every other caller goes through the storage methods)."""
+        return self._client
+
+    def object_key(self, key: str) -> str:
+        """The full object key of ``key`` under this storage's prefix (validated)."""
+        return self._key(key)
+
     # -- helpers ------------------------------------------------------------------------
     def _key(self, key: str) -> str:
         validate_key(key)
