@@ -30,6 +30,7 @@ _LAZY = {
     "HangInfo": "tierckpt.runtime.watchdog",
     "ManagerConfig": "tierckpt.config",
     "OnSaveError": "tierckpt.save.config",
+    "ReadCheck": "tierckpt.share.ranged",
     "RestoreInfo": "tierckpt.restore.loader",
     "ResumableSampler": "tierckpt.data",
     "SaveHandle": "tierckpt.save.saver",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
     from tierckpt.save.saver import SaveHandle, SaveResult
     from tierckpt.share.loader import LoadResult, load
+    from tierckpt.share.ranged import ReadCheck
     from tierckpt.state import TrainState
     from tierckpt.tier0.config import Tier0
     from tierckpt.tier2.config import Tier2
@@ -91,6 +93,7 @@ __all__ = [
     "ManagerConfig",
     "NoCheckpointError",
     "OnSaveError",
+    "ReadCheck",
     "RestoreInfo",
     "ResumableSampler",
     "SaveError",

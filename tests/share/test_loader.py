@@ -125,10 +125,18 @@ def test_an_older_manifest_falls_back_to_whole_file_verification(
 
 
 def test_verify_files_reads_whole_files(saved: tuple[Path, dict]) -> None:
-    r = tierckpt.load(saved[0], mlp(seed=1), verify="files")
-    assert r.verified == "files" and any("verify='files'" in n for n in r.notes)
-    with pytest.raises(ConfigError, match="verify"):
+    for verify in ("files", tierckpt.ReadCheck.FILES):
+        r = tierckpt.load(saved[0], mlp(seed=1), verify=verify)
+        assert r.verified == "files" and any("verify='files'" in n for n in r.notes)
+    with pytest.raises(ConfigError, match=r"verify must be one of \['chunks', 'files'\]"):
         tierckpt.load(saved[0], mlp(), verify="none")  # type: ignore[arg-type]
+
+
+def test_the_result_repr_is_a_summary_not_every_tensor(saved: tuple[Path, dict]) -> None:
+    r = tierckpt.load(saved[0])
+    text = repr(r)
+    assert r.state_dict and "state_dict" not in text and "tensor(" not in text
+    assert f"step={r.step}" in text and len(text) < 600
 
 
 def test_a_newer_checkpoint_that_does_not_verify_is_skipped_with_its_reason(

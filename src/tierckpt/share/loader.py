@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.restore.loader import SafeLoadPlanner
-from tierckpt.share.ranged import RangedReader, VerifyMode
+from tierckpt.share.ranged import RangedReader, ReadCheck, VerifyMode
 from tierckpt.share.source import Step, open_checkpoint
 
 
@@ -51,7 +51,8 @@ class LoadResult:
     """``"chunks"`` (every record against its own CRC32C) or ``"files"`` (some or all
     files read whole and checked against the file CRC32C: see ``notes``)."""
     notes: tuple[str, ...]
-    state_dict: dict[str, Any]
+    state_dict: dict[str, Any] = dataclasses.field(repr=False)
+    """Not in the repr: it may hold millions of tensors."""
 
 
 def top_level_keys(md: Metadata) -> list[str]:
@@ -109,7 +110,7 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
         notes = []
         whole = sorted(fetcher.whole_files)
         if whole:
-            why = ("verify='files'" if verify == "files" else
+            why = ("verify='files'" if reader.fetcher.verify is ReadCheck.FILES else
                    "this checkpoint predates per-record CRC32Cs")
             notes.append(f"{len(whole)} file(s) read whole and verified by file CRC32C "
                          f"({why}): {', '.join(whole[:4])}{' …' if len(whole) > 4 else ''}")

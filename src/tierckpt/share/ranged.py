@@ -20,6 +20,7 @@ and the tensor; the destination may then hold part of the checkpoint.
 
 from __future__ import annotations
 
+import enum
 import io
 import sys
 import threading
@@ -44,9 +45,24 @@ from torch.futures import Future
 from tierckpt.errors import ConfigError, CorruptDataError
 from tierckpt.format import checksum
 from tierckpt.format.torchzip import tensor_data_offset
+from tierckpt.policy.checks import check_enum
 from tierckpt.share.source import Checkpoint
 
-VerifyMode = Literal["chunks", "files"]
+
+class ReadCheck(str, enum.Enum):
+    """How :func:`tierckpt.load` and ``tierckpt export`` check what they read (every byte
+    they use is checked either way; this is not :class:`~tierckpt.Verify`, which chooses
+    how much of a checkpoint a restore checks before it reads).
+
+    ``CHUNKS`` (default): each record against its own CRC32C, so only the records asked
+    for are read. ``FILES``: whole files, each against its file CRC32C.
+    """
+
+    CHUNKS = "chunks"
+    FILES = "files"
+
+
+VerifyMode = ReadCheck | Literal["chunks", "files"]
 GAP = 256 * 1024
 """Records at most this far apart in a file are fetched as one span (the gap is read too)."""
 SPAN_MAX = 32 * 1024 * 1024
@@ -66,9 +82,7 @@ class RecordFetcher:
 
     def __init__(self, ckpt: Checkpoint, *, verify: VerifyMode = "chunks",
                  threads: int = 8) -> None:
-        if verify not in ("chunks", "files"):
-            raise ConfigError(f"verify must be 'chunks' or 'files', got {verify!r}")
-        self.ckpt, self.verify = ckpt, verify
+        self.ckpt, self.verify = ckpt, check_enum("verify", ReadCheck, verify)
         self.whole_files: set[str] = set()
         """Files read whole (no chunk CRCs, or ``verify="files"``)."""
         self.chunks_verified = 0
@@ -87,7 +101,7 @@ class RecordFetcher:
 
     def chunked(self, name: str) -> bool:
         """Whether file ``name``'s records can be checked one by one."""
-        return self.verify == "chunks" and bool(self.ckpt.entry(name).chunks)
+        return self.verify is ReadCheck.CHUNKS and bool(self.ckpt.entry(name).chunks)
 
     def read_span(self, name: str, offset: int, length: int) -> memoryview:
         return memoryview(self.ckpt.read_range(name, offset, length))
