@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,11 @@ class RestoreInfo:
     @property
     def resharded(self) -> bool:
         return self.world_size != self.saved_world_size
+
+# A single-process job passes no_dist=True on purpose; DCP warns about it on every call.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                        "uninitialized, assuming the intent is to", category=UserWarning)
+
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +45,10 @@ from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 
 _log = logging.getLogger("tierckpt")
+
+# A single-process job passes no_dist=True on purpose; DCP warns about it on every call.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                        "uninitialized, assuming the intent is to", category=UserWarning)
 
 
 def _lower_thread_priority(nice: int) -> None:
