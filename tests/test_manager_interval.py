@@ -1,6 +1,11 @@
 """CheckpointManager(interval=...) on a real job: should_save follows a fixed interval, and
 an AutoInterval's τ moves when the measured blocking time C changes (saves slowed by a
-state-dict hook that sleeps, inside the timed staging)."""
+state-dict hook that sleeps, inside the timed staging).
+
+These runs use the wall clock, so they assert orderings and step marks only (which save,
+how many steps apart, which events), never a threshold in seconds: the exact numbers are
+checked with an injected clock in tests/runtime/test_cadence.py (τ from C and the step
+time) and tests/runtime/test_save_cost.py (what slower steps add to a save's cost)."""
 
 from __future__ import annotations
 
@@ -71,8 +76,9 @@ def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> Non
     decided = [e for e in events.read_events(tmp_path / layout.EVENTS)
                if e["event"] == events.INTERVAL_DECIDED]
     assert len(decided) == 14
-    early, late = decided[3]["interval_s"], decided[-1]["interval_s"]
-    assert late > 3 * early, (early, late)  # √20 ≈ 4.5 in theory
+    early, late = decided[3], decided[-1]
+    assert late["inputs"]["C"] > early["inputs"]["C"]  # the slower saves were measured
+    assert late["interval_s"] > early["interval_s"], (early, late)  # and τ followed
     assert decided[-1]["inputs"]["C_source"].startswith("measured")
     assert decided[-1]["inputs"]["mtbf_source"] == "given" and decided[-1]["M_s"] > 0
     gaps = [b["step"] - a["step"] for a, b in itertools.pairwise(decided)]
@@ -107,10 +113,10 @@ def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Pa
     staged = {e["step"]: e["seconds"] for e in recs if e["event"] == events.SAVE_STAGED}
     costs = [e for e in recs if e["event"] == events.SAVE_COST]
     assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
-    assert all(c["steps"] >= 1 and c["step_s"] < 0.03 for c in costs), costs
-    # what the meter saw: the blocked time plus (most of) the 50 ms each busy step lost
+    assert all(c["steps"] >= 1 and c["window_s"] >= c["seconds"] for c in costs), costs
+    # what the meter saw: more than the blocked time (the busy steps were slower)
     lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
-    assert lost > 0.5 * 0.05 * busy_steps, (lost, busy_steps, costs)
+    assert lost > 0, (lost, busy_steps, costs)
     decided = [e for e in recs if e["event"] == events.INTERVAL_DECIDED]
     assert "with the slower steps" in decided[-1]["inputs"]["C_source"]
     assert decided[-1]["inputs"]["C"] >= sorted(staged.values())[len(staged) // 2]
@@ -146,4 +152,4 @@ def test_without_an_interval_the_optimizer_steps_mark_the_save_cost(tmp_path: Pa
     costs = [e for e in recs if e["event"] == events.SAVE_COST]
     assert len(costs) >= 4 and busy_steps >= 3, (costs, busy_steps)
     lost = sum(c["seconds"] - staged[c["step"]] for c in costs)
-    assert lost > 0.5 * 0.05 * busy_steps, (lost, busy_steps, costs)
+    assert lost > 0, (lost, busy_steps, costs)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from tierckpt import __version__
+from tierckpt._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -5,6 +5,7 @@ keeps every rank's answer the same."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tierckpt.policy import interval
@@ -17,12 +18,13 @@ class Cadence:
     """``should_save(step)`` is local and cheap; ``saved(step)`` — called by ``save()``, so
     collective — has rank 0 decide τ (from this root's events for an
     :class:`AutoInterval`), turn it into the next save step with the measured seconds per
-    step, log ``interval_decided``, and broadcast the step."""
+    step, log ``interval_decided``, and broadcast the step. ``clock``: monotonic seconds
+    (the seconds per step come from it; injectable for tests)."""
 
     def __init__(self, policy: Policy, comm: Comm, log: events.EventLog,
-                 events_path: Path) -> None:
+                 events_path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.schedule = Schedule(policy)
-        self.comm, self.log, self.events_path = comm, log, events_path
+        self.comm, self.log, self.events_path, self.clock = comm, log, events_path, clock
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the last save
         self._marks = events.ProgressMarks(log) if comm.rank == 0 else None
 
@@ -35,13 +37,13 @@ class Cadence:
             self._marks.step(step)
         if self._last is None:  # the first step this incarnation trains
             self.schedule.start(step)
-            self._last = (step - 1, time.monotonic())
+            self._last = (step - 1, self.clock())
         return self.schedule.should_save(step)
 
     def saved(self, step: int) -> None:
         if isinstance(self.policy, Every) and self.policy.steps is not None:
             return
-        now = time.monotonic()
+        now = self.clock()
         last = self._last
         step_s = (now - last[1]) / (step - last[0]) if last and step > last[0] else None
         self._last = (step, now)
