@@ -4,8 +4,8 @@ One process, world size 1, the bench state (``bench.state``) as a module of froz
 parameters in ``tierckpt.TrainState``. Two managers stay open side by side and their saves
 interleave, so both see the same machine:
 
-- **tier 0 on**: ``CheckpointManager(tier1=…, tier0=<fresh mkdtemp on /dev/shm>,
-  tier1_every=2)``: saves alternate RAM only (``tier == "tier0"``) and RAM then tier 1.
+- **tier 0 on**: ``CheckpointManager(tier1=…, tier0=Tier0(<fresh mkdtemp on /dev/shm>,
+  tier1_every=2))``: saves alternate RAM only (``tier == "tier0"``) and RAM then tier 1.
 - **tier 0 off**: ``CheckpointManager(tier1=…)``: every save to tier 1.
 
 The first save of each is an untimed warm-up (it allocates the staging buffers); then, best
@@ -64,7 +64,7 @@ from bench.pagecache import evict, files_under
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
 from bench.transfer import ENDPOINT_ENV, remove_remote, weed_missing
 from bench.transfer import tier2 as transfer_tier2
-from tierckpt import CheckpointManager, Tier0, TrainState
+from tierckpt import CheckpointManager, Tier0, Tier2, TrainState
 from tierckpt.cli.demo import CLUSTER_NODES, NODE_MTBF_S
 from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
@@ -228,8 +228,8 @@ class _Restores:
                                 "bytes_by_source": dict(info.bytes_by_source)})
 
     def tier0(self) -> None:
-        self._restore("tier0", tier1=self.roots["tier0_on"], tier0=self.tier0_dir,
-                      tier1_every=TIER1_EVERY)
+        self._restore("tier0", tier1=self.roots["tier0_on"],
+                      tier0=Tier0(self.tier0_dir, tier1_every=TIER1_EVERY))
 
     def tier1(self) -> None:
         root = self.roots["tier0_off"]
@@ -240,7 +240,7 @@ class _Restores:
     def tier2(self) -> None:
         root = self.work / f"tier1-empty-{len(self.runs['tier2'])}"
         try:
-            self._restore("tier2", tier1=root, tier2=self.url, start_uploader=False)
+            self._restore("tier2", tier1=root, tier2=Tier2(self.url, start_uploader=False))
         finally:
             shutil.rmtree(root, ignore_errors=True)
 

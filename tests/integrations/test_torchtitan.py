@@ -349,7 +349,8 @@ def test_torchtitans_cli_selects_and_sets_it(tmp_path: Path) -> None:
     assert (ck.interval, ck.keep_latest_k) == (10, 4)  # the stock config's, and the flag's
     mc = ck.manager_config(cfg.dump_folder)
     assert mc.tier1 == Path("./outputs/checkpoint").absolute()
-    assert (mc.tier2, mc.upload_every, mc.keep_last) == (tmp_path.as_uri(), 2, 4)
+    assert mc.tier2 is not None
+    assert (mc.tier2.url, mc.tier2.upload_every, mc.keep_last) == (tmp_path.as_uri(), 2, 4)
     assert isinstance(mc.interval, AutoInterval)
 
 

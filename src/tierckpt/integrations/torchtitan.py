@@ -75,7 +75,9 @@ from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.integrations._plain import require_plain
 from tierckpt.manager import CheckpointManager
 from tierckpt.model_state import optimizer_tensors
+from tierckpt.policy.checks import check_enum
 from tierckpt.policy.interval import AutoInterval
+from tierckpt.policy.units import check_count
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.state import TrainState
 
@@ -168,6 +170,8 @@ class TierckptCheckpointManager(BaseCheckpointManager):
             """The :class:`tierckpt.ManagerConfig` this config means for a job whose dump
             folder is ``base_folder``."""
             tier1 = self.tier1 or os.path.join(base_folder, self.folder)
+            for name in ("upload_every", "tier2_keep_last", "tier1_every"):  # even when unused
+                check_count(name, getattr(self, name))
             tier2 = None if self.tier2 is None else Tier2(
                 self.tier2, upload_every=self.upload_every, keep_last=self.tier2_keep_last,
                 drain_s=self.upload_drain_s)
@@ -176,7 +180,8 @@ class TierckptCheckpointManager(BaseCheckpointManager):
                 tier1_every=self.tier1_every)
             return ManagerConfig(
                 tier1=Path(tier1), keep_last=self.keep_latest_k or _KEEP_ALL,
-                verify=Verify(self.verify), tier2=tier2, tier0=tier0,
+                verify=check_enum("verify", Verify, self.verify), tier2=tier2,
+                tier0=tier0,
                 interval=AutoInterval(node_mtbf=self.node_mtbf) if self.node_mtbf else None,
                 failures=Failures(collective_timeout_s=self.collective_timeout_s))
 
