@@ -15,6 +15,7 @@ and still has shots left fires. Actions:
 ``reset_after_store`` forward the whole request, drop the response, reset the connection
                       (the server stored it; the client saw an error)
 ``hang``              read the headers, then stall (never read the body, never answer)
+``delay``             wait ``hang_s`` seconds, then forward (a slow server: it answers late)
 ``corrupt``           flip one byte of the request body (at ``offset``, default middle)
 ``reset_response``    forward, then send the response head and ``after_bytes`` of its body,
                       then reset
@@ -34,7 +35,7 @@ import struct
 import threading
 from typing import Any
 
-ACTIONS = ("status", "reset", "reset_after_store", "hang", "corrupt", "reset_response",
+ACTIONS = ("status", "reset", "reset_after_store", "hang", "delay", "corrupt", "reset_response",
            "corrupt_response")
 UPLOAD_PART: dict[str, Any] = {"method": "PUT", "query": "partNumber="}
 COMPLETE: dict[str, Any] = {"method": "POST", "query": "uploadId="}
@@ -235,6 +236,10 @@ class FaultProxy:
             assert rule is not None
             self._stop.wait(rule.hang_s)
             return
+        if action == "delay":
+            assert rule is not None
+            if self._stop.wait(rule.hang_s):
+                return
         if headers.get("expect", "").lower() == "100-continue":
             client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
         if action == "reset":

@@ -146,10 +146,10 @@ class CheckpointManager:
         self._check_open()
         require_state(state)
         self._gate.settle()  # no background copy may read what the restore overwrites
-        cfg = self.config
+        cfg, down = self.config, self._tier2.down if self._tier2 is not None else None
         info = Restorer(self._catalog, self._comm, self._domain, verify=cfg.verify,
                         is_owner=self._is_owner, log=self._events, tier2=cfg.tier2,
-                        writes=cfg.writes, tier0=self.tier0,
+                        tier2_down=down, writes=cfg.writes, tier0=self.tier0,
                         domains=self._domains).restore(state)
         self.last_committed = None if info is None else info.step
         return info

@@ -122,7 +122,7 @@ class Chooser:
     def _tier2_unavailable(self, reason: str) -> None:
         self.remote_error = reason
         self.log.emit(events.TIER2_UNAVAILABLE, reason=reason)
-        _log.warning("tier 2 left out of this restore (tier 1 is used): %s", reason)
+        _log.warning("tier 2 is left out of this restore: %s", reason)
 
     def _skip(self, step: int, reason: str, moved: Path | None = None) -> None:
         self.skipped.append((step, reason))

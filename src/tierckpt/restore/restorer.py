@@ -8,8 +8,9 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 
-from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError
+from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError, StorageError
 from tierckpt.format import layout
 from tierckpt.restore.choose import Chooser
 from tierckpt.restore.loader import RestoreInfo, load_into
@@ -38,11 +39,13 @@ class Restorer:
 
     def __init__(self, catalog: Tier1Catalog, comm: Comm, domain: tuple[int, ...], *,
                  verify: Verify, is_owner: bool, log: events.EventLog,
-                 tier2: Tier2 | None = None, writes: Writes | None = None,
+                 tier2: Tier2 | None = None, tier2_down: str | None = None,
+                 writes: Writes | None = None,
                  tier0: Tier0Root | None = None,
                  domains: tuple[tuple[int, ...], ...] = ()) -> None:
         self.catalog, self.comm, self.domain = catalog, comm, domain
         self.verify, self.tier2, self.writes = verify, tier2, writes or Writes()
+        self.tier2_down = tier2_down
         self.is_owner, self.log = is_owner, log
         self.tier0, self.domains = tier0, domains or (tuple(domain),)
 
@@ -131,9 +134,11 @@ class Restorer:
         _log.warning("step %d failed to load and was set aside: %s", step, reason)
 
     def _chooser(self, exclude: frozenset[int]) -> Chooser:
-        tier2 = self.tier2
+        tier2, down = self.tier2, self.tier2_down
         opener = (lambda: Tier2Catalog(open_storage(tier2.url))) \
             if tier2 is not None and self.is_owner else None
+        if opener is not None and down is not None:  # one bounded wait per start: the probe's
+            opener = _known_down(down)
         return Chooser(self.catalog, self.comm, self.domain, is_owner=self.is_owner,
                        full=self.verify is Verify.FULL, log=self.log, open_remote=opener,
                        tier2_timeout_s=tier2.timeout_s if tier2 is not None else 60.0,
@@ -176,3 +181,10 @@ class Restorer:
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
         return step, source, skipped, fetched, saved_world, mine
+
+
+def _known_down(reason: str) -> Callable[[], Tier2Catalog]:
+    def refuse() -> Tier2Catalog:
+        raise StorageError(f"it did not answer the start-up probe ({reason}); not asked "
+                           "again during this start")
+    return refuse

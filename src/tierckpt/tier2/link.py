@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from tierckpt.errors import CheckpointError, ConfigError, SaveError
@@ -34,6 +35,11 @@ class Tier2Link:
         self.config, self.catalog, self.comm, self.is_owner = config, catalog, comm, is_owner
         self._uploader: UploaderSupervisor | None = None
         self._s3_options: dict[str, Any] = {}
+        self._started_unix = time.time()
+        self.down: str | None = None
+        """Why tier 2 did not answer the start-up probe (on owners; None: it answered or
+        was not probed). A restore does not wait on it again, and ``close`` does not
+        drain into it unless it answered since."""
 
     def probe(self, *, dir_mode: int) -> None:
         """Collective: owners probe tier 2 once, within ``timeout_s``, and keep the S3
@@ -55,12 +61,15 @@ class Tier2Link:
                     _log.warning("tier 2 %s: %s", url, weaker)
             except ConfigError as e:
                 if _missing_dir(url):  # an unmounted file system: an outage, not a typo
+                    self.down = f"{url} is not there ({e})"
                     _log.warning("tier 2 %s is not there (%s); starting from tier 1 — mount "
                                  "it: the uploader retries", url, e)
                 else:
                     err = str(e)
             except (CheckpointError, OSError) as e:  # TimeoutError is an OSError
-                _log.warning("tier 2 %s did not answer the probe (%s); starting anyway", url, e)
+                self.down = f"{type(e).__name__}: {e}"
+                _log.warning("tier 2 %s did not answer the start-up probe (%s); starting "
+                             "without it: restores use tier 1, the uploader keeps trying", url, e)
         errors = [e for e in self.comm.all_gather(err) if e]
         if errors:
             raise ConfigError(errors[0])
@@ -99,10 +108,19 @@ class Tier2Link:
 
     def close(self, *, drain: bool) -> None:
         """Stop the uploader: first let it copy what is due for up to ``drain_s`` when
-        ``drain`` (a clean close), else at once (it resumes from its records)."""
-        if self._uploader is not None:
-            uploader, self._uploader = self._uploader, None
-            uploader.close(self.config.drain_s if drain else 0.0)
+        ``drain`` (a clean close), else at once (it resumes from its records). A tier 2
+        that has not answered since this process started (the probe got no answer and no
+        upload has verified since) gets no drain: the steps left on tier 1 are named."""
+        if self._uploader is None:
+            return
+        uploader, self._uploader = self._uploader, None
+        if drain and self.down is not None:
+            last = uploader.health().last_success_unix
+            if last is None or last < self._started_unix:
+                uploader.close(0.0, why=f"tier 2 has not answered since this job started "
+                                        f"({self.down}); not waiting for it")
+                return
+        uploader.close(self.config.drain_s if drain else 0.0)
 
 
 def _missing_dir(url: str) -> bool:

@@ -82,16 +82,19 @@ class UploaderProcess:
         """The child's exit code, or None while it runs (or before start)."""
         return self._proc.poll() if self._proc is not None else None
 
-    def stop(self) -> int | None:
-        """Stop the child (SIGTERM, then SIGKILL after ``timeout_s``); its exit code."""
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """Stop the child (SIGTERM, then SIGKILL after ``grace_s``, default ``timeout_s``);
+        its exit code. A child stuck in a call to a server that does not answer only ends
+        with the SIGKILL; it resumes from its records next time."""
         p = self._proc
         if p is None:
             return None
+        grace = self.timeout_s if grace_s is None else grace_s
         if p.poll() is None:
-            self._wait_ready(self.timeout_s)
+            self._wait_ready(grace)
             p.send_signal(signal.SIGTERM)
             try:
-                p.wait(self.timeout_s)
+                p.wait(grace)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -26,6 +26,9 @@ _log = logging.getLogger("tierckpt")
 FIRST_RESTART_S = 5.0
 MAX_RESTART_S = 300.0
 WARN_EVERY_S = 600.0
+STOP_GRACE_S = 5.0
+"""How long a close that chose not to wait gives the uploader to exit on SIGTERM before
+SIGKILL (it may be stuck in a call to a server that never answers)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,26 +145,28 @@ class UploaderSupervisor:
         _log.warning("tier 2 (%s) is failing: %s; %d checkpoint(s) wait on tier 1 for upload",
                      self.config.tier2, h.error, len(h.due))
 
-    def close(self, drain_s: float) -> list[int]:
+    def close(self, drain_s: float, *, why: str | None = None) -> list[int]:
         """Stop the uploader; with ``drain_s > 0`` first let it copy what is due, for at most
-        ``drain_s`` seconds. Returns the steps left on tier 1 only (warned about loudly)."""
+        ``drain_s`` seconds. Returns the steps left on tier 1 only (warned about loudly,
+        with ``why`` when the caller chose not to wait)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return []
-        due = self.due() if drain_s > 0 else []
-        if not due or proc.poll() is not None:  # nothing to wait for, or nobody to wait on
-            proc.stop()
-            return self._report_left(due, 0.0, drain_s)
+        due = self.due() if drain_s > 0 or why is not None else []
+        if not due or drain_s <= 0 or proc.poll() is not None:  # nothing / nobody to wait on
+            proc.stop(STOP_GRACE_S if why is not None else None)
+            return self._report_left(due, 0.0, drain_s, why)
         _log.info("waiting up to %.0f s for the uploader to copy step(s) %s to tier 2",
                   drain_s, due)
         t0 = self._clock()
         proc.finish(drain_s)
         return self._report_left(self.due(), self._clock() - t0, drain_s)
 
-    def _report_left(self, left: list[int], seconds: float, drain_s: float) -> list[int]:
-        self.log.emit(events.UPLOAD_DRAINED, seconds=seconds, left=left)
+    def _report_left(self, left: list[int], seconds: float, drain_s: float,
+                     why: str | None = None) -> list[int]:
+        self.log.emit(events.UPLOAD_DRAINED, seconds=seconds, left=left, why=why)
         if left:
-            _log.warning("tier-2 upload did not finish (Tier2.drain_s=%.0f): step(s) %s are "
-                         "on tier 1 only; the next job's uploader or `tierckpt upload` copies "
-                         "them", drain_s, left)
+            _log.warning("tier-2 upload did not finish (%s): step(s) %s are on tier 1 only "
+                         "(safe there); the next job's uploader or `tierckpt upload` copies "
+                         "them", why or f"Tier2.drain_s={drain_s:.0f}", left)
         return left
