@@ -229,7 +229,7 @@ class _Restores:
 
     def tier0(self) -> None:
         self._restore("tier0", tier1=self.roots["tier0_on"],
-                      tier0=Tier0(self.tier0_dir, tier1_every=TIER1_EVERY))
+                      tier0=Tier0(self.tier0_dir, tier1_every=TIER1_EVERY, keep_on_close=True))
 
     def tier1(self) -> None:
         root = self.roots["tier0_off"]
@@ -297,7 +297,8 @@ def _plans(saves: dict[str, Any], restores: dict[str, Any],
 def _managers(roots: dict[str, Path], tier0_dir: Path) -> tuple[CheckpointManager,
                                                                  CheckpointManager]:
     on = CheckpointManager(tier1=roots["tier0_on"],
-                           tier0=Tier0(tier0_dir, tier1_every=TIER1_EVERY, keep=1), keep_last=1)
+                           tier0=Tier0(tier0_dir, tier1_every=TIER1_EVERY, keep=1,
+                                       keep_on_close=True), keep_last=1)
     try:
         return on, CheckpointManager(tier1=roots["tier0_off"], keep_last=1)
     except BaseException:

@@ -290,7 +290,7 @@ class CheckpointManager:
         if self._tier1 is not None:
             self._tier1.release()
         if self._tier0 is not None:
-            self._tier0.release()
+            self._tier0.release(clean=drain)
         if getattr(self, "_events", None) is not None:
             self._events.close()
         self._comm.close()

@@ -5,6 +5,7 @@ budget is checked with the numbers in the message; another job's tier 0 is never
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -47,7 +48,9 @@ def _events(root: Path, kind: str) -> list[dict]:
 
 def test_saves_land_in_ram_and_every_kth_on_disk(tmp_path: Path, shm: Path) -> None:
     st, _ = _state()
-    kw = dict(tier1=tmp_path / "t1", tier0=Tier0(shm / "t0", tier1_every=2, keep=2))
+    # keep_on_close: the next incarnation of this job (a requeue) restores from RAM
+    kw = dict(tier1=tmp_path / "t1",
+              tier0=Tier0(shm / "t0", tier1_every=2, keep=2, keep_on_close=True))
     with tierckpt.CheckpointManager(**kw) as ck:
         tiers = []
         for step in (1, 2, 3, 4):
@@ -71,7 +74,7 @@ def test_saves_land_in_ram_and_every_kth_on_disk(tmp_path: Path, shm: Path) -> N
 
 def test_damaged_ram_falls_back_to_disk(tmp_path: Path, shm: Path) -> None:
     st, _ = _state()
-    kw = dict(tier1=tmp_path / "t1", tier0=shm / "t0")
+    kw = dict(tier1=tmp_path / "t1", tier0=Tier0(shm / "t0", keep_on_close=True))
     with tierckpt.CheckpointManager(**kw) as ck:
         _train(st, 2)
         ck.save(1, st).wait(30)
@@ -88,6 +91,34 @@ def test_damaged_ram_falls_back_to_disk(tmp_path: Path, shm: Path) -> None:
     reasons = [e["reason"] for e in _events(tmp_path / "t1", events.CHECKPOINT_SKIPPED)]
     assert any(r.startswith("tier 0:") and "CRC32C" in r for r in reasons)
     assert not (shm / "t0" / layout.step_dirname(1)).exists()  # the bad RAM copy is gone
+
+
+def test_a_clean_close_gives_the_ram_back_once_the_newest_is_on_tier1(
+        tmp_path: Path, shm: Path, caplog: pytest.LogCaptureFixture) -> None:
+    st, _ = _state()
+    with caplog.at_level(logging.INFO, logger="tierckpt"), tierckpt.CheckpointManager(
+            tier1=tmp_path / "t1", tier0=Tier0(shm / "t0", tier1_every=2)) as ck:
+        for step in (1, 2):
+            _train(st, 2)
+            ck.save(step, st).wait(30)
+        assert (shm / "t0" / layout.step_dirname(2)).exists()  # in RAM only until close
+    assert not (shm / "t0").exists()
+    assert (tmp_path / "t1" / layout.step_dirname(2) / layout.COMPLETE).exists()  # flushed
+    assert any("removed this node's RAM copies" in r.getMessage() for r in caplog.records)
+    with tierckpt.CheckpointManager(tier1=tmp_path / "t1", tier0=Tier0(shm / "t0")) as ck:
+        info = ck.restore(_state(seed=3)[0])
+    assert info is not None and info.step == 2 and info.source == "tier1"
+
+
+def test_a_crash_keeps_the_ram_copies(tmp_path: Path, shm: Path) -> None:
+    st, _ = _state()
+    with pytest.raises(RuntimeError, match="the loop died"), tierckpt.CheckpointManager(
+            tier1=tmp_path / "t1", tier0=Tier0(shm / "t0", tier1_every=2)) as ck:
+        for step in (1, 2):
+            _train(st, 2)
+            ck.save(step, st).wait(30)
+        raise RuntimeError("the loop died")
+    assert (shm / "t0" / layout.step_dirname(2) / layout.COMPLETE).exists()
 
 
 def test_the_ram_budget_is_checked_with_the_numbers(tmp_path: Path, shm: Path) -> None:

@@ -127,7 +127,8 @@ def main() -> None:
     tier1 = args.tier1.format(node=node)
     tier0 = args.tier0.format(node=node) if args.tier0 else None
     tier2 = args.tier2 and Tier2(args.tier2, upload_every=args.upload_every)
-    tier0_cfg = tier0 and Tier0(None if tier0 == "auto" else tier0,
+    # keep_on_close: the tests look at each node's RAM (and its partner's replica) after a run
+    tier0_cfg = tier0 and Tier0(None if tier0 == "auto" else tier0, keep_on_close=True,
                                 tier1_every=args.tier1_every, replicate=not args.no_replicate)
     with tierckpt.CheckpointManager(tier1=tier1, keep_last=3, verify=args.verify, tier2=tier2,
                                     tier0=tier0_cfg,

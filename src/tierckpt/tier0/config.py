@@ -37,6 +37,10 @@ class Tier0:
     replaced node restores from the partner's RAM."""
     bandwidth: float | None = None
     """At most this many bytes/s for the partner copy (e.g. ``500e6``); None: unbounded."""
+    keep_on_close: bool = False
+    """After a clean ``close()`` the node's RAM copies are removed once the newest is on
+    tier 1 (RAM is the next job's); True keeps them for the next incarnation of this job
+    (e.g. a requeue on the same nodes). A crash or kill always keeps them."""
 
     def __post_init__(self) -> None:
         if self.path is not None:
@@ -47,6 +51,7 @@ class Tier0:
         check_count("Tier0.keep", self.keep)
         check_count("Tier0.tier1_every", self.tier1_every)
         check_bool("Tier0.replicate", self.replicate)
+        check_bool("Tier0.keep_on_close", self.keep_on_close)
         bw = self.bandwidth
         if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int | float)
                                or not 0 < bw < math.inf):

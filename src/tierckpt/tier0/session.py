@@ -10,6 +10,7 @@ with an explicit path both are a :class:`ConfigError` on every rank.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 from tierckpt.errors import ConfigError, LockError
@@ -18,6 +19,7 @@ from tierckpt.runtime.topology import Comm
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import ring
 from tierckpt.tier0.root import Tier0Root, auto_base, budget, default_root, remove_dead_roots
+from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
 
 _log = logging.getLogger("tierckpt")
@@ -96,9 +98,24 @@ class Tier0Session:
         self.release()
         return False
 
-    def release(self) -> None:
-        """Let go of the root's lock (idempotent); tier 0 is off from here on."""
-        self.root = None
+    def release(self, *, clean: bool = False) -> None:
+        """Let go of the root's lock (idempotent); tier 0 is off from here on. With
+        ``clean`` (a clean close) and not ``Tier0.keep_on_close``, owners then remove the
+        node's RAM copies, but only when the newest of them is committed on tier 1."""
+        root, self.root = self.root, None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if clean and root is not None and self.is_owner and not self.config.keep_on_close:
+            self._remove(root)
+
+    def _remove(self, root: Tier0Root) -> None:
+        own = root.own.complete_steps()
+        if own and own[0] not in Tier1Catalog(self.tier1).complete_steps():
+            _log.warning("tier 0: keeping %s: its newest step %d is not on tier 1", root.path,
+                         own[0])
+            return
+        nbytes = sum(p.stat().st_size for p in root.path.rglob("*") if p.is_file())
+        shutil.rmtree(root.path, ignore_errors=True)
+        _log.info("tier 0: removed this node's RAM copies (%.1f MiB) at close; they are on "
+                  "tier 1 (Tier0(keep_on_close=True) keeps them)", nbytes / 2**20)
