@@ -143,6 +143,19 @@ def test_restart_parts_take_the_slowest_rank_per_milestone() -> None:
     assert vd.restart_parts(events[:-2], kill) is None
 
 
+def test_a_save_the_kill_interrupted_is_named() -> None:
+    events = [
+        {"event": "save_staged", "t": 80.0, "step": 7}, {"event": "save_committed", "t": 81.0,
+                                                          "step": 7},
+        {"event": "save_staged", "t": 95.0, "step": 11},  # writing when the rank died
+        {"event": "save_staged", "t": 96.0, "step": 12}, {"event": "save_failed", "t": 97.0,
+                                                           "step": 12},
+        {"event": "save_committed", "t": 120.0, "step": 11},  # after the failure: not counted
+    ]
+    assert vd.unfinished_saves(events, 100.0) == [11]
+    assert vd.unfinished_saves(events, 90.0) == []
+
+
 # --- launch, config, report pieces -------------------------------------------------------------
 
 def test_agent_argv_runs_scripts_modules_and_other_programs() -> None:

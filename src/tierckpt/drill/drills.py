@@ -218,13 +218,17 @@ def _kill(cfg: DrillConfig, ref: RunResult, runs: list[RunResult]) -> dict[str, 
                 run.kill.as_dict()}
     restarts = [e for e in run.of(ev.PROCESS_START) if e.get("restart_count", 0) > 0]
     resumed = parts["resumed_from_step"] is not None
+    writing = vd.unfinished_saves(run.events, run.kill.t)
+    note = (f"; the save of step {', '.join(map(str, writing))} was still being written "
+            "when the rank died, so the newest committed step was resumed" if writing else "")
     return {"ok": bool(restarts) and resumed, "plan": dataclasses.asdict(plan),
             "kill": run.kill.as_dict(), **parts, "restore": restore_summary(run),
             "lost_steps": run.kill.after_step - parts["resumed_from_step"] if resumed else None,
+            "unfinished_saves": writing,
             "summary": f"rank {plan.rank} killed after step {run.kill.after_step}, resumed "
                        f"from {parts['resumed_from_step']} "
                        f"({(restore_summary(run) or {}).get('source')}), "
-                       f"R = {parts['R_s']:.2f} s",
+                       f"R = {parts['R_s']:.2f} s{note}",
             **({} if resumed else {"error": "the restart found no checkpoint to resume"})}
 
 

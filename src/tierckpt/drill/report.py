@@ -65,6 +65,7 @@ def build_report(cfg: DrillConfig, drills: Mapping[str, dict[str, Any]],
     restart = None
     if kill.get("R_s") is not None:
         restart = {k: kill.get(k) for k in ("R_s", "parts", "resumed_from_step", "kill",
+                                            "unfinished_saves",
                                             "lost_steps")}
     return {
         "schema": SCHEMA,
@@ -118,9 +119,13 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         r = doc["restart"]
         lines += ["## R, part by part (slowest rank)", "", "| part | seconds |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v, '')} |" for k, v in (r.get("parts") or {}).items()]
+        writing = r.get("unfinished_saves") or []
+        note = (f" The save of step {', '.join(map(str, writing))} was still being written when "
+                "the rank died: an unfinished save never counts, so the newest committed step "
+                "was resumed." if writing else "")
         lines += ["", f"Killed rank {r['kill']['rank']} (pid {r['kill']['pid']}) after step "
                   f"{r['kill']['after_step']}; resumed from step {r['resumed_from_step']} "
-                  f"({r['lost_steps']} steps redone).", ""]
+                  f"({r['lost_steps']} steps redone).{note}", ""]
     res = d.get("reshard", {})
     if res.get("runs"):
         lines += ["## Reshard", "", f"From the {res['saved_world_size']}-rank checkpoint of "

@@ -271,6 +271,16 @@ def restart_parts(events: Iterable[Event], failure_t: float) -> dict[str, Any] |
             "milestones_t": times}
 
 
+def unfinished_saves(events: Iterable[Event], failure_t: float) -> list[int]:
+    """Steps whose save had begun (``save_staged``) before ``failure_t`` but was not
+    committed by then: the saves a failure interrupted, which a resume cannot use."""
+    before = [e for e in events if (_t(e) or 0.0) < failure_t]
+    staged = {int(e["step"]) for e in before if e.get("event") == ev.SAVE_STAGED}
+    done = {int(e["step"]) for e in before
+            if e.get("event") in (ev.SAVE_COMMITTED, ev.SAVE_FAILED) and "step" in e}
+    return sorted(staged - done)
+
+
 def _t(e: Event) -> float | None:
     t = e.get("t")
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None

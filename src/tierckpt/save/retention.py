@@ -29,8 +29,10 @@ class Tier1Retention:
     def __call__(self, result: SaveResult) -> list[Path]:
         plan = self.catalog.retention_plan(self.policy, uploader=self.uploader)
         for step in plan.released:
-            reason = (f"more than Tier2.backlog={self.policy.upload_backlog} checkpoints wait "
-                      "for tier 2")
+            reason = (f"Tier2.backlog={self.policy.upload_backlog} newer checkpoints already "
+                      "wait for the upload; tier 1 keeps its bound")
             self.log.emit(events.UPLOAD_SKIPPED, step=step, reason=reason)
-            _log.warning("step %d leaves tier 1 without reaching tier 2: %s", step, reason)
+            _log.warning("step %d will not be copied to tier 2 (%s): the newer checkpoints "
+                         "are complete on tier 1 and next in line for tier 2; nothing the job "
+                         "resumes from is lost", step, reason)
         return [self.catalog.unpublish(step) for step in plan.delete]
