@@ -75,7 +75,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                  "format/", "errors.py", "_runs.py"),
     "save/": ("tier0/", "tier1/", "runtime/", "policy/", "format/", "errors.py",
               "_version.py", "_runs.py"),
-    "state.py": ("model_state.py", "_rng.py", "errors.py"),
+    "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
     "model_state.py": ("state_capture.py",),
     "state_capture.py": (),
     "_rng.py": (),

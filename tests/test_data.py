@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import warnings
+
 import pytest
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+import tierckpt
 from tierckpt.data import ResumableSampler
 from tierckpt.errors import ConfigError
 
@@ -57,3 +61,43 @@ def test_bad_input() -> None:
     s = ResumableSampler(5, rank=0, world_size=1)
     with pytest.raises(ConfigError, match="same dataset"):
         s.load_state_dict({"epoch": 0, "position": 0, "n": 6})
+
+
+# --- the exactness guard: a loader whose iterator draws from the global RNG ------------------
+
+def _loader(**kw: object) -> StatefulDataLoader:
+    return StatefulDataLoader(list(range(32)), batch_size=4, **kw)  # type: ignore[arg-type]
+
+
+def test_a_loader_without_its_own_generator_is_named_with_the_fix() -> None:
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match=r"generator=torch\.Generator\(\)") as rec:
+        tierckpt.TrainState(model=model, dataloader=_loader(shuffle=True))
+    ours = [str(w.message) for w in rec if "global torch RNG" in str(w.message)]
+    assert len(ours) == 1 and "strict=True" in ours[0], ours
+    with pytest.raises(ConfigError, match="global torch RNG"):
+        tierckpt.TrainState(model=model, dataloader=_loader(shuffle=True), strict=True)
+    sampler = torch.utils.data.RandomSampler(list(range(32)))
+    with pytest.raises(ConfigError, match="RandomSampler"):
+        tierckpt.TrainState(model=model, strict=True,
+                            dataloader=_loader(sampler=sampler, generator=torch.Generator()))
+
+
+def test_a_loader_with_its_own_generator_passes_silently() -> None:
+    model = torch.nn.Linear(2, 2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*global torch RNG")
+        tierckpt.TrainState(model=model, strict=True,
+                            dataloader=_loader(shuffle=True, generator=torch.Generator()))
+        tierckpt.TrainState(model=model, strict=True, dataloader=_loader(
+            sampler=tierckpt.ResumableSampler(32), generator=torch.Generator()))
+
+
+def test_the_guard_is_about_exactness_it_catches_a_real_drift() -> None:
+    """Why it matters: iter() of a loader without a generator moves the global RNG."""
+    torch.manual_seed(0)
+    iter(_loader(shuffle=True))
+    after = torch.rand(1)
+    torch.manual_seed(0)
+    iter(_loader(shuffle=True, generator=torch.Generator()))
+    assert not torch.equal(after, torch.rand(1))

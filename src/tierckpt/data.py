@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import RandomSampler, Sampler
 
 from tierckpt.errors import ConfigError
 
@@ -89,3 +89,24 @@ class ResumableSampler(Sampler[int]):
                 f"{self.n}; resume with the same dataset")
         self.epoch = int(state["epoch"])
         self._start, self._yielded = int(state["position"]), 0
+
+
+def global_rng_draw(loader: Any) -> str | None:
+    """Why creating an iterator of ``loader`` draws from the global torch RNG, or None.
+
+    A ``DataLoader`` (torchdata's ``StatefulDataLoader`` too) without ``generator=`` draws
+    its base seed from the global RNG at every ``iter()``, and a ``RandomSampler`` without
+    its own generator draws its seed there too. After a restore that draw shifts dropout and
+    every other random stream, so the losses no longer continue exactly. Objects that are
+    not data loaders (an integration's wrapper) are not judged."""
+    if not hasattr(loader, "generator") or not hasattr(loader, "sampler"):
+        return None
+    if loader.generator is None:
+        return ("its iterator draws a seed from the global torch RNG (it has no "
+                "generator=): pass generator=torch.Generator() to the data loader")
+    sampler = loader.sampler
+    if isinstance(sampler, RandomSampler) and sampler.generator is None:
+        return ("its RandomSampler draws a seed from the global torch RNG: pass "
+                "RandomSampler(data, generator=torch.Generator()), or use "
+                "tierckpt.ResumableSampler")
+    return None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +42,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from tierckpt import _rng
+from tierckpt.data import global_rng_draw
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.model_state import ModelState, TorchModelState
 
@@ -66,12 +68,14 @@ class TrainState:
     :class:`~tierckpt.model_state.ModelState`; default
     :class:`~tierckpt.model_state.TorchModelState` of ``model`` and ``optimizer``) — the
     seam for integrations whose model is several parts or whose optimizer is a container.
+    ``strict``: refuse (ConfigError) a data loader whose iterator draws from the global RNG
+    (:func:`tierckpt.data.global_rng_draw`: exact resume would be lost) instead of warning.
     """
 
     def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  scheduler: Any = None, dataloader: Any = None,
                  extra: dict[str, Any] | None = None, rng: bool = True,
-                 model_state: ModelState | None = None) -> None:
+                 model_state: ModelState | None = None, strict: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise ConfigError(f"TrainState(model=...) must be a torch.nn.Module, got "
                               f"{type(model).__name__}")
@@ -84,6 +88,7 @@ class TrainState:
             _require_stateful("dataloader", dataloader,
                               "A plain torch DataLoader cannot resume its position; use "
                               "torchdata.stateful_dataloader.StatefulDataLoader.")
+            _check_rng_draw(dataloader, strict=strict)
         if extra is not None and not (isinstance(extra, dict)
                                       and all(isinstance(k, str) for k in extra)):
             raise ConfigError("TrainState(extra=...) must be a dict with str keys")
@@ -311,6 +316,17 @@ def _rank() -> int:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _check_rng_draw(loader: Any, *, strict: bool) -> None:
+    why = global_rng_draw(loader)
+    if why is None:
+        return
+    msg = (f"TrainState(dataloader=...): {why}. Without it a resumed run's random streams "
+           "differ from an uninterrupted run's (README: two rules for exact resume)")
+    if strict:
+        raise ConfigError(msg)
+    warnings.warn(msg + "; TrainState(strict=True) refuses it", UserWarning, stacklevel=3)
 
 
 def require_state(state: object) -> TrainState:
