@@ -13,6 +13,7 @@ from tierckpt._version import __version__
 from tierckpt.errors import (
     CheckpointError,
     ConfigError,
+    DiskFullError,
     IntegrityError,
     LockError,
     NoCheckpointError,
@@ -83,6 +84,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
+    "DiskFullError",
     "DistInfo",
     "Every",
     "Failures",

@@ -88,6 +88,19 @@ class SaveError(CheckpointError):
     """A background save failed; raised at the next save(), wait() or close()."""
 
 
+class DiskFullError(SaveError):
+    """A save failed because a tier's file system is full (ENOSPC on some rank). Nothing of
+    that save exists; the previous complete checkpoint stays the restore point. ``tier``
+    (``"tier0"``/``"tier1"``), ``path``, ``free`` and ``needed`` (bytes, this rank's view)
+    say what to free; a launcher can tell it from a crash by its type. (Keyword defaults
+    keep it picklable.)"""
+
+    def __init__(self, message: str, *, tier: str = "", path: str = "", free: int = 0,
+                 needed: int = 0) -> None:
+        super().__init__(message)
+        self.tier, self.path, self.free, self.needed = tier, path, free, needed
+
+
 class StagingRaceError(SaveError):
     """With ``staging="overlap"``: a tensor copied in the background was changed in place
     before its copy landed (a write outside ``optimizer.step()``); that save fails."""

@@ -31,7 +31,7 @@ from tests.faults._oracle import (
     snapshot,
 )
 from tierckpt import Failures
-from tierckpt.errors import SaveError
+from tierckpt.errors import DiskFullError, SaveError
 from tierckpt.format import layout
 from tierckpt.runtime import events
 
@@ -137,8 +137,11 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
     st = make_state(2)
     with tierckpt.CheckpointManager(tier1=root) as ck:
         ck.save(2, st)
-        with pytest.raises(SaveError, match="No space left on device"):
+        with pytest.raises(DiskFullError, match=r"^tier1 is full: .* free, and the save of "
+                                                r"step 2 needs about .*restore point") as e:
             ck.wait()
+    assert "\n" not in str(e.value) and e.value.path == str(root) and e.value.tier == "tier1"
+    assert 0 <= e.value.free < e.value.needed
     assert check_root(root, before) == []
     assert not (root / "step-00000002").exists()
 
@@ -159,7 +162,7 @@ def test_enospc_on_a_full_tmpfs(small_fs: Path) -> None:
             ck.save(3, st).wait()  # does not raise the failure of step 2
     finally:
         logging.getLogger("tierckpt").removeHandler(records)
-    assert any("No space left" in m for m in records.messages), records.messages
+    assert any("tier1 is full" in m for m in records.messages), records.messages
     failed = [e for e in events.read_events(root / layout.EVENTS) if e["event"] == "save_failed"]
     assert [e["step"] for e in failed] == [2, 2]  # once per manager, both loud
     assert all("No space left" in e["error"] for e in failed)

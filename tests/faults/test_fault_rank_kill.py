@@ -126,6 +126,8 @@ def test_enospc_on_one_rank_fails_the_save_on_every_rank(tmp_path: Path) -> None
     failed = {e["rank"]: e["error"] for e in evs if e["event"] == "save_failed"}
     assert sorted(failed) == [0, 1], failed  # loud on every rank
     assert "No space left on device" in failed[1]
+    # every rank says the same one line (which tier, which path), not DCP's traceback
+    assert all(f"tier1 is full: {tier1} has" in failed[r] for r in (0, 1)), failed
     committed_by = {(e["rank"], e["step"]) for e in evs if e["event"] == "save_committed"}
     assert committed_by == {(r, s) for r in (0, 1) for s in (1, 3)}
     assert not (tier1 / "step-00000002").exists()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import threading
@@ -30,9 +31,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tierckpt._version import __version__
-from tierckpt.errors import SaveError
+from tierckpt.errors import DiskFullError, SaveError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
+from tierckpt.policy.units import format_bytes
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
 from tierckpt.save.config import Writes
@@ -146,9 +148,9 @@ class AsyncSaver:
             try:
                 result = self._run(job)
             except BaseException as e:  # DCP's CheckpointException is a BaseException
-                err = e if isinstance(e, SaveError) else SaveError(
+                err = self._disk_full(job, e) or (e if isinstance(e, SaveError) else SaveError(
                     f"rank {self.comm.rank}: save of step {job.step} failed: "
-                    f"{type(e).__name__}: {e}")
+                    f"{type(e).__name__}: {e}"))
                 err.__cause__ = e if err is not e else e.__cause__
                 self.log.emit(events.SAVE_FAILED, step=job.step, error=str(err))
                 self._discard(job)
@@ -187,6 +189,25 @@ class AsyncSaver:
                 pass
             except OSError as e:
                 _log.warning("could not remove %s (start-up cleanup will): %s", tmp, e)
+
+    def _disk_full(self, job: SaveJob, e: BaseException) -> DiskFullError | None:
+        """The one-line error of a save some rank could not write for lack of space."""
+        if not _is_enospc(e):
+            return None
+        tier, root = ("tier0", self.tier0.path) if self.tier0 is not None else \
+            ("tier1", self.tier1)
+        try:
+            st = os.statvfs(root)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = 0
+        return DiskFullError(
+            f"{tier} is full: {root} has {format_bytes(free)} free, and the save of step "
+            f"{job.step} needs about {format_bytes(job.nbytes)} on rank {self.comm.rank}; "
+            "nothing of that save was kept, and the previous complete checkpoint stays the "
+            "restore point. Free space there or lower keep_last (ENOSPC: No space left on "
+            "device)",
+            tier=tier, path=str(root), free=free, needed=job.nbytes)
 
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:
@@ -307,3 +328,20 @@ class AsyncSaver:
         errors = [e for e in comm.all_gather(error) if e]
         if errors:
             raise SaveError("; ".join(errors) + " (the step stays in tier 0)")
+
+
+def _is_enospc(e: BaseException, depth: int = 0) -> bool:
+    """ENOSPC anywhere in ``e``: its causes, or the per-rank failures of DCP's
+    CheckpointException (whose text is all a remote rank's error leaves here)."""
+    if depth > 8:
+        return False
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        if any(isinstance(f, BaseException) and _is_enospc(f, depth + 1)
+               for f in failures.values()):
+            return True
+        if "[Errno 28]" in str(e) or "No space left on device" in str(e):
+            return True
+    return any(c is not None and _is_enospc(c, depth + 1) for c in (e.__cause__, e.__context__))
