@@ -322,3 +322,38 @@ def test_two_agents_restart_after_a_kill_with_the_shared_store(tmp_path: Path) -
     for e in ready:
         by_incarnation[e["incarnation"]].add(e["rank"])
     assert list(by_incarnation.values()) == [{0, 1}, {0, 1}]
+
+
+_CYCLE_AT_EXIT = """
+import os, sys
+import tierckpt
+
+class Cycle:
+    def __init__(self):
+        self.me = self  # a reference cycle, as FSDP2's modules and device mesh make
+    def __del__(self):
+        with open(os.environ["MARK"], "w") as f:
+            f.write("finalizing" if sys.is_finalizing() else "whole")
+
+def main():
+    if os.environ.get("INIT") == "1":
+        tierckpt.init_distributed()
+    Cycle()  # unreachable once main() returns: only the cycle collector frees it
+
+main()
+"""
+
+
+@pytest.mark.parametrize(("init", "want"), [("1", "whole"), ("0", "finalizing")])
+def test_init_distributed_frees_cycles_before_the_interpreter_finalises(
+        tmp_path: Path, init: str, want: str) -> None:
+    """What keeps a finished FSDP2-over-gloo job from aborting at exit: after
+    init_distributed, cycles are collected while the interpreter is still whole (an atexit
+    collection), not during finalisation. Without it (``INIT=0``) the same cycle is freed
+    only while the interpreter finalises."""
+    mark = tmp_path / "mark"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-c", _CYCLE_AT_EXIT], capture_output=True,
+                          text=True, timeout=120, env={**env, "MARK": str(mark), "INIT": init})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert mark.read_text() == want

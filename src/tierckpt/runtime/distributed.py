@@ -62,6 +62,8 @@ cycles in one job in the tests. A restart-count prefix was also 20/20 on one nod
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import time
@@ -169,6 +171,11 @@ def init_distributed(
     Raises ConfigError for bad arguments or environment, CheckpointError when the ranks of
     this incarnation do not all show up within ``timeout``; torch's own errors from the store
     or backend propagate unchanged.
+
+    At exit (``atexit``, while the interpreter is still whole) it collects garbage: FSDP2
+    modules sit in reference cycles that hold the process group through their device mesh,
+    and a group freed during interpreter finalisation sometimes aborts a finished gloo
+    process (SIGABRT; torchrun then restarts a job that had completed).
     """
     _positive_seconds(timeout, "timeout")
     if dist.is_initialized():
@@ -195,6 +202,7 @@ def init_distributed(
             timeout=timeout, device_id=device if device.type == "cuda" else None,
         )
         seconds = time.monotonic() - t0
+        _collect_at_exit()
         if log is not None:
             log.emit(PG_READY, seconds=seconds, incarnation=incarnation, backend=chosen,
                      world_size=world_size)
@@ -207,6 +215,18 @@ def init_distributed(
         restart_count=env["restart_count"], backend=chosen, device=device,
         incarnation=incarnation, pg_seconds=seconds, process_started_at=process_started_at(),
     )
+
+
+_EXIT_HOOK: list[bool] = []
+
+
+def _collect_at_exit() -> None:
+    """Register (once per process) a garbage collection at interpreter exit: it frees the
+    reference cycles that hold the process group before finalisation (see
+    :func:`init_distributed`)."""
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(gc.collect)
 
 
 def process_started_at() -> float | None:
