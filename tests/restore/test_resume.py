@@ -164,3 +164,45 @@ def test_a_model_that_changed_is_a_clear_error_and_nothing_is_quarantined(
     assert not (tmp_path / layout.QUARANTINE).exists()
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000001",
                                                                "step-00000002"]
+
+
+def test_a_damaged_tier1_copy_is_taken_from_tier2_at_the_same_step(tmp_path: Path) -> None:
+    """Same step first: step 2's tier-1 shard has a flipped byte, and tier 2 holds step 2
+    verified. The restore sets the tier-1 copy aside and loads step 2 from tier 2 — no
+    step is redone — instead of falling back to step 1."""
+    root, bucket = tmp_path / "t1", tmp_path / "bucket"
+    bucket.mkdir()
+    st = _state()
+    with tierckpt.CheckpointManager(tier1=root, tier2=tierckpt.Tier2(bucket.as_uri())) as ck:
+        ck.save(1, st)
+        ck.wait_for_staging()
+        with torch.no_grad():
+            st.model.weight.add_(1.0)
+        ck.save(2, st).wait()
+    assert (bucket / "step-00000002" / layout.COMPLETE).is_file()  # close() drained it
+    want = st.model.weight.detach().clone()
+    _flip(root / "step-00000002")
+    got = _state()
+    with tierckpt.CheckpointManager(
+            tier1=root, tier2=tierckpt.Tier2(bucket.as_uri(), start_uploader=False)) as ck:
+        info = ck.restore(got)
+    assert info is not None and info.step == 2 and info.source == "tier2", info
+    assert info.bytes_by_source["tier2"] > 0
+    assert [s for s, _ in info.skipped] == [2]  # the tier-1 copy, with its reason
+    assert torch.equal(got.model.weight, want)
+    (q,) = (root / layout.QUARANTINE).iterdir()  # kept aside, never deleted silently
+    assert q.name.startswith("step-00000002")
+
+
+def test_without_another_copy_the_previous_step_is_restored(tmp_path: Path) -> None:
+    """The same damage with a tier 2 that lacks step 2: the restore goes on to step 1."""
+    _two_checkpoints(tmp_path / "t1")
+    bucket = tmp_path / "empty-bucket"
+    bucket.mkdir()
+    _flip(tmp_path / "t1" / "step-00000002")
+    with tierckpt.CheckpointManager(
+            tier1=tmp_path / "t1",
+            tier2=tierckpt.Tier2(bucket.as_uri(), start_uploader=False)) as ck:
+        info = ck.restore(_state())
+    assert info is not None and info.step == 1 and info.source == "tier1"
+    assert [s for s, _ in info.skipped] == [2]

@@ -57,6 +57,7 @@ class Restorer:
         self.log.emit(events.RESTORE_STARTED)
         failed: dict[int, str] = {}  # verified, yet failed to load: never chosen again
         rechecked: set[int] = set()  # steps whose tier-0 copies were re-verified in full
+        bad_copies: list[tuple[int, str]] = []  # local copies set aside, the step retried
         while True:
             chosen = self._choose(exclude=frozenset(failed))
             if chosen is None:
@@ -75,13 +76,19 @@ class Restorer:
                                    readers=len(self.domain))
                 break
             except CorruptDataError as e:
-                from_ram = {"tier0", "tier0-peer"} & set(source.split("+"))
-                if from_ram and step not in rechecked:  # the same on every rank
+                sources = set(source.split("+"))
+                if sources & {"tier0", "tier0-peer"} and step not in rechecked:  # every rank
                     rechecked.add(step)
                     self._recheck_tier0(step, str(e))
                     continue  # the step again, without the RAM copies that failed
-                failed[step] = str(e)
                 self._set_aside(step, str(e))
+                if "tier2" not in sources and self.tier2 is not None and \
+                        step not in {s for s, _ in bad_copies}:
+                    # same step first: tier 2 may hold it verified; the chooser fetches it
+                    # there now that the local copy is gone, else moves to an older step
+                    bad_copies.append((step, f"tier 1: {e}"))
+                    continue
+                failed[step] = str(e)
         now = time.monotonic()
         self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
         if mine == "tier0-peer":
@@ -96,7 +103,7 @@ class Restorer:
         info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
                            bytes_read=nbytes + fetched, bytes_by_source=by_source,
                            world_size=self.comm.world_size, saved_world_size=saved_world,
-                           skipped=(*skipped, *failed.items()))
+                           skipped=(*skipped, *bad_copies, *failed.items()))
         self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
                       bytes=info.bytes_read, source=source, bytes_by_source=by_source,
                       world_size=info.world_size, saved_world_size=saved_world)
