@@ -31,6 +31,7 @@ from tierckpt.restore.verify import Verify
 from tierckpt.runtime import events
 from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.save_cost import SaveCostMeter
+from tierckpt.runtime.steps import StepMarks
 from tierckpt.runtime.topology import Comm, discover_domains
 from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
 from tierckpt.save.gate import StagingGate
@@ -112,13 +113,11 @@ class CheckpointManager:
         self._stager = HostStager()
         self._gate = StagingGate(self._events)
         self._inflight = InFlight(cfg.failures, self._events)
-        # a save's whole cost (runtime.save_cost) from step marks: should_save() gives
-        # them under interval=, else every step of the state's optimizer does
-        self._meter = SaveCostMeter(self._events)
+        self._steps = StepMarks(self._events, SaveCostMeter(self._events))
         self._cadence = None if cfg.interval is None else Cadence(
             cfg.interval, comm, self._events, cfg.tier1 / layout.EVENTS)
         if self._cadence is None:
-            self._gate.on_step = lambda: self._meter.mark(busy=self._saving())
+            self._gate.on_step = lambda: self._steps.completed(busy=self._saving())
         self._saver = AsyncSaver(cfg.tier1, w, comm, self._domains, self._events,
                                  on_committed=Tier1Retention(
                                      self._catalog, cfg.retention, uploader=cfg.tier2 is not None,
@@ -152,6 +151,8 @@ class CheckpointManager:
                         tier2_down=down, writes=cfg.writes, tier0=self.tier0,
                         domains=self._domains).restore(state)
         self.last_committed = None if info is None else info.step
+        self._steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
+        self._gate.watch(state.optimizer)  # its steps are the marks until save() names one
         return info
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
@@ -182,8 +183,7 @@ class CheckpointManager:
         t0 = time.monotonic()
         state.step = step
         defer = state.overlap_filter() if self.config.writes.staging is Staging.OVERLAP else None
-        if state.optimizer is not None:  # waits for overlapped copies; marks steps
-            self._gate.watch(state.optimizer)
+        self._gate.watch(state.optimizer)  # waits for overlapped copies; marks steps
         staged = self._stager.stage(state.state_dict(), defer=defer)
         staged_at = time.monotonic()
         nbytes = staged.nbytes
@@ -202,7 +202,7 @@ class CheckpointManager:
                                 save_id=f"{self.run_id}-{step}", started=t0,
                                 staged_at=staged_at, to_tier1=to_tier1,
                                 ready=staged.ready), handle)
-        self._meter.saving(step, t0)
+        self._steps.saving(step, t0)
         if self._cadence is not None:
             self._cadence.saved(step)
         return handle
@@ -220,7 +220,7 @@ class CheckpointManager:
         ``if ckpt.should_save(step): ckpt.save(step, state)``."""
         if self._cadence is None:
             return False
-        self._meter.mark(busy=self._saving())
+        self._steps.completed(busy=self._saving(), step=step)
         return self._cadence.should_save(step)
 
     def _saving(self) -> bool:

@@ -26,15 +26,12 @@ class Cadence:
         self.schedule = Schedule(policy)
         self.comm, self.log, self.events_path, self.clock = comm, log, events_path, clock
         self._last: tuple[int, float] | None = None  # (step, monotonic time) of the last save
-        self._marks = events.ProgressMarks(log) if comm.rank == 0 else None
 
     @property
     def policy(self) -> Policy:
         return self.schedule.policy
 
     def should_save(self, step: int) -> bool:
-        if self._marks is not None:
-            self._marks.step(step)
         if self._last is None:  # the first step this incarnation trains
             self.schedule.start(step)
             self._last = (step - 1, self.clock())

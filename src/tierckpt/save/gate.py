@@ -51,10 +51,10 @@ class StagingGate:
         else (the manager marks steps with it for :mod:`tierckpt.runtime.save_cost` when
         the loop does not call ``should_save()``)."""
 
-    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+    def watch(self, optimizer: torch.optim.Optimizer | None) -> None:
         """Make ``optimizer.step()`` wait for staging and call ``on_step`` (once per
-        optimizer)."""
-        if id(optimizer) in self._hooks:
+        optimizer; None: nothing to watch)."""
+        if optimizer is None or id(optimizer) in self._hooks:
             return
         handle = optimizer.register_step_pre_hook(self._before_step)
         self._hooks[id(optimizer)] = (optimizer, handle)
