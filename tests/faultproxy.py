@@ -23,7 +23,12 @@ and still has shots left fires. Actions:
 ====================  ===================================================================
 
 Handy matchers: :data:`UPLOAD_PART`, :data:`COMPLETE`, :data:`CREATE_UPLOAD`,
-:data:`PUT_OBJECT`, :data:`GET`.
+:data:`LIST_UPLOADS`, :data:`ABORT_UPLOAD`, :data:`PUT_OBJECT`, :data:`GET`.
+
+A server that lacks calls: :meth:`FaultProxy.not_implemented` answers ``501 NotImplemented``
+to each of a set of matchers, forever — :data:`NO_MULTIPART_LISTING` (a small server, e.g.
+s3rver or localbucket: multipart upload works, listing and aborting uploads do not) or
+:data:`NO_MULTIPART` (no multipart upload at all).
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ ACTIONS = ("status", "reset", "reset_after_store", "hang", "delay", "corrupt", "
 UPLOAD_PART: dict[str, Any] = {"method": "PUT", "query": "partNumber="}
 COMPLETE: dict[str, Any] = {"method": "POST", "query": "uploadId="}
 CREATE_UPLOAD: dict[str, Any] = {"method": "POST", "query": "uploads"}
+LIST_UPLOADS: dict[str, Any] = {"method": "GET", "query": "uploads", "not_query": "list-type"}
+ABORT_UPLOAD: dict[str, Any] = {"method": "DELETE", "query": "uploadId="}
 PUT_OBJECT: dict[str, Any] = {"method": "PUT", "not_query": "partNumber="}
 GET: dict[str, Any] = {"method": "GET", "not_query": "list-type"}
+NO_MULTIPART_LISTING: tuple[dict[str, Any], ...] = (LIST_UPLOADS, ABORT_UPLOAD)
+"""ListMultipartUploads and AbortMultipartUpload: what s3rver 3.7 and localbucket 1.2 answer
+501 to (docs/tier2-servers.md)."""
+NO_MULTIPART: tuple[dict[str, Any], ...] = (*NO_MULTIPART_LISTING, CREATE_UPLOAD,
+                                            UPLOAD_PART, COMPLETE)
+"""Every multipart call: a server with single PUTs only."""
 
-_REASONS = {500: "Internal Server Error", 503: "Service Unavailable", 400: "Bad Request",
-            403: "Forbidden", 404: "Not Found"}
+_REASONS = {500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
+            400: "Bad Request", 403: "Forbidden", 404: "Not Found"}
 
 
 @dataclasses.dataclass
@@ -177,6 +190,12 @@ class FaultProxy:
         with self._lock:
             self._rules.append(rule)
         return rule
+
+    def not_implemented(self, calls: tuple[dict[str, Any], ...]) -> list[Rule]:
+        """Answer ``501 NotImplemented`` to every request matching one of ``calls``, forever
+        (e.g. :data:`NO_MULTIPART_LISTING`); returns the rules (their counters update)."""
+        return [self.add_rule("status", status=501, code="NotImplemented", times=None, **m)
+                for m in calls]
 
     def clear(self) -> None:
         with self._lock:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from faultproxy import NO_MULTIPART_LISTING
+from s3server import S3Env
 
 import tierckpt.cli.ls  # noqa: F401  (registers the command)
 from tierckpt.format import layout
@@ -34,6 +37,7 @@ def test_every_state_on_both_tiers(template: Path, tmp_path: Path) -> None:
     t0 = time.time()
     doc = invoke_json("ls", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert doc["tier1"] == str(t1) and doc["tier2"] == t2.as_uri()
+    assert doc["tier2_modes"] is None  # no job probed a tier 2 for this root
     one, two = _rows(doc, 1), _rows(doc, 2)
     assert {n: r["state"] for n, r in one.items()} == {
         "step-00000004.tmp-abc": "partial", "step-00000003": "complete",
@@ -81,6 +85,26 @@ def test_human_table(template: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     for fragment in ("step", "state", "verified", "complete", "age"):
         assert fragment in result.stdout
+
+
+def test_the_tier2_modes_of_a_minimal_server(template: Path, tmp_path: Path, s3_env: S3Env,
+                                             fault_proxy: Any) -> None:
+    """The uploader probed an S3 server that answers 501 to multipart listing and abort:
+    it uploaded in single PUTs, and ls shows that mode (recorded on tier 1) and why."""
+    fault_proxy.not_implemented(NO_MULTIPART_LISTING)
+    t1 = clone(template, tmp_path / "t1")
+    [r] = upload(t1, s3_env.url)  # drain: the newest step
+    assert (r.step, r.status) == (3, "verified")
+    doc = invoke_json("ls", "--tier1", str(t1), "--tier2", s3_env.url)
+    modes = doc["tier2_modes"]
+    assert modes["url"] == s3_env.url and modes["upload"] == "single-put"
+    assert (modes["integrity"], modes["marker"]) == ("crc32c", "create-only")
+    assert [r["step"] for r in doc["checkpoints"] if r["tier"] == 2] == [3]
+    result = invoke("ls", "--tier1", str(t1))
+    text = " ".join(result.stdout.split())
+    assert result.exit_code == 0, result.output
+    assert f"tier 2 {s3_env.url}" in text and "upload single-put" in text
+    assert "not supported: listing multipart uploads, aborting multipart uploads" in text
 
 
 def test_empty_and_missing_roots(tmp_path: Path) -> None:

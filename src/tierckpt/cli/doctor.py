@@ -2,9 +2,10 @@
 
 Runs the same probe a job runs when it starts (:func:`tierckpt.tier2.probe.probe_url`, on
 scratch keys under the prefix, removed afterwards) and prints one row per feature: whether
-the server supports it, and what tierckpt does with it — then the integrity and marker
-modes chosen. Exit 0 when the server can be used, 1 when it cannot (no integrity mode),
-2 for a configuration error (missing bucket, refused credentials, a bad URL).
+the server supports it (a feature the server answered "not supported", HTTP 501, shows as
+no), and what tierckpt does with it — then the integrity, marker and upload modes chosen.
+Exit 0 when the server can be used, 1 when it cannot (no integrity mode), 2 for a
+configuration error (missing bucket, refused credentials, a bad URL).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
-    """Probe the tier-2 server at --tier2: which integrity and marker modes tierckpt uses.
+    """Probe the tier-2 server at --tier2: which integrity, marker and upload modes tierckpt
+    uses.
 
     Runs the probe a job runs at start (scratch keys under the prefix, removed afterwards).
     Exit 0 when the server can be used, 1 when it cannot (no integrity mode), 2 for a
@@ -64,7 +66,8 @@ def _render(r: ProbeResult) -> None:
         out.print("[bold red]unusable[/]: no integrity mode tierckpt can trust; "
                   + "; ".join(r.capabilities.notes))
         return
-    out.print(f"integrity: [bold]{m.integrity.value}[/]   marker: [bold]{m.marker.value}[/]")
+    out.print(f"integrity: [bold]{m.integrity.value}[/]   marker: [bold]{m.marker.value}[/]"
+              f"   upload: [bold]{m.upload.value}[/]")
     for w in m.weaker:
         out.print(f"[yellow]weaker[/]: {w}")
     for n in r.capabilities.notes:

@@ -1,9 +1,11 @@
-"""``tierckpt ls``: every checkpoint on tier 1 (and tier 2) with its state, size and age."""
+"""``tierckpt ls``: every checkpoint on tier 1 (and tier 2) with its state, size and age,
+and the tier-2 modes the job recorded on tier 1 (integrity, marker, upload)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,6 +16,8 @@ from tierckpt.cli._tiers import age, failures, tier1_dir, tier2
 from tierckpt.format import layout
 from tierckpt.ops import inventory
 from tierckpt.policy.units import format_bytes
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2 import probe
 
 _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
           "uploading": "magenta", "upload_failed": "bold red", "verified": "green",
@@ -31,17 +35,20 @@ def ls(
     """List every checkpoint on tier 1 (and tier 2) with its state, size and age.
 
     States: complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
-    checkpoints name their holders."""
+    checkpoints name their holders. Below the table: the tier-2 modes the job recorded."""
     root = tier1_dir(tier1)
     with failures(), tier2(tier2_url) as storage:
         entries = inventory.inventory(root, storage)
+    modes = probe.recorded(Tier1Catalog(root))
     if as_json:
         emit_json({"tier1": str(root), "tier2": tier2_url,
-                   "checkpoints": [e.to_json() for e in entries]})
+                   "checkpoints": [e.to_json() for e in entries],
+                   "tier2_modes": _modes_json(modes)})
         return
     out = console()
     if not entries:
         out.print(f"no checkpoints in {root}" + (f" or {tier2_url}" if tier2_url else ""))
+        _print_modes(modes)
         return
     t = Table(title=f"Checkpoints in {root}" + (f" and {tier2_url}" if tier2_url else ""))
     for col, just in (("step", "right"), ("tier", "right"), ("state", "left"),
@@ -56,3 +63,22 @@ def ls(
                   ", ".join(e.pinned_by), format_bytes(e.bytes), age(e.age_s),
                   e.integrity or "", e.detail or "")
     out.print(t)
+    _print_modes(modes)
+
+
+def _modes_json(r: probe.ProbeResult | None) -> dict[str, Any] | None:
+    """The recorded probe's modes (``tierckpt doctor --json`` has the capabilities)."""
+    if r is None:
+        return None
+    return {k: v for k, v in r.to_json().items() if k != "capabilities"}
+
+
+def _print_modes(r: probe.ProbeResult | None) -> None:
+    if r is None:
+        return
+    m, out = r.modes, console()
+    out.print(f"tier 2 {r.url}, as probed {age(max(0.0, time.time() - r.probed_unix))} ago: "
+              f"integrity [bold]{m.integrity.value if m.integrity else 'none'}[/]   "
+              f"marker [bold]{m.marker.value}[/]   upload [bold]{m.upload.value}[/]")
+    for w in m.weaker:
+        out.print(f"[yellow]weaker[/]: {w}")

@@ -21,6 +21,14 @@ with:
 ignores it, ``MarkerMode.READBACK`` writes the marker (which carries the save id) and reads it
 back — a weaker guarantee: one writer per prefix is then ensured only by tierckpt's own
 per-root uploader lock and job lock.
+
+``UploadMode.MULTIPART`` sends large objects in parallel parts and, at each step, aborts the
+uploader's own stale multipart uploads (it lists them, then aborts each). A server that
+answers "not supported" (HTTP 501 ``NotImplemented``) to multipart upload, to listing
+multipart uploads or to aborting one gets ``UploadMode.SINGLE_PUT``: every object in one PUT
+(at most :data:`SINGLE_PUT_LIMIT`, S3's limit), no multipart upload is ever started, so
+there is nothing to sweep. A 501 on such an optional call is a capability answer, not an
+outage.
 """
 
 from __future__ import annotations
@@ -40,6 +48,16 @@ class MarkerMode(str, enum.Enum):
     READBACK = "readback"
 
 
+class UploadMode(str, enum.Enum):
+    MULTIPART = "multipart"
+    SINGLE_PUT = "single-put"
+
+
+SINGLE_PUT_LIMIT = 5 * 1024**3
+"""S3's largest object in one PUT (5 GiB): the largest shard ``UploadMode.SINGLE_PUT`` can
+upload."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Capabilities:
     """What the probe found. ``None`` for a check that could not run (an earlier one
@@ -48,7 +66,9 @@ class Capabilities:
     server: str
     basic_ops: bool  # PUT, GET, HEAD, LIST, DELETE of a small object work
     ranged_get: bool | None = None
-    multipart: bool | None = None
+    multipart: bool | None = None  # CreateMultipartUpload, UploadPart, Complete work
+    multipart_list: bool | None = None  # ListMultipartUploads works (the stale sweep)
+    multipart_abort: bool | None = None  # AbortMultipartUpload works (the stale sweep)
     crc32c_put_verified: bool | None = None  # a PUT with a wrong CRC32C is rejected
     crc32c_head: bool | None = None  # HEAD reports the full-object CRC32C of a single PUT
     crc32c_multipart: bool | None = None  # FULL_OBJECT multipart CRC32C, reported by HEAD
@@ -77,15 +97,35 @@ class Modes:
     integrity: IntegrityMode | None
     marker: MarkerMode
     weaker: tuple[str, ...] = ()
+    upload: UploadMode = UploadMode.MULTIPART
+
+
+def upload_mode(c: Capabilities) -> UploadMode:
+    """Multipart only where the uploader can also find and abort its stale uploads (an
+    interrupted upload it cannot abort would keep its parts, billed, forever). ``None``
+    (not probed: a probe recorded by an older tierckpt) counts as supported."""
+    if c.multipart and c.multipart_list is not False and c.multipart_abort is not False:
+        return UploadMode.MULTIPART
+    return UploadMode.SINGLE_PUT
 
 
 def choose(c: Capabilities) -> Modes:
-    """The strongest integrity and marker modes ``c`` supports."""
+    """The strongest integrity, marker and upload modes ``c`` supports."""
     weaker: list[str] = []
     integrity: IntegrityMode | None
-    if not c.basic_ops or not c.ranged_get or not c.multipart:
+    upload = upload_mode(c)
+    if upload is UploadMode.SINGLE_PUT:
+        missing = [what for what, ok in (("multipart upload", c.multipart),
+                                         ("listing multipart uploads", c.multipart_list),
+                                         ("aborting multipart uploads", c.multipart_abort))
+                   if ok is False] if c.multipart is not None else ["multipart (not probed)"]
+        weaker.append(f"not supported: {', '.join(missing)} — every object goes in one PUT "
+                      f"(at most {SINGLE_PUT_LIMIT // 1024**3} GiB each, no parallel parts); "
+                      "no stale multipart uploads to sweep")
+    crc_multipart = c.crc32c_multipart or upload is UploadMode.SINGLE_PUT
+    if not c.basic_ops or not c.ranged_get:
         integrity = None
-    elif c.crc32c_put_verified and c.crc32c_head and c.crc32c_multipart:
+    elif c.crc32c_put_verified and c.crc32c_head and crc_multipart:
         integrity = IntegrityMode.CRC32C
     elif c.md5_verified or c.etag_is_md5:
         integrity = IntegrityMode.MD5
@@ -99,13 +139,16 @@ def choose(c: Capabilities) -> Modes:
         marker = MarkerMode.READBACK
         weaker.append("If-None-Match ignored: the marker is written and read back (one "
                       "writer per prefix is ensured by tierckpt's locks only)")
-    return Modes(integrity=integrity, marker=marker, weaker=tuple(weaker))
+    return Modes(integrity=integrity, marker=marker, weaker=tuple(weaker), upload=upload)
 
 
 TABLE = (
     ("basic_ops", "PUT/GET/HEAD/LIST/DELETE", "required"),
     ("ranged_get", "ranged GET", "required: parallel downloads"),
-    ("multipart", "multipart upload", "required: large shards"),
+    ("multipart", "multipart upload", "parallel parts, else one PUT per object (≤ 5 GiB)"),
+    ("multipart_list", "list multipart uploads", "stale-upload sweep, else one PUT per object"),
+    ("multipart_abort", "abort a multipart upload", "stale-upload sweep, else one PUT per "
+                                                   "object"),
     ("crc32c_put_verified", "CRC32C verified on PUT", "crc32c mode"),
     ("crc32c_head", "HEAD reports CRC32C", "crc32c mode"),
     ("crc32c_multipart", "full-object CRC32C on multipart", "crc32c mode"),

@@ -6,8 +6,11 @@ verify every byte themselves and create atomically). The result is cached on tie
 (``upload-state/tier2-probe.json``, through the tier-1 catalogue) with the server's
 identity, so the uploader process and ``tierckpt upload`` use the same modes without
 probing again. Raises :class:`~tierckpt.errors.ConfigError` when the server cannot be used
-(missing bucket, refused credentials — or no integrity mode tierckpt can trust) and
-:class:`~tierckpt.errors.StorageError` when it does not answer (an outage).
+(missing bucket, refused credentials, "not supported" to a call tierckpt needs — or no
+integrity mode tierckpt can trust) and :class:`~tierckpt.errors.StorageError` when it does
+not answer (an outage). "Not supported" (HTTP 501 ``NotImplemented``) to an optional call,
+e.g. listing or aborting multipart uploads, is neither: it is a capability the modes follow
+(:class:`~tierckpt.tier2.capabilities.UploadMode`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier2.capabilities import Capabilities, IntegrityMode, MarkerMode, Modes, choose
+from tierckpt.tier2.capabilities import (
+    Capabilities,
+    IntegrityMode,
+    MarkerMode,
+    Modes,
+    UploadMode,
+    choose,
+)
 from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.storage.url import parse_url
 
@@ -38,24 +48,27 @@ class ProbeResult:
         if not self.url.startswith("s3://"):
             return {}
         assert self.modes.integrity is not None
-        return {"integrity": self.modes.integrity.value, "marker": self.modes.marker.value}
+        return {"integrity": self.modes.integrity.value, "marker": self.modes.marker.value,
+                "upload": self.modes.upload.value}
 
     def to_json(self) -> dict[str, Any]:
         m = self.modes
         return {"url": self.url, "capabilities": self.capabilities.to_json(),
                 "integrity": m.integrity.value if m.integrity else None,
-                "marker": m.marker.value, "weaker": list(m.weaker),
+                "marker": m.marker.value, "upload": m.upload.value, "weaker": list(m.weaker),
                 "probed_unix": self.probed_unix}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ProbeResult:
         modes = Modes(integrity=IntegrityMode(d["integrity"]) if d.get("integrity") else None,
-                      marker=MarkerMode(d["marker"]), weaker=tuple(d.get("weaker", ())))
+                      marker=MarkerMode(d["marker"]), weaker=tuple(d.get("weaker", ())),
+                      upload=UploadMode(d.get("upload", UploadMode.MULTIPART.value)))
         return cls(url=str(d["url"]), capabilities=Capabilities.from_json(d["capabilities"]),
                    modes=modes, probed_unix=float(d.get("probed_unix", 0.0)))
 
 
 _LOCAL = Capabilities(server="local", basic_ops=True, ranged_get=True, multipart=True,
+                      multipart_list=True, multipart_abort=True,
                       crc32c_put_verified=True, crc32c_head=True, crc32c_multipart=True,
                       md5_verified=None, etag_is_md5=None, if_none_match=True,
                       notes=("a directory or in-memory store: every byte is checked against "
@@ -81,6 +94,12 @@ def require_usable(result: ProbeResult, *, conditional_writes: bool = False) -> 
     """ConfigError unless ``result`` allows an integrity mode (and, with
     ``conditional_writes``, create-only markers)."""
     caps, modes = result.capabilities, result.modes
+    if not caps.basic_ops or not caps.ranged_get:
+        lacks = "PUT/GET/HEAD/LIST/DELETE" if not caps.basic_ops else "ranged GET"
+        raise ConfigError(
+            f"tier 2 {result.url} cannot be used: tierckpt needs {lacks} "
+            f"({'; '.join(caps.notes) or 'it failed'}). Run `tierckpt doctor` on it, or use "
+            "another server")
     if modes.integrity is None:
         missing = [n for n in caps.notes] or ["no checksum or digest check works"]
         raise ConfigError(
@@ -103,14 +122,22 @@ def server_identity(url: str) -> str:
     return f"{endpoint() or 'aws'}|{parse_url(url).location}"
 
 
-def cached(local: Tier1Catalog, url: str) -> ProbeResult | None:
-    """The probe recorded on ``local`` for ``url`` on the same server, or None."""
+def recorded(local: Tier1Catalog) -> ProbeResult | None:
+    """The probe the last job (or uploader) recorded on ``local``, whatever its server, or
+    None (none, or unreadable): the modes ``tierckpt ls`` shows."""
     d = local.tier2_probe()
     if not d:
         return None
     try:
-        r = ProbeResult.from_json(d)
+        return ProbeResult.from_json(d)
     except (KeyError, ValueError, TypeError):
+        return None
+
+
+def cached(local: Tier1Catalog, url: str) -> ProbeResult | None:
+    """The probe recorded on ``local`` for ``url`` on the same server, or None."""
+    r = recorded(local)
+    if r is None:
         return None
     return r if r.url == url and r.capabilities.server == server_identity(url) else None
 

@@ -34,7 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier1.fs import fsync_dir, start_writeback
-from tierckpt.tier2.capabilities import IntegrityMode
+from tierckpt.tier2.capabilities import IntegrityMode, UploadMode
 from tierckpt.tier2.storage.base import (
     TMP_MARK,
     BadDigestError,
@@ -206,7 +206,11 @@ class S3Storage(S3Writes):
         self._call("delete", key, self._client.delete_object, Key=self._key(key))
 
     def abort_uploads(self, prefix: str) -> int:
+        """In upload mode ``single-put`` (a server that cannot list or abort multipart
+        uploads) this uploader never starts one: nothing to sweep, no request sent."""
         validate_prefix(prefix)
+        if self.config.upload == UploadMode.SINGLE_PUT.value:
+            return 0
         base = f"{self.prefix}/" if self.prefix else ""
         n = 0
         try:

@@ -18,7 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import ConfigError
 from tierckpt.format import checksum
-from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode
+from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode, UploadMode
 
 MiB = 1024 * 1024
 MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
@@ -26,6 +26,9 @@ MAX_PARTS = 10_000  # S3's maximum number of parts of one upload
 DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch",
                           "XAmzContentChecksumMismatch"})
 NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+NOT_SUPPORTED_CODES = frozenset({"NotImplemented", "NotSupported", "XNotImplemented",
+                                 "UnsupportedOperation"})
+"""Error codes with which S3 servers say "this server does not do that" (mostly HTTP 501)."""
 STREAM_ERRORS = (BotoCoreError, urllib3.exceptions.HTTPError, OSError)
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 """The environment variables botocore reads an S3 endpoint from (the S3 one wins)."""
@@ -58,6 +61,11 @@ class S3Config:
     marker: str = MarkerMode.CREATE_ONLY.value
     """How create-only puts are made (:class:`~tierckpt.tier2.capabilities.MarkerMode`):
     ``create-only`` (If-None-Match) or ``readback``."""
+    upload: str = UploadMode.MULTIPART.value
+    """How objects are sent (:class:`~tierckpt.tier2.capabilities.UploadMode`): ``multipart``
+    (parts above ``multipart_threshold``; stale uploads swept) or ``single-put`` (one PUT
+    per object, at most 5 GiB; nothing to sweep), for a server without multipart upload,
+    listing or abort; the job's probe picks it per server."""
 
     def __post_init__(self) -> None:
         if self.part_size < MIN_PART or self.part_size > 5 * 1024 * MiB:
@@ -77,6 +85,9 @@ class S3Config:
         if self.marker not in {m.value for m in MarkerMode}:
             raise ConfigError(f"S3Config.marker must be create-only or readback, got "
                               f"{self.marker!r}")
+        if self.upload not in {m.value for m in UploadMode}:
+            raise ConfigError(f"S3Config.upload must be multipart or single-put, got "
+                              f"{self.upload!r}")
 
     def botocore_config(self) -> Config:
         return Config(
@@ -97,6 +108,12 @@ def error_code(e: ClientError) -> str:
 
 def http_status(e: ClientError) -> int:
     return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def not_supported(e: ClientError) -> bool:
+    """Whether the server answered "I do not implement this" (HTTP 501, or a code in
+    :data:`NOT_SUPPORTED_CODES`): a capability answer, not an outage or a refusal."""
+    return http_status(e) == 501 or error_code(e) in NOT_SUPPORTED_CODES
 
 
 META_CRC32C = "tierckpt-crc32c"

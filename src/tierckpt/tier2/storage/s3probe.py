@@ -2,11 +2,16 @@
 
 :func:`probe` makes about twenty small requests and one 5 MiB multipart upload per mode
 under ``<prefix>/.tierckpt-probe-<id>/`` and removes everything it wrote. The first request
-(a one-key listing) decides whether the server can be used at all: a missing bucket or
-refused credentials is a :class:`~tierckpt.errors.ConfigError` (fix the configuration);
-no answer, refused connections and 5xx are a :class:`~tierckpt.errors.StorageError` (an
-outage). Every later check records True/False in
-:class:`~tierckpt.tier2.capabilities.Capabilities`.
+(a one-key listing) decides whether the server can be used at all: a missing bucket,
+refused credentials or "not supported" (HTTP 501) to the listing is a
+:class:`~tierckpt.errors.ConfigError` (fix the configuration); no answer, refused
+connections and other 5xx are a :class:`~tierckpt.errors.StorageError` (an outage). Every
+later check records True/False in :class:`~tierckpt.tier2.capabilities.Capabilities`, per
+feature: an answer of "not supported" (HTTP 501 ``NotImplemented``, ``NotSupported``...) is
+noted as such. Listing and aborting multipart uploads (the uploader's stale-upload sweep)
+are optional calls with plain requests: there a 4xx or 501 is a capability answer and any
+other 5xx (after botocore's retries) an outage, so a server that is down is not recorded as
+one that lacks the feature.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier2.capabilities import Capabilities
 from tierckpt.tier2.storage.s3 import S3Storage
-from tierckpt.tier2.storage.s3client import MIN_PART, endpoint, error_code, http_status
+from tierckpt.tier2.storage.s3client import (
+    MIN_PART,
+    endpoint,
+    error_code,
+    http_status,
+    not_supported,
+)
 
 _CREDENTIAL_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
                                "ExpiredToken", "InvalidToken", "TokenRefreshRequired"})
@@ -54,9 +65,15 @@ class _Probe:
         self.st, self.c, self.bucket = storage, storage.client, storage.bucket
         self.base = storage.object_key(f".tierckpt-probe-{uuid.uuid4().hex[:12]}")
         self.notes: list[str] = []
+        self.sweep: bool | None = None  # whether cleanup can list and abort uploads
 
     def key(self, name: str) -> str:
         return f"{self.base}/{name}"
+
+    def _note(self, what: str, e: ClientError) -> None:
+        answer = f"{error_code(e) or 'error'} (HTTP {http_status(e)})"
+        self.notes.append(f"{what}: not supported, {answer}" if not_supported(e)
+                          else f"{what}: {answer}")
 
     def ok(self, what: str, fn: Callable[[], object]) -> bool:
         """Whether ``fn`` succeeds; a refusal is recorded in the notes."""
@@ -64,7 +81,22 @@ class _Probe:
             fn()
             return True
         except ClientError as e:
-            self.notes.append(f"{what}: {error_code(e) or 'error'} (HTTP {http_status(e)})")
+            self._note(what, e)
+            return False
+
+    def supports(self, what: str, fn: Callable[[], object]) -> bool:
+        """Whether the server does ``fn``, an optional call with a plain request: "not
+        supported" (501) or a refusal (4xx) is an answer (False, noted); any other 5xx is
+        an outage (:class:`StorageError`), not a missing feature."""
+        try:
+            fn()
+            return True
+        except ClientError as e:
+            status = http_status(e)
+            if status >= 500 and not not_supported(e):
+                raise StorageError(f"tier 2 s3://{self.bucket}: {what}: "
+                                   f"{error_code(e) or 'error'} (HTTP {status})") from None
+            self._note(what, e)
             return False
 
     def refused(self, what: str, fn: Callable[[], object]) -> bool:
@@ -89,6 +121,10 @@ class _Probe:
                 raise ConfigError(f"tier 2 {where}: credentials refused ({code or status}); "
                                   "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or the "
                                   "profile) and the bucket policy") from None
+            if not_supported(e):
+                raise ConfigError(f"tier 2 {where}: the server does not support listing "
+                                  f"objects (ListObjectsV2: {code or 'error'}, HTTP {status}), "
+                                  "which tierckpt needs; use another server") from None
             raise StorageError(f"tier 2 {where}: {code or 'error'} (HTTP {status})") from None
         except BotoCoreError as e:
             raise StorageError(f"tier 2 s3://{self.bucket}: no answer "
@@ -114,14 +150,22 @@ class _Probe:
         etag_single = self.ok("PUT with Content-MD5", lambda: self._etag_is(
             c.put_object(Bucket=b, Key=k("md5"), Body=data, ContentMD5=_b64(md5)), md5))
         inm = self._if_none_match()
+        mp_list = self.supports("list multipart uploads", lambda: c.list_multipart_uploads(
+            Bucket=b, Prefix=self.base, MaxUploads=1))
         mp_md5 = self.ok("multipart with Content-MD5", lambda: self._multipart(crc=False))
         mp_crc = crc_head and self.ok("multipart with FULL_OBJECT CRC32C",
                                       lambda: self._multipart(crc=True))
+        multipart = mp_md5 or mp_crc
+        mp_abort = self.supports("abort a multipart upload", self._abort) if multipart else None
+        self.sweep = mp_list and bool(mp_abort)
         return Capabilities(
             server=identity(self.st), basic_ops=True, ranged_get=ranged,
-            multipart=mp_md5 or mp_crc, crc32c_put_verified=crc_verified,
-            crc32c_head=crc_head, crc32c_multipart=mp_crc, md5_verified=md5_verified,
-            etag_is_md5=etag_single and mp_md5, if_none_match=inm, notes=tuple(self.notes))
+            multipart=multipart, multipart_list=mp_list, multipart_abort=mp_abort,
+            crc32c_put_verified=crc_verified, crc32c_head=crc_head, crc32c_multipart=mp_crc,
+            md5_verified=md5_verified,
+            # without multipart (single PUTs only) no part ETag needs to be an MD5
+            etag_is_md5=etag_single and (mp_md5 or not multipart),
+            if_none_match=inm, notes=tuple(self.notes))
 
     def _basic(self, data: bytes) -> None:
         c, b, key = self.c, self.bucket, self.key("basic")
@@ -194,12 +238,31 @@ class _Probe:
         if crc and self._head_crc(key) != _crc_b64(whole):
             raise ClientError({"Error": {"Code": "NoFullObjectCRC32C"}}, "HeadObject")
 
+    def _abort(self) -> None:
+        """Start an upload and abort it. A server that refuses the abort gets the upload
+        completed (one tiny part) instead, so cleanup can delete what is left."""
+        c, b, key = self.c, self.bucket, self.key("mp-abort")
+        uid = c.create_multipart_upload(Bucket=b, Key=key)["UploadId"]
+        try:
+            c.abort_multipart_upload(Bucket=b, Key=key, UploadId=uid)
+        except ClientError:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                etag = c.upload_part(Bucket=b, Key=key, UploadId=uid, PartNumber=1,
+                                     Body=b"x")["ETag"]
+                c.complete_multipart_upload(Bucket=b, Key=key, UploadId=uid, MultipartUpload={
+                    "Parts": [{"PartNumber": 1, "ETag": etag}]})
+            raise
+
     def cleanup(self) -> None:
+        """Delete the scratch objects, then abort unfinished scratch uploads — unless the
+        server cannot list or abort them (nothing to ask it then)."""
         with contextlib.suppress(ClientError, BotoCoreError):
             for o in self.c.list_objects_v2(Bucket=self.bucket,
                                             Prefix=self.base).get("Contents", []):
                 self.c.delete_object(Bucket=self.bucket, Key=o["Key"])
-            self.st.abort_uploads(self.base.removeprefix(f"{self.st.prefix}/"))
+        if self.sweep is not False:
+            with contextlib.suppress(StorageError):
+                self.st.abort_uploads(self.base.removeprefix(f"{self.st.prefix}/"))
 
 
 def probe(storage: S3Storage) -> Capabilities:

@@ -10,6 +10,11 @@ same CRC32C after the upload. md5 mode: every PUT and part carries ``Content-MD5
 response's ETag must be the MD5 of what was sent (the server hashed what it received), and
 the CRC32C goes into user metadata (``x-amz-meta-tierckpt-crc32c``), compared by HEAD and
 verified on every download.
+
+Upload mode (:class:`~tierckpt.tier2.capabilities.UploadMode`): ``multipart`` sends objects
+above ``multipart_threshold`` in parallel parts; ``single-put`` (a server without multipart
+upload, or without listing or aborting multipart uploads) sends every object in one PUT and
+refuses one over S3's 5 GiB single-PUT limit before sending a byte.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import StorageError
 from tierckpt.format import checksum
-from tierckpt.tier2.capabilities import MarkerMode
+from tierckpt.tier2.capabilities import SINGLE_PUT_LIMIT, MarkerMode, UploadMode
 from tierckpt.tier2.storage.base import (
     BadDigestError,
     ByteCounter,
@@ -217,7 +222,15 @@ class S3Writes:
         if actual != size:
             raise BadDigestError(f"put {self.url}/{key}: {path} has {actual} bytes, "
                                  f"expected {size}")
-        if size <= self.config.multipart_threshold:
+        single = self.config.upload == UploadMode.SINGLE_PUT.value
+        if single and size > SINGLE_PUT_LIMIT:
+            raise StorageError(
+                f"put {self.url}/{key}: {path} has {size} bytes, over S3's "
+                f"{SINGLE_PUT_LIMIT // 1024**3} GiB limit of one PUT, and this server offers "
+                "no usable multipart upload (upload mode single-put; see `tierckpt doctor`): "
+                "use a server that supports multipart upload with listing and abort, or "
+                "shard the state over more ranks")
+        if single or size <= self.config.multipart_threshold:
             self._put_single(key, full, path, crc32c, size)
         else:
             if self._md5:  # parts carry MD5s only: check the file's CRC32C first

@@ -5,10 +5,11 @@ Per checkpoint, in this order (:func:`upload_step`):
 1. pin it on tier 1 (``pins/step-XXXXXXXX.upload``) so retention keeps it;
 2. verify its marker against its manifest; stop if tier 2 already has a marker (the same
    bytes: done; different bytes: a conflict, nothing is touched);
-3. abort this root's stale multipart uploads of its files, then upload each file of the
-   manifest that this root holds, with the manifest's CRC32C as the object's full-object
-   checksum (end to end: the server checks the bytes computed at write time); a file
-   whose object already matches (size and CRC32C) is skipped, so a restart resumes;
+3. abort this root's stale multipart uploads of its files (a no-op in upload mode
+   ``single-put``: a server that cannot list or abort them gets none), then upload each
+   file of the manifest that this root holds, with the manifest's CRC32C as the object's
+   full-object checksum (end to end: the server checks the bytes computed at write time);
+   a file whose object already matches (size and CRC32C) is skipped, so a restart resumes;
 4. HEAD every file of the manifest: if another node's files are still missing, record
    ``files_verified`` and stop (that node's uploader writes the marker when it finishes);
 5. upload ``manifest.json``, verify it, then ``COMPLETE`` last with a create-only write;
