@@ -77,6 +77,7 @@ import torch.distributed as dist
 
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.runtime.events import PG_READY, PROCESS_START, EventLog
+from tierckpt.runtime.orphan import watch_launcher
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -175,7 +176,9 @@ def init_distributed(
     At exit (``atexit``, while the interpreter is still whole) it collects garbage: FSDP2
     modules sit in reference cycles that hold the process group through their device mesh,
     and a group freed during interpreter finalisation sometimes aborts a finished gloo
-    process (SIGABRT; torchrun then restarts a job that had completed).
+    process (SIGABRT; torchrun then restarts a job that had completed). Under torchrun it
+    also watches the launcher: a worker whose agent died stops itself
+    (:mod:`tierckpt.runtime.orphan`; ``TIERCKPT_ORPHANS=keep`` turns that off).
     """
     _positive_seconds(timeout, "timeout")
     if dist.is_initialized():
@@ -203,6 +206,7 @@ def init_distributed(
         )
         seconds = time.monotonic() - t0
         _collect_at_exit()
+        watch_launcher(log.path if log is not None else None)
         if log is not None:
             log.emit(PG_READY, seconds=seconds, incarnation=incarnation, backend=chosen,
                      world_size=world_size)

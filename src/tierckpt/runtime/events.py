@@ -41,6 +41,7 @@ tier0_saved         step, bytes (this rank's), seconds (stage end → committed 
 tier0_replicated    step, bytes (the partner's files received), seconds
 tier0_replication_failed  step, error (the save stands; the replica is missing)
 tier0_disabled      reason (tier0=Tier0() and it does not fit; the job runs without it)
+launcher_lost       parent_pid (the torchrun agent died; this worker stops itself)
 ==================  =============================================================
 """
 
@@ -81,6 +82,7 @@ UPLOAD_SKIPPED = "upload_skipped"
 UPLOAD_DRAINED = "upload_drained"
 INTERVAL_DECIDED = "interval_decided"
 PROGRESS = "progress"
+LAUNCHER_LOST = "launcher_lost"
 TIER0_SAVED = "tier0_saved"
 TIER0_REPLICATED = "tier0_replicated"
 TIER0_REPLICATION_FAILED = "tier0_replication_failed"
