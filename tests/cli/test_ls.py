@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,21 @@ def test_the_tier2_modes_of_a_minimal_server(template: Path, tmp_path: Path, s3_
     assert result.exit_code == 0, result.output
     assert f"tier 2 {s3_env.url}" in text and "upload single-put" in text
     assert "not supported: listing multipart uploads, aborting multipart uploads" in text
+
+
+def test_a_tier2_that_cannot_be_listed_does_not_hide_tier1(
+        template: Path, tmp_path: Path, s3_env: S3Env, fault_proxy: Any) -> None:
+    t1 = clone(template, tmp_path / "t1")
+    fault_proxy.add_rule("status", status=403, code="AccessDenied", times=None)
+    result = invoke("ls", "--tier1", str(t1), "--tier2", s3_env.url)
+    assert result.exit_code == 1, result.output
+    assert "complete" in result.stdout and "step" in result.stdout  # tier 1's rows
+    err = " ".join(result.stderr.split())
+    assert f"tier 2 {s3_env.url} could not be listed" in err and "tier 1 only" in err
+    doc = json.loads(invoke("ls", "--tier1", str(t1), "--tier2", s3_env.url,
+                            "--json").stdout)
+    assert doc["checkpoints"] and {r["tier"] for r in doc["checkpoints"]} == {1}
+    assert "403" in doc["tier2_error"] or "AccessDenied" in doc["tier2_error"]
 
 
 def test_empty_and_missing_roots(tmp_path: Path) -> None:

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import age, failures, tier1_dir, tier2
+from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
 from tierckpt.ops import inventory
 from tierckpt.policy.units import format_bytes
@@ -35,20 +38,25 @@ def ls(
     """List every checkpoint on tier 1 (and tier 2) with its state, size and age.
 
     States: complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
-    checkpoints name their holders. Below the table: the tier-2 modes the job recorded."""
+    checkpoints name their holders. Below the table: the tier-2 modes the job recorded. A
+    tier 2 that cannot be listed does not hide tier 1: its rows are shown, then the error
+    (exit status 1)."""
     root = tier1_dir(tier1)
-    with failures(), tier2(tier2_url) as storage:
-        entries = inventory.inventory(root, storage)
+    entries, t2_error = _entries(root, tier2_url)
     modes = probe.recorded(Tier1Catalog(root))
     if as_json:
         emit_json({"tier1": str(root), "tier2": tier2_url,
                    "checkpoints": [e.to_json() for e in entries],
-                   "tier2_modes": _modes_json(modes)})
+                   "tier2_modes": _modes_json(modes), "tier2_error": t2_error})
+        if t2_error is not None:
+            raise typer.Exit(1)
         return
     out = console()
     if not entries:
-        out.print(f"no checkpoints in {root}" + (f" or {tier2_url}" if tier2_url else ""))
+        out.print(f"no checkpoints in {root}" + (f" or {tier2_url}" if tier2_url and
+                                                 t2_error is None else ""))
         _print_modes(modes)
+        _tier2_failed(tier2_url, t2_error)
         return
     t = Table(title=f"Checkpoints in {root}" + (f" and {tier2_url}" if tier2_url else ""))
     for col, just in (("step", "right"), ("tier", "right"), ("state", "left"),
@@ -64,6 +72,29 @@ def ls(
                   e.integrity or "", e.detail or "")
     out.print(t)
     _print_modes(modes)
+    _tier2_failed(tier2_url, t2_error)
+
+
+def _entries(root: Path, url: str | None) -> tuple[list[inventory.Entry], str | None]:
+    """The inventory of both tiers, or of tier 1 alone and why tier 2 could not be listed
+    (a configuration error still exits 2 at once)."""
+    with failures():
+        try:
+            with tier2(url) as storage:
+                return inventory.inventory(root, storage), None
+        except (CheckpointError, OSError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            return inventory.inventory(root), f"{type(e).__name__}: {e}"
+
+
+def _tier2_failed(url: str | None, error: str | None) -> None:
+    if error is None:
+        return
+    Console(stderr=True, highlight=False).print(
+        f"[bold red]error:[/] [red]tier 2 {escape(str(url))} could not be listed (what is "
+        f"shown is tier 1 only): {escape(error)}[/]")
+    raise typer.Exit(1)
 
 
 def _modes_json(r: probe.ProbeResult | None) -> dict[str, Any] | None:
