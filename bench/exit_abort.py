@@ -40,13 +40,19 @@ main()
 """
 
 
-def _once(script: Path, mode: str) -> bool:
-    """True when the run aborted."""
+def _once(script: Path, mode: str) -> str | None:
+    """None when the run exited cleanly; else ``"abort"`` (SIGABRT at exit, "terminate
+    called") or ``"other: <last line>"`` (any other failure, e.g. the launch)."""
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "--max-restarts=0", str(script), mode],
         capture_output=True, text=True, timeout=300)
-    return proc.returncode != 0 or "terminate called" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    if "terminate called" in out or "Signals.SIGABRT" in out:
+        return "abort"
+    if proc.returncode != 0:
+        return "other: " + (out.strip().splitlines() or [""])[-1][-200:]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,19 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="JSON results file")
     args = p.parse_args(argv)
     aborts = {"plain": 0, "tierckpt": 0}
+    other: dict[str, list[str]] = {"plain": [], "tierckpt": []}
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "fsdp_exit.py"
         script.write_text(SCRIPT)
         for _ in range(args.runs):
             for mode in aborts:  # alternate: the host's state moves the rate
-                aborts[mode] += _once(script, mode)
-    doc = {"runs_per_mode": args.runs, "aborts": aborts, "seconds": time.time() - t0,
+                outcome = _once(script, mode)
+                aborts[mode] += outcome == "abort"
+                if outcome is not None and outcome != "abort":
+                    other[mode].append(outcome)
+    doc = {"runs_per_mode": args.runs, "aborts": aborts, "other_failures": other,
+           "seconds": time.time() - t0,
            "script": "2-rank fully_shard + AdamW under torchrun, gloo, no checkpointer"}
-    print("| init | runs | aborted at exit |\n|---|---|---|")
+    print("| init | runs | aborted at exit | other failures |\n|---|---|---|---|")
     for mode, n in aborts.items():
         label = "dist.init_process_group" if mode == "plain" else "tierckpt.init_distributed"
-        print(f"| {label} | {args.runs} | {n} ({100 * n / args.runs:.0f} %) |")
+        print(f"| {label} | {args.runs} | {n} ({100 * n / args.runs:.0f} %) | "
+              f"{len(other[mode])} |")
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
