@@ -1,7 +1,8 @@
 """The chaos drill: its hands on real files and processes (event tails through a wipe and a
 torn line, each damage, tier 2 renamed away, a tmpfs filled to ENOSPC), its config, and a
 bounded real run of ``tierckpt drill --chaos 3`` on examples/train.py (2 simulated nodes,
-real torchrun, real SIGKILLs, file:// tier 2) whose report must show no violation."""
+real torchrun, real SIGKILLs, file:// tier 2) whose report must show no violation; and one
+with tier 0 (node RAM and a partner's replica) and its RAM faults."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from tests._require import require
 from tests._synthetic import make_checkpoint
 from tierckpt.cli._app import load_commands
 from tierckpt.drill import chaos_faults as cf
+from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos import ChaosConfig
 from tierckpt.drill.chaos_report import render_chaos_markdown
+from tierckpt.drill.chaos_state import ram_root
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.ops.check import check_tier1
 from tierckpt.runtime import events as ev
+from tierckpt.tier0.root import default_root
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
 SMALL = ["--layers", "1", "--dim", "32", "--samples", "256", "--save-every", "3",
@@ -82,6 +86,19 @@ def test_missing_marker_wipe_and_step_dirs(tmp_path: Path) -> None:
     assert cf.step_dirs(tmp_path / "none") == (set(), 0)
 
 
+def test_ram_hands_flip_a_shard_list_own_and_replica_and_wipe(tmp_path: Path) -> None:
+    ram = tmp_path / "tier0"  # a tier-0 root: a tier-1 layout plus the replica in peer/
+    make_checkpoint(ram, 6, NODE, domains=((0,), (1,)), world_size=2, only_ranks={1})
+    make_checkpoint(ram / "peer", 6, NODE, domains=((0,), (1,)), world_size=2,
+                    only_ranks={1})
+    assert cf.ram_steps(ram) == ({6}, {6}) and cf.ram_steps(tmp_path / "none") == (set(), set())
+    for root in (ram, ram / "peer"):
+        assert "__1_0.distcp" in cf.flip_shard(root, 6, 0.3)  # a shard, never .metadata
+        assert not check_tier1(root, 6).ok
+    assert "files" in cf.wipe_ram(ram) and not ram.exists()
+    assert "already empty" in cf.wipe_ram(ram)
+
+
 def test_tier2_outage_renames_away_and_back(tmp_path: Path) -> None:
     (tmp_path / "tier2" / "step-00000003").mkdir(parents=True)
     outage = cf.Tier2Outage(tmp_path / "tier2")
@@ -132,8 +149,29 @@ def test_chaos_config_validates(tmp_path: Path) -> None:
             ChaosConfig(**{"command": ("python", "t.py"), "cycles": 2, **bad})  # type: ignore[arg-type]
 
 
+def test_chaos_config_takes_tier0_from_the_drill_or_the_command(tmp_path: Path) -> None:
+    cmd = ("python", "t.py")
+    assert ChaosConfig(command=cmd, cycles=1).tier0 is None
+    assert ChaosConfig(command=cmd, cycles=1, tier0="auto").tier0 == "auto"
+    assert ChaosConfig(command=(*cmd, "--tier0", "auto"), cycles=1).tier0 == "auto"
+    assert ChaosConfig(command=(*cmd, f"--tier0={tmp_path}"), cycles=1).tier0 == str(tmp_path)
+    assert ChaosConfig(command=(*cmd, "--tier0", "auto"), cycles=1, tier0="auto").tier0_on
+    for bad in ({"tier0": ""}, {"tier0": str(tmp_path), "command": (*cmd, "--tier0", "auto")}):
+        with pytest.raises(ConfigError):
+            ChaosConfig(**{"command": cmd, "cycles": 1, **bad})  # type: ignore[arg-type]
+
+
+def test_ram_roots_per_node_and_run(tmp_path: Path) -> None:
+    node = tmp_path / "runs" / "chaos" / "node1"
+    cfg = ChaosConfig(command=("python", "t.py"), cycles=1, tier0=str(tmp_path / "shm"))
+    assert ram_root(cfg, node) == tmp_path / "shm" / "chaos-node1"
+    auto = ChaosConfig(command=("python", "t.py"), cycles=1, tier0="auto")
+    assert ram_root(auto, node) == default_root(node)
+    assert ram_root(ChaosConfig(command=("python", "t.py"), cycles=1), node) is None
+
+
 @pytest.mark.parametrize("args", [["--chaos", "0"], ["--chaos", "2", "--nnodes", "1"],
-                                  ["--chaos", "2", "--steps", "3"]])
+                                  ["--chaos", "2", "--steps", "3"], ["--tier0", "auto"]])
 def test_bad_chaos_flags_exit_2_before_anything_runs(tmp_path: Path, args: list[str]) -> None:
     res = CliRunner().invoke(load_commands(), ["drill", *args, "--out", str(tmp_path), "--",
                                                "python", "t.py"])
@@ -184,3 +222,41 @@ def test_chaos_drill_three_cycles_without_a_violation(chaos_run: tuple[Path, Any
     assert (out / "chaos-report.md").read_text() == render_chaos_markdown(doc)
     assert cf.processes(str(out / "runs" / "chaos" / "node")) == []
     assert cf.unmount_under(out) == []  # the drill unmounted its tmpfs roots
+
+
+TIER0_SEED = 14
+"""3 cycles with tier 0 (``--tier0 auto``): kill_uploader mid-upload; a tier-1 shard of
+node 1 truncated while node 0's RAM is wiped (node 1 resumes that step from its RAM and
+node 0 from the replica node 1 holds, so the damaged tier-1 copy is never read: the scrub
+finds it and the uploader refuses it); the partner killed as a save is replicated to it,
+with node 0's own RAM copy damaged. Without a tmpfs: partial_commit with a damaged
+replica, and the partner killed with node 0 replaced (disk and RAM)."""
+
+
+@pytest.fixture(scope="module")
+def chaos_tier0_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    out = tmp_path_factory.mktemp("chaos0")
+    args = ["drill", "--chaos", "3", "--seed", str(TIER0_SEED), "--steps", "240", "--tier0",
+            "auto", "--out", str(out), "--json", "--", sys.executable, str(EXAMPLE), *SMALL]
+    result = CliRunner().invoke(load_commands(), args, catch_exceptions=False)
+    return out, result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)  # about 1 minute on 2 cores
+def test_chaos_drill_with_tier0_three_cycles_without_a_violation(
+        chaos_tier0_run: tuple[Path, Any]) -> None:
+    out, result = chaos_tier0_run
+    doc = json.loads((out / "chaos-report.json").read_text())
+    assert result.exit_code == 0, json.dumps(doc["violations"] or doc["error"], indent=1)
+    assert doc["ok"] and doc["violations"] == [] and doc["config"]["tier0"] == "auto"
+    assert all(doc["catalogue"][k]["injectable"] for k in cv.TIER0_KINDS)
+    drawn = {label.split("@")[0].split("(")[0] for p in doc["plan"] for label in p["faults"]}
+    assert set(doc["totals"]["faults_by_kind"]) == drawn  # every drawn kind fired
+    assert len(drawn & cv.TIER0_KINDS) >= 2
+    sources = {r["source"] for c in doc["cycles"] for r in c["resumed"]}
+    assert any("tier0" in (s or "") for s in sources), sources  # RAM served restores
+    assert all(c["violations"] == [] for c in doc["cycles"])
+    for root in (out / "runs" / "chaos" / "node0", out / "runs" / "chaos" / "node1"):
+        assert not default_root(root).exists()  # the drill gives the RAM back
+    assert cf.processes(str(out / "runs" / "chaos" / "node")) == []

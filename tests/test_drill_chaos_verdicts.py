@@ -32,11 +32,27 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
         for f in p.faults:
             assert 0 <= f.node < 2
             assert (f.variant is not None) == (f.kind in ("kill_rank", "kill_uploader",
-                                                          "damage"))
+                                                          "damage", "damage_ram"))
+        assert not {"kill_rank", "kill_partner"} <= set(p.kinds)  # one kill ends the job
     drawn = {k for p in cv.draw_plan(1, 200, nodes=2) for k in p.kinds}
     assert drawn == set(cv.KINDS)
     only = cv.draw_plan(3, 20, nodes=2, kinds=["kill_rank", "wipe_node"])
     assert {k for p in only for k in p.kinds} <= {"kill_rank", "wipe_node"}
+
+
+def test_plan_without_tier0_is_the_plan_it_was() -> None:
+    # the RAM kinds came last: a run without tier 0 draws what it drew before (the seed of
+    # tests/test_drill_chaos.py still means its documented plan)
+    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS]
+    assert cv.KINDS[:len(without)] == tuple(without)
+    assert [p.as_dict()["faults"] for p in cv.draw_plan(2801, 3, nodes=2, kinds=without)] == [
+        ["tier1_full@node1", "damage(missing_file)@node1"],
+        ["kill_uploader(idle)@node1", "kill_rank(commit_window)@node0"], ["partial_commit@node1"]]
+    ram = cv.draw_plan(5, 60, nodes=2)
+    assert {k for p in ram for k in p.kinds} >= cv.TIER0_KINDS
+    assert all(f.variant in cv.RAM_VARIANTS for p in ram for f in p.faults
+               if f.kind == "damage_ram")
+    assert {"kill_partner", "wipe_ram", "damage_ram"} <= cv.RESTART_KINDS
 
 
 @pytest.mark.parametrize("kw", [{"kinds": ["meteor"]}, {"kinds": []}, {"nodes": 1},
@@ -74,6 +90,35 @@ def test_expected_is_the_newest_step_every_node_can_restore() -> None:
     assert cv.expected_restore({0: set(), 1: set()}, {}, set()) is None  # a fresh start
 
 
+def test_ram_restorable_is_own_ram_or_the_partners_replica_undamaged() -> None:
+    assert cv.partner(0, 2) == 1 and cv.partner(1, 2) == 0 and cv.partner(2, 3) == 0
+    own = {0: {12}, 1: {12}}
+    held = {0: {9}, 1: {12}}  # node 1 holds node 0's 12; node 0 holds node 1's 9
+    assert cv.ram_restorable(own, held, {}) == {0: {12}, 1: {9, 12}}
+    assert cv.ram_restorable({0: set(), 1: {12}}, held, {}) == {0: {12}, 1: {9, 12}}  # wiped
+    assert cv.ram_restorable(own, held, {0: {("own", 12)}, 1: {("replica", 12)}}) == {
+        0: set(), 1: {9, 12}}  # node 0's own copy and its replica damaged
+    assert cv.ram_restorable({0: set(), 1: set()}, {0: set(), 1: set()}, {}) == {0: set(),
+                                                                                1: set()}
+
+
+def test_expected_takes_the_newest_step_on_any_source() -> None:
+    complete = {0: {6, 9}, 1: {6, 9}}  # tier 1 lags: step 12 was in RAM only
+    assert cv.expected_restore(complete, {}, {6}, {0: {12}, 1: {12}}) == 12
+    # the oracle the issue reported: a tier-1-only oracle would call 12 wrong
+    assert cv.expected_restore(complete, {}, {6}) == 9
+    # a replaced node (disk and RAM empty) restores 12 from its partner's replica
+    assert cv.expected_restore({0: {6, 9}, 1: set()}, {}, {6}, {0: {12}, 1: {12}}) == 12
+    # ... but not when that replica was damaged too: the newest both have is 6 on tier 2
+    ram = cv.ram_restorable({0: {12}, 1: set()}, {0: {12}, 1: set()}, {0: {("replica", 12)}})
+    assert cv.expected_restore({0: {6, 9}, 1: set()}, {}, {6}, ram) == 6
+    # a damaged tier-1 copy does not matter while RAM holds the step intact
+    assert cv.expected_restore(complete, {1: {9}}, set(), {0: {9}, 1: {9}}) == 9
+    # RAM on one node only, nothing else anywhere: the library refuses
+    assert cv.expected_restore({0: set(), 1: set()}, {}, set(), {0: {12}, 1: set()}) == \
+        "refuse"
+
+
 def test_expected_is_refuse_when_only_some_nodes_could_restore() -> None:
     assert cv.expected_restore({0: {6, 9}, 1: set()}, {}, None) == "refuse"
     assert cv.expected_restore({0: {9}, 1: {9}}, {1: {9}}, set()) == "refuse"
@@ -84,28 +129,51 @@ def test_expected_is_refuse_when_only_some_nodes_could_restore() -> None:
 NODE_OF = {0: 0, 1: 1}
 
 
+def _read(**by_source: int) -> dict[str, int]:
+    return {"tier0": 0, "tier0-peer": 0, "tier1": 0, "tier2": 0, **by_source}
+
+
 def test_resume_passes_for_the_expected_step_read_safely() -> None:
-    v = cv.resume_verdict({0: 12, 1: 12}, {12}, tier2_bytes={0: 0, 1: 0}, lacking={},
-                          node_of=NODE_OF)
+    local = {0: _read(tier1=500), 1: _read(tier1=500)}
+    v = cv.resume_verdict({0: 12, 1: 12}, {12}, read=local, bad={}, node_of=NODE_OF)
     assert v.ok and v.name == "resume"
-    v = cv.resume_verdict({0: 12, 1: 12}, {12}, tier2_bytes={0: 0, 1: 800},
-                          lacking={1: {12}}, node_of=NODE_OF)
+    v = cv.resume_verdict({0: 12, 1: 12}, {12}, read={0: _read(tier1=500),
+                                                      1: _read(tier1=500, tier2=800)},
+                          bad={1: {"tier1"}}, node_of=NODE_OF)
     assert v.ok  # node 1's copy was damaged and it fetched the step from tier 2
-    assert cv.resume_verdict({0: None, 1: None}, {None}, tier2_bytes={}, lacking={},
+    assert cv.resume_verdict({0: None, 1: None}, {None}, read={}, bad={},
                              node_of=NODE_OF).ok  # a fresh start where nothing existed
 
 
-@pytest.mark.parametrize("chosen, acceptable, t2, lacking, word", [
+def test_resume_accepts_ram_and_the_partners_replica() -> None:
+    # tier 1 lacked (or held a damaged) 12; both read it from RAM: a correct resume
+    v = cv.resume_verdict({0: 12, 1: 12}, {12}, read={0: _read(tier0=500), 1: _read(
+        tier0=500)}, bad={0: {"tier1"}, 1: {"tier1"}}, node_of=NODE_OF)
+    assert v.ok
+    # node 1's own RAM copy was damaged: it pulled its partner's replica into RAM
+    v = cv.resume_verdict({0: 12, 1: 12}, {12}, read={0: _read(tier0=500), 1: _read(
+        tier0=500, **{"tier0-peer": 500})}, bad={1: {"tier0"}}, node_of=NODE_OF)
+    assert v.ok
+    # ... or read tier 1
+    assert cv.resume_verdict({0: 12, 1: 12}, {12}, read={0: _read(tier0=500), 1: _read(
+        tier1=500)}, bad={1: {"tier0"}}, node_of=NODE_OF).ok
+
+
+@pytest.mark.parametrize("chosen, acceptable, read, bad, word", [
     ({0: 9, 1: 9}, {12}, {}, {}, "expected 12"),  # an older one than the newest intact
     ({0: 12, 1: 9}, {12}, {}, {}, "different steps"),
-    ({0: 12, 1: 12}, {12}, {0: 0, 1: 0}, {1: {12}}, "without reading tier 2"),  # damaged copy
+    ({0: 12, 1: 12}, {12}, {0: _read(tier1=5), 1: _read(tier1=5)}, {1: {"tier1"}},
+     "from tier1 though"),  # read the damaged tier-1 copy
+    ({0: 12, 1: 12}, {12}, {0: _read(tier0=5), 1: _read(tier0=5)}, {1: {"tier0"}},
+     "from tier0 though"),  # read the damaged RAM copy
+    ({0: 12, 1: 12}, {12}, {0: _read(tier0=5)}, {1: {"tier1"}}, "from nowhere"),
     ({0: None, 1: None}, {12}, {}, {}, "expected 12"),  # a silent fresh start
     ({}, {12}, {}, {}, "no rank"),
 ])
-def test_resume_fails(chosen: dict[int, Any], acceptable: set[Any], t2: dict[int, int],
-                      lacking: dict[int, set[int]], word: str) -> None:
-    v = cv.resume_verdict(chosen, acceptable, tier2_bytes=t2, lacking=lacking,
-                          node_of=NODE_OF)
+def test_resume_fails(chosen: dict[int, Any], acceptable: set[Any],
+                      read: dict[int, dict[str, int]], bad: dict[int, set[str]],
+                      word: str) -> None:
+    v = cv.resume_verdict(chosen, acceptable, read=read, bad=bad, node_of=NODE_OF)
     assert not v.ok and word in v.detail
 
 
@@ -174,6 +242,23 @@ def test_integrity() -> None:
     assert not v.ok and "node 1 step 12" in v.detail
     v = cv.integrity_verdict([(0, 9, True, None)], left_broken=[(1, 15)])
     assert not v.ok and "left in place" in v.detail
+    v = cv.integrity_verdict([(0, 9, True, None), ("1 RAM", 12, False, "CRC32C")])
+    assert not v.ok and "node 1 RAM step 12" in v.detail  # node RAM is scrubbed too
+    v = cv.integrity_verdict([], left_broken=[("0 replica", 12)])
+    assert not v.ok and "left in place on node 0 replica" in v.detail
+
+
+def test_integrity_reports_a_damaged_copy_no_restore_read_as_found() -> None:
+    # node 1's tier-1 copy of 12 was damaged; the restore read 12 from RAM: the copy stays,
+    # the scrub finds it, tier 2's copy of 12 verifies (the damaged bytes were not uploaded)
+    v = cv.integrity_verdict([(0, 12, True, None)], damaged=[(1, 12, False, "CRC32C")],
+                             tier2=[(12, True, None)])
+    assert v.ok and "found 1 damaged" in v.detail
+    assert v.facts["damaged_found"] == [[1, 12]] and v.facts["tier2_checked"] == [12]
+    # a damage a single root's check cannot see (a missing shard: "elsewhere") is no error
+    assert cv.integrity_verdict([], damaged=[(1, 12, True, None)]).ok
+    v = cv.integrity_verdict([], damaged=[(1, 12, False, "x")], tier2=[(12, False, "CRC")])
+    assert not v.ok and "tier 2's step 12 does not verify" in v.detail
 
 
 def test_retained() -> None:

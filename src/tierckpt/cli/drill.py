@@ -19,6 +19,7 @@ from rich.table import Table
 from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import config_errors, console, emit_json
+from tierckpt.errors import ConfigError
 
 if TYPE_CHECKING:  # tierckpt.drill imports torch: imported by the command when it runs
     from tierckpt.drill import Progress
@@ -54,6 +55,10 @@ def drill(
         "drill-out"),
     rtol: Annotated[float | None, typer.Option(
         help="Loss tolerance for continuity (default: exact on CPU, 1e-2 on GPU).")] = None,
+    tier0: Annotated[str | None, typer.Option(
+        help="With --chaos: run the job with tier 0 and its RAM faults: 'auto' (Tier0()) or "
+             "a directory on tmpfs; passed to the command as --tier0 (default: the command's "
+             "own --tier0, else none).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
@@ -68,13 +73,15 @@ def drill(
             cfg = ChaosConfig(command=tuple(command), cycles=chaos,
                               nproc=1 if nproc is None else nproc,
                               nnodes=2 if nnodes is None else nnodes, steps=steps,
-                              seed=seed, tier2=tier2, out=out, rtol=rtol)
+                              seed=seed, tier2=tier2, out=out, rtol=rtol, tier0=tier0)
             return run_chaos(cfg, progress)
         _run_and_render(run_chaos_drill, (*STAGES, "report"), chaos_table, (("report", "md"),),
                         as_json)
         return
 
     def run(progress: Progress) -> dict[str, Any]:
+        if tier0 is not None:
+            raise ConfigError("--tier0 is a chaos drill option: give --chaos N")
         cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
                           nnodes=1 if nnodes is None else nnodes,
                           steps=20 if steps is None else steps, seed=seed, tier2=tier2,

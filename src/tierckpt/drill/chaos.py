@@ -5,12 +5,13 @@
 2. **plan** — N cycles drawn from the seed over the kinds that can be injected here
    (:func:`tierckpt.drill.chaos_verdicts.draw_plan`).
 3. **cycles** — the job runs on ``<out>/runs/chaos/node<i>`` (each a size-limited tmpfs
-   when the drill may mount one) with tier 2. A cycle waits for commits, injects its faults
-   (:mod:`tierckpt.drill.chaos_faults`), and when they end the job waits until no process
-   of it is left, checks every complete checkpoint, applies the at-rest faults, starts the
-   job again itself (as a scheduler requeues it: at-rest faults then never race a restart;
-   torchrun's own restart path is the kill drill's) and checks the restore and the next
-   commit. Every invariant is a pure verdict of what was recorded.
+   when the drill may mount one) with tier 2, and with ``tier0`` in node RAM too. A cycle
+   waits for commits, injects its faults (:mod:`tierckpt.drill.chaos_faults`), and when
+   they end the job waits until no process of it is left, checks every complete
+   checkpoint, applies the at-rest faults, starts the job again itself (as a scheduler
+   requeues it: at-rest faults then never race a restart; torchrun's own restart path is
+   the kill drill's) and checks the restore and the next commit. Every invariant is a pure
+   verdict of what was recorded.
 4. **final** — the last start trains to the end; the final checkpoint must be complete on
    tier 2 and verify in full, and no process of the job may be left.
 
@@ -37,6 +38,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tierckpt.config import ManagerConfig
@@ -46,6 +48,7 @@ from tierckpt.drill import verdicts as vd
 from tierckpt.drill.chaos_config import STAGES, STEPS_PER_CYCLE, ChaosConfig, CycleRecord
 from tierckpt.drill.chaos_cycle import CycleRunner
 from tierckpt.drill.chaos_report import build_chaos_report, write_chaos_report
+from tierckpt.drill.chaos_state import ram_arg, ram_root
 from tierckpt.drill.drills import Progress, _require_empty_tier2
 from tierckpt.drill.launch import JobSpec
 from tierckpt.drill.runs import run_job
@@ -130,6 +133,8 @@ class _Chaos(CycleRunner):
     def _prepare(self) -> None:
         runs = self.cfg.out / "runs"
         cf.unmount_under(runs)  # a previous drill that died left its tmpfs mounted
+        for ram in self._all_rams():  # a previous drill's RAM would be restored from
+            shutil.rmtree(ram, ignore_errors=True)
         if runs.exists():
             shutil.rmtree(runs)
         default = self.cfg.out / "tier2"
@@ -145,10 +150,11 @@ class _Chaos(CycleRunner):
         cfg = self.cfg
         base = cfg.out / "runs" / "reference"
         (base / "tier2").mkdir(parents=True)
-        roots = tuple(base / f"node{i}" for i in range(cfg.nnodes))
+        roots = self._reference_roots()
         run = run_job(JobSpec(name="reference", command=cfg.command, roots=roots,
                               losses=base / "losses.jsonl", steps=cfg.total_steps,
-                              nproc=cfg.nproc, tier2=f"file://{base / 'tier2'}"),
+                              nproc=cfg.nproc, tier2=f"file://{base / 'tier2'}",
+                              tier0=ram_arg(cfg, roots)),
                       timeout_s=cfg.job_timeout_s)
         if run.rc != 0:
             raise CheckpointError(f"the reference run failed (exit {run.rc}): "
@@ -171,8 +177,24 @@ class _Chaos(CycleRunner):
                     for r in roots]
         self.facts.update(save_every=self.save_every, keep_last=self.keep_last,
                           upload_backlog=self.backlog, checkpoint_bytes_per_node=max(per_node),
-                          reference_s=run.t_end - run.t_start)
+                          reference_s=run.t_end - run.t_start, tier0=cfg.tier0,
+                          tier0_roots=[str(r) if r else None for r in self.rams])
+        if cfg.tier0 is not None and not run.of(ev.TIER0_SAVED):
+            raise CheckpointError(f"the reference run saved nothing in tier 0 though --tier0 "
+                                  f"{cfg.tier0} was given (tier0_disabled: "
+                                  f"{[e.get('reason') for e in run.of(ev.TIER0_DISABLED)]}); "
+                                  "the command must pass --tier0 to CheckpointManager(tier0=)")
         return f"{len(logged)} steps, a save every {self.save_every}"
+
+    def _reference_roots(self) -> tuple[Path, ...]:
+        base = self.cfg.out / "runs" / "reference"
+        return tuple(base / f"node{i}" for i in range(self.cfg.nnodes))
+
+    def _all_rams(self) -> list[Path]:
+        """Every node RAM (tier-0 root) the drill's jobs use: the reference's and the
+        chaos job's."""
+        roots = (*self._reference_roots(), *self.roots)
+        return [r for r in (ram_root(self.cfg, root) for root in roots) if r is not None]
 
     def _mount(self) -> None:
         why = None if self.cfg.tmpfs else "not asked for (tmpfs=False)"
@@ -201,7 +223,15 @@ class _Chaos(CycleRunner):
             damage={"injectable": True, "how": "edit the newest checkpoint at rest"},
             partial_commit={"injectable": True, "how": "remove the newest step dir on one "
                             "node at rest"},
-            wipe_node={"injectable": True, "how": "empty the node's root at rest"},
+            wipe_node={"injectable": True, "how": "empty the node's root at rest"
+                       + (" and its RAM" if self.cfg.tier0 else "")},
+            **{k: {"injectable": self.cfg.tier0 is not None, "how": how if self.cfg.tier0
+                   else "no tier 0: give --tier0 auto|DIR"} for k, how in (
+                ("wipe_ram", "remove the node's tier-0 root at rest"),
+                ("damage_ram", "flip a shard byte of the node's newest RAM copy or replica "
+                               "at rest"),
+                ("kill_partner", "SIGKILL the replica holder's rank as a save is replicated "
+                                 "to it"))},
             clock_jump={"injectable": False, "how": "needs the system clock changed; "
                         "covered by tests/faults/test_fault_clock.py"})
         if self.mounted and len(self.mounted) < len(self.roots):  # all or none
@@ -264,6 +294,8 @@ class _Chaos(CycleRunner):
             with contextlib.suppress(OSError):
                 shutil.copy(log, self.base / f"uploader-{root.name}.log")
             cf.unmount(root)
+        for ram in self._all_rams():  # node RAM is the next job's: a drill keeps none
+            shutil.rmtree(ram, ignore_errors=True)
 
 
 def _json_line(e: dict[str, Any]) -> str:

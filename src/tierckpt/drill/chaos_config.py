@@ -11,6 +11,7 @@ touches a file or a process.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,14 @@ class ChaosConfig:
     from ``seed`` over ``kinds``. ``steps`` defaults to :data:`STEPS_PER_CYCLE` per cycle
     (plus one cycle's worth); ``tier2`` to ``file://<out>/tier2``; ``rtol`` None means bit
     for bit on CPU. ``tmpfs``: put each node root on a size-limited tmpfs (needs root;
-    without it the full-tier-1 fault is left out). ``commit_timeout_s`` bounds how long a
-    start may take to restore and commit; ``max_starts`` how often a cycle starts the job
-    again before the drill gives up."""
+    without it the full-tier-1 fault is left out). ``tier0``: run the job with tier 0 —
+    ``"auto"`` (``Tier0()``: each node's RAM at its default location) or a directory on
+    tmpfs (node i of run r gets ``<tier0>/<r>-node<i>``), passed to the command as
+    ``--tier0``; None (the default) runs without it, unless the command itself names
+    ``--tier0 VALUE``, which is then taken as this setting. Without tier 0 the RAM faults
+    are left out. ``commit_timeout_s`` bounds how long a start may take to restore and
+    commit; ``max_starts`` how often a cycle starts the job again before the drill gives
+    up."""
 
     command: tuple[str, ...]
     cycles: int
@@ -59,6 +65,7 @@ class ChaosConfig:
     kinds: tuple[str, ...] = cv.KINDS
     rtol: float | None = None
     tmpfs: bool = True
+    tier0: str | None = None
     job_timeout_s: float = 600.0
     commit_timeout_s: float = 180.0
     max_starts: int = 3
@@ -70,6 +77,7 @@ class ChaosConfig:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "out", Path(self.out).absolute())
         object.__setattr__(self, "kinds", tuple(self.kinds))
+        object.__setattr__(self, "tier0", _tier0_setting(self.tier0, self.command))
         for name, flag in (("cycles", "--chaos"), ("nproc", "--nproc"),
                            ("max_starts", "max_starts")):
             v = getattr(self, name)
@@ -90,6 +98,10 @@ class ChaosConfig:
         parse_url(self.tier2, name="--tier2")
 
     @property
+    def tier0_on(self) -> bool:
+        return self.tier0 is not None
+
+    @property
     def world_size(self) -> int:
         return self.nproc * self.nnodes
 
@@ -99,9 +111,37 @@ class ChaosConfig:
         return self.steps
 
 
+def _tier0_setting(given: str | os.PathLike[str] | None, command: tuple[str, ...]
+                   ) -> str | None:
+    """``"auto"``, an absolute directory, or None; the command's own ``--tier0 VALUE`` (the
+    last one, as argparse reads it) when none is given. ConfigError when both are given and
+    differ, or for an empty value."""
+    named = None
+    for i, arg in enumerate(command):
+        if arg == "--tier0" and i + 1 < len(command):
+            named = command[i + 1]
+        elif arg.startswith("--tier0="):
+            named = arg.split("=", 1)[1]
+    values = {_norm_tier0(v) for v in (os.fspath(given) if given is not None else None, named)
+              if v is not None}
+    if len(values) > 1:
+        raise ConfigError(f"the drill's --tier0 {given} and the command's --tier0 {named} "
+                          "differ; give it once")
+    return values.pop() if values else None
+
+
+def _norm_tier0(value: str) -> str:
+    if not value:
+        raise ConfigError("--tier0 must be 'auto' or a directory on tmpfs, got ''")
+    return value if value == "auto" else str(Path(value).expanduser().absolute())
+
+
 @dataclasses.dataclass
 class StartRecord:
-    """One start of the job and what the drill knew when it launched it."""
+    """One start of the job and what the drill knew when it launched it: per node, the
+    complete tier-1 steps, the drill-damaged ones among them, and the steps it could
+    restore from RAM (:func:`tierckpt.drill.chaos_verdicts.ram_restorable`; empty without
+    tier 0) with the RAM copies the drill damaged."""
 
     index: int
     cycle: int
@@ -112,6 +152,8 @@ class StartRecord:
     complete: dict[int, set[int]]
     broken: dict[int, set[int]]
     views: list[frozenset[int] | None]  # tier-2 steps seen while it restored (None: down)
+    ram: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    ram_damaged: dict[int, set[tuple[str, int]]] = dataclasses.field(default_factory=dict)
     restored: int | None = None
     checked: bool = False
     end: str = "running"

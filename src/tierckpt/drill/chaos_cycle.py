@@ -3,10 +3,11 @@
 :class:`CycleRunner` runs one :class:`tierckpt.drill.chaos_verdicts.CyclePlan` on the
 running job (``_cycle``): it waits for the cycle's commits and for what an at-rest fault
 needs, fires the live faults (``_live``: tier 2 renamed away, tier 1 filled to ENOSPC, the
-uploader or a rank SIGKILLed at its moment), takes the node down for at-rest faults, and
-when the job ended waits until nothing of it is left, checks at rest, applies the at-rest
-faults (``_at_rest``: damage, a partial commit, a wiped node, each skipped when it would
-leave a node nothing to restore from) and restarts it; otherwise the job must commit on.
+uploader, a rank or a replica's holder SIGKILLed at its moment), takes the node down for
+at-rest faults, and when the job ended waits until nothing of it is left, checks at rest,
+applies the at-rest faults (``_at_rest``: damage, a partial commit, a wiped node, a wiped
+or damaged node RAM, each skipped when it would leave a node nothing to restore from) and
+restarts it; otherwise the job must commit on.
 Each fault is recorded as a fact (fired or not, and why); the cycle's verdicts are closed
 at its end. CheckpointError when the job cannot be brought back.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 from tierckpt.drill import chaos_faults as cf
 from tierckpt.drill import chaos_verdicts as cv
@@ -51,7 +53,7 @@ class CycleRunner(StartRunner):
             "the fault's step")
         self._phase(rec, lambda: "ok" if self._running() else "ended", "the fault")
         rec.t_fault = time.time()
-        kill_follows = "kill_rank" in p.kinds
+        kill_follows = any(k in ("kill_rank", "kill_partner") for k in p.kinds)
         for f in p.faults:
             if f.kind in cv.LIVE:
                 self._live(rec, f, p, kill_follows)
@@ -114,6 +116,8 @@ class CycleRunner(StartRunner):
             self._tier1_full(rec, f, kill_follows)
         elif f.kind == "kill_uploader":
             self._kill_uploader(rec, f)
+        elif f.kind == "kill_partner":
+            self._kill_partner(rec, f)
         else:
             self._kill_rank(rec, f)
 
@@ -150,72 +154,111 @@ class CycleRunner(StartRunner):
                                      if fired else "no uploader was running"))
 
     def _kill_rank(self, rec: CycleRecord, f: cv.Fault, *, implied: bool = False) -> None:
+        moment = {"in_save": ev.SAVE_STAGED, "commit_window": ev.SAVE_DURABLE}.get(
+            f.variant or "")
+        self._kill(rec, f, victim=f.node, moment=moment, implied=implied)
+
+    def _kill_partner(self, rec: CycleRecord, f: cv.Fault) -> None:
+        """SIGKILL the node holding ``f.node``'s replica as ``f.node``'s next save, just
+        committed in its RAM, is being sent to it (on ``tier0_saved``)."""
+        holder = cv.partner(f.node, self.cfg.nnodes)
+        self._kill(rec, f, victim=holder, moment=ev.TIER0_SAVED, holder=holder)
+
+    def _kill(self, rec: CycleRecord, f: cv.Fault, *, victim: int, moment: str | None,
+              **extra: Any) -> None:
+        """SIGKILL node ``victim``'s rank once ``f.node``'s rank logs ``moment`` (at once
+        without one, or when it does not come within :data:`MOMENT_S`)."""
         rank, tail = f.node * self.cfg.nproc, self.tails[f.node]
         save_step = None
-        if f.variant in ("in_save", "commit_window"):
-            kind = ev.SAVE_STAGED if f.variant == "in_save" else ev.SAVE_DURABLE
+        if moment is not None:
             mark = len(tail.events)
 
-            def moment() -> bool:
-                return any(e["event"] == kind and e.get("rank") == rank
+            def seen() -> bool:
+                return any(e["event"] == moment and e.get("rank") == rank
                            for e in tail.events[mark:])
-            if self._wait_running(moment, MOMENT_S, poll_s=_FAST_POLL_S) == "ok":
+            if self._wait_running(seen, MOMENT_S, poll_s=_FAST_POLL_S) == "ok":
                 save_step = next(int(e["step"]) for e in tail.events[mark:]
-                                 if e["event"] == kind and e.get("rank") == rank)
-        pid = self._rank_pid(self.cur, f.node)
+                                 if e["event"] == moment and e.get("rank") == rank)
+        pid = self._rank_pid(self.cur, victim)
         fired = pid is not None and self._running() and cf.kill(pid)
+        victim_rank = victim * self.cfg.nproc
         if fired:
             rec.ended_by_fault = True
             with contextlib.suppress(OSError), \
-                    ev.EventLog(self.roots[f.node] / layout.EVENTS, rank=rank) as log:
+                    ev.EventLog(self.roots[victim] / layout.EVENTS, rank=victim_rank) as log:
                 log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill SIGKILLed pid "
                          f"{pid}", victim_pid=pid, source="drill")
-        fact = self._fact(f, fired=fired, detail=(f"SIGKILL rank {rank} pid {pid} after step "
-                                                  f"{last_step(self.cur.losses)}"
-                                                  + (f", in the save of step {save_step}"
-                                                     if save_step is not None else "")))
-        fact["implied"] = implied
-        fact["save_step"] = save_step
+        when = ("" if save_step is None else f", in the save of step {save_step}"
+                if victim == f.node else f", as node {f.node}'s step {save_step} was "
+                "replicated to it")
+        fact = self._fact(f, fired=fired, detail=f"SIGKILL rank {victim_rank} pid {pid} after "
+                          f"step {last_step(self.cur.losses)}{when}")
+        fact.update(extra, save_step=save_step)
         rec.faults.append(fact)
         if fired and save_step is not None:
             self.kills.append((fact, save_step))
 
     def _at_rest(self, rec: CycleRecord, f: cv.Fault, p: cv.CyclePlan) -> None:
-        """Apply one at-rest fault unless it would leave a node nothing to restore from
-        (the library then rightly refuses to start; that is no drill)."""
-        root = self.roots[f.node]
-        complete = {n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)}
-        mine = complete[f.node]
-        if f.kind != "wipe_node" and not mine:
+        """Apply one at-rest fault to the newest copy it hits, unless it would leave a node
+        nothing to restore from (the library then rightly refuses to start; that is no
+        drill)."""
+        n = f.node
+        complete = {i: cf.step_dirs(r)[0] for i, r in enumerate(self.roots)}
+        own, held = self._ram_held()
+        where = "replica" if f.variant == "replica" else "own"
+        pool = {"damage": complete[n], "partial_commit": complete[n],
+                "damage_ram": held[n] if where == "replica" else own[n]}.get(f.kind)
+        if pool is not None and not pool:
             rec.faults.append(self._fact(f, fired=False, detail="no checkpoint to damage"))
             return
-        newest = max(mine) if mine else -1
-        after = {n: set(s) for n, s in complete.items()}
-        broken = {n: set(s) for n, s in self.broken.items()}
-        if f.kind == "wipe_node":
-            after[f.node] = set()
+        newest = max(pool) if pool else -1
+        broken = {i: set(c) for i, c in self.broken.items()}
+        damaged = {i: set(c) for i, c in self.ram_damaged.items()}
+        if f.kind in ("wipe_node", "wipe_ram"):
+            own[n], held[n] = set(), set()
+            if f.kind == "wipe_node":
+                complete[n] = set()
         elif f.kind == "partial_commit":
-            after[f.node].discard(newest)
+            complete[n].discard(newest)
+        elif f.kind == "damage_ram":
+            damaged[n].add((where, newest))
         else:
-            broken[f.node].add(newest)
-        if cv.expected_restore(after, broken, self._tier2_steps(through_outage=True)) \
-                == "refuse":
+            broken[n].add(newest)
+        if cv.expected_restore(complete, broken, self._tier2_steps(through_outage=True),
+                               cv.ram_restorable(own, held, damaged)) == "refuse":
             rec.faults.append(self._fact(f, fired=False, detail="skipped: it would leave a node "
                                          "nothing to restore from"))
             return
-        if f.kind == "wipe_node":
-            detail = cf.wipe(root)
-            self.excused[f.node] |= self.seen[f.node]
-            self.broken[f.node] = set()
-        elif f.kind == "partial_commit":
-            detail = cf.remove_step(root, newest)
-            self.excused[f.node].add(newest)
-        else:
-            assert f.variant is not None
-            detail = cf.damage(root, newest, f.variant, p.pick)
-            self.broken[f.node].add(newest)
-            self.excused[f.node].add(newest)
-        rec.faults.append(self._fact(f, fired=True, detail=detail))
+        rec.faults.append(self._fact(f, fired=True, detail=self._apply(f, newest, p.pick)))
+
+    def _apply(self, f: cv.Fault, newest: int, pick: float) -> str:
+        """Inject an at-rest fault on ``newest`` and record it; returns what was done. A
+        wiped node is a replaced one: with tier 0 its RAM goes too."""
+        n, root, ram = f.node, self.roots[f.node], self.rams[f.node]
+        if f.kind in ("wipe_node", "wipe_ram"):
+            parts = [cf.wipe(root)] if f.kind == "wipe_node" else []
+            if ram is not None:
+                parts.append(cf.wipe_ram(ram))
+                self.ram_damaged[n] = set()
+            if f.kind == "wipe_node":
+                self.excused[n] |= self.seen[n]
+                self.broken[n] = set()
+            return "; ".join(parts)
+        if f.kind == "partial_commit":
+            self.excused[n].add(newest)
+            return cf.remove_step(root, newest)
+        if f.kind == "damage_ram":
+            where = "replica" if f.variant == "replica" else "own"
+            detail = cf.flip_shard(self._copy_dir(n, where, newest).parent, newest, pick)
+            self.ram_damaged[n].add((where, newest))
+            self._mark_damaged(n, where, newest)
+            return detail
+        assert f.variant is not None
+        detail = cf.damage(root, newest, f.variant, pick)
+        self.broken[n].add(newest)
+        self.excused[n].add(newest)
+        self._mark_damaged(n, "tier1", newest)
+        return detail
 
     def _settle(self, rec: CycleRecord) -> None:
         """A cycle without a restart: the job must go on committing."""

@@ -4,7 +4,9 @@ Processes: the job's ranks and uploaders are found in ``/proc`` (a rank's pid fr
 ``process_start`` event; its uploader is the child whose command line runs
 ``tierckpt.uploader``). Files: damage, partial commits, wiped roots and a full tier 1 are
 changes to a node's tier-1 root made while the kernel enforces everything (a real ENOSPC
-from a size-limited tmpfs). Tier 2 ``file://`` goes down by renaming its directory away.
+from a size-limited tmpfs); a wiped or damaged node RAM is the same to its tier-0 root
+(which has a tier-1 root's layout, plus the partner's replica in ``peer/``). Tier 2
+``file://`` goes down by renaming its directory away.
 Linux only; mounting a tmpfs needs root (without it, the full-disk fault is left out).
 """
 
@@ -21,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.format import layout
+from tierckpt.tier0.root import PEER_DIR
 
 __all__ = ["FILL_NAME", "EventTail", "Tier2Outage", "children", "damage", "fill", "find_uploader",
-           "kill", "mount_tmpfs", "processes", "remove_step", "step_dirs", "unmount",
-           "unmount_under", "wipe"]
+           "flip_shard", "kill", "mount_tmpfs", "processes", "ram_steps", "remove_step",
+           "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
 
 FILL_NAME = ".chaos-fill"
 """The file that fills a node's tier 1 (ignored by every tier-1 reader: not a step name)."""
@@ -214,15 +217,43 @@ def damage(root: Path, step: int, variant: str, pick: float) -> str:
         os.truncate(target, size // 2)
         return f"truncated {d.name}/{target.name} from {size} to {size // 2} bytes"
     if variant == "flip_byte":
-        offset = int((pick * 7919) % 1 * size) if size else 0
-        with open(target, "r+b") as f:
-            f.seek(offset)
-            byte = f.read(1)
-            f.seek(offset)
-            f.write(bytes([byte[0] ^ 0xFF]))
-        return f"flipped byte {offset} of {d.name}/{target.name}"
+        return _flip(target, pick)
     target.unlink()
     return f"removed {d.name}/{target.name}"
+
+
+def _flip(target: Path, pick: float) -> str:
+    size = target.stat().st_size
+    offset = int((pick * 7919) % 1 * size) if size else 0
+    with open(target, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return f"flipped byte {offset} of {target.parent.name}/{target.name}"
+
+
+def flip_shard(root: Path, step: int, pick: float) -> str:
+    """Flip one byte of one shard of ``root``'s checkpoint of ``step`` (a tier-0 copy or
+    replica: only a full CRC32C check, or the one while it is read, can see it). ``pick``
+    in [0, 1) chooses the shard and the byte."""
+    shards, _ = _own_files(root / layout.step_dirname(step))
+    return _flip(shards[int(pick * len(shards)) % len(shards)], pick)
+
+
+def ram_steps(ram: Path) -> tuple[set[int], set[int]]:
+    """A tier-0 root's complete steps: its own, and those of the replica it holds."""
+    return step_dirs(ram)[0], step_dirs(ram / PEER_DIR)[0]
+
+
+def wipe_ram(ram: Path) -> str:
+    """Remove a node's tier-0 root (its own copies and the partner's replica): the RAM of a
+    rebooted or replaced node."""
+    if not ram.exists():
+        return f"{ram} was already empty"
+    n = sum(1 for p in ram.rglob("*") if p.is_file())
+    shutil.rmtree(ram)
+    return f"wiped the node's RAM {ram} ({n} files)"
 
 
 def remove_step(root: Path, step: int) -> str:

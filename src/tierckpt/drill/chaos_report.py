@@ -70,8 +70,8 @@ def render_chaos_markdown(doc: Mapping[str, Any]) -> str:
     lines = [f"# tierckpt chaos drill — {'PASSED' if doc['ok'] else 'FAILED'}", "",
              f"Command: `{' '.join(c['command'])}`  ",
              f"{c['nnodes']} node(s) × {c['nproc']} rank(s), {c['steps']} steps, seed "
-             f"{c['seed']}, {t['cycles']}/{t['cycles_planned']} cycles, tier 2 `{c['tier2']}`",
-             ""]
+             f"{c['seed']}, {t['cycles']}/{t['cycles_planned']} cycles, tier 2 `{c['tier2']}`"
+             + (f", tier 0 `{c['tier0']}`" if c.get("tier0") else ""), ""]
     if doc.get("error"):
         lines += [f"**The drill stopped early:** {_cell(doc['error'])}", ""]
     lines += ["| fault kind | cycles | passed | violated |", "|---|---|---|---|"]

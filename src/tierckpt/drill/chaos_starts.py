@@ -20,7 +20,6 @@ recorded; a violated one is recorded, never raised.
 from __future__ import annotations
 
 import functools
-import os
 import re
 import time
 from collections.abc import Callable
@@ -32,13 +31,15 @@ from tierckpt.drill.chaos_config import SETTLE_S, CycleRecord, StartRecord
 from tierckpt.drill.chaos_state import ChaosState
 from tierckpt.drill.inject import last_step, read_jsonl
 from tierckpt.errors import CheckpointError
-from tierckpt.format import layout
-from tierckpt.ops.check import check_tier1
+from tierckpt.ops.check import check_tier1, check_tier2
 from tierckpt.runtime import events as ev
+from tierckpt.tier0.root import PEER_DIR
+from tierckpt.tier2.storage import open_storage
 
 __all__ = ["StartRunner"]
 
 _ERROR_LINE = re.compile(r"\b\w+(Error|Exception): ")
+_RAM_LABEL = {"own": "RAM", "replica": "replica"}
 
 
 class StartRunner(ChaosState):
@@ -91,8 +92,8 @@ class StartRunner(ChaosState):
             if status == "stalled":
                 start.job.kill()
             self._down(rec, start, "crash")
-            if start.views[0] is None and cv.expected_restore(start.complete, start.broken,
-                                                              None) == "refuse":
+            if start.views[0] is None and cv.expected_restore(
+                    start.complete, start.broken, None, start.ram) == "refuse":
                 start.excused = "tier 2 was down and a node could restore only from it"
                 excused += 1
             else:
@@ -119,54 +120,112 @@ class StartRunner(ChaosState):
         if steps != {None}:
             self._wait_running(lambda: len({e.get("rank") for e in self._events(
                 start, ev.RESTORE_DONE)}) >= len(world), 60.0)
-        tier2_bytes = {int(e["rank"]): int((e.get("bytes_by_source") or {}).get("tier2", 0))
-                       for e in self._events(start, ev.RESTORE_DONE)}
+        read = {int(e["rank"]): {str(k): int(v) for k, v in
+                                 (e.get("bytes_by_source") or {}).items()}
+                for e in self._events(start, ev.RESTORE_DONE)}
         start.views.append(self._tier2_steps())
         seen = [v for v in start.views if v is not None]
         views: list[frozenset[int] | None] = [*start.views, frozenset().union(*seen)]
-        acceptable = {cv.expected_restore(start.complete, start.broken, v) for v in views}
+        acceptable = {cv.expected_restore(start.complete, start.broken, v, start.ram)
+                      for v in views}
         step = next(iter(steps)) if len(steps) == 1 else None
-        lacking = {n: {s for s in steps if isinstance(s, int) and
-                       (s not in start.complete[n] or s in start.broken[n])}
-                   for n in range(self.cfg.nnodes)}
-        v = cv.resume_verdict(picks, acceptable, tier2_bytes=tier2_bytes, lacking=lacking,
+        v = cv.resume_verdict(picks, acceptable, read=read,
+                              bad=self._bad_sources(start, step),
                               node_of={r: r // self.cfg.nproc for r in world})
         rec.verdicts.append(v)
         rec.resumed.append({"start": start.index, "step": step, "acceptable": v.facts[
-            "acceptable"], "tier2_bytes": tier2_bytes, "ok": v.ok})
+            "acceptable"], "source": next((e.get("source") for e in self._events(
+                start, ev.RESTORE_DONE)), None), "read": read, "ok": v.ok})
         start.restored, start.checked = step, True
-        self._resolve_broken(step, tier2_bytes)
+        self._resolve_broken(step)
 
-    def _resolve_broken(self, step: int | None, tier2_bytes: dict[int, int]) -> None:
-        """After a restore: a damaged step newer than the restore point must have been set
-        aside; the restored one, if damaged, was fetched; older ones were not looked at."""
+    def _bad_sources(self, start: StartRecord, step: int | None) -> dict[int, set[str]]:
+        """Per node, the sources whose copy of ``step`` was missing or damaged when the
+        start launched: its tier 1, its own RAM, the replica its partner held for it."""
+        if step is None:
+            return {}
+        out = {}
+        for n in range(self.cfg.nnodes):
+            bad = set()
+            if step not in start.complete[n] or step in start.broken[n]:
+                bad.add("tier1")
+            if ("own", step) in start.ram_damaged[n]:
+                bad.add("tier0")
+            holder = cv.partner(n, self.cfg.nnodes)
+            if ("replica", step) in start.ram_damaged[holder]:
+                bad.add("tier0-peer")
+            out[n] = bad
+        return out
+
+    def _resolve_broken(self, step: int | None) -> None:
+        """After a restore, each copy the drill damaged that is still at its name: one a
+        restore had to look at — a tier-1 copy newer than the restore point, a RAM copy at
+        or above it (RAM is read first), any replica (each is verified at every restore) —
+        is left broken (a violation); the rest were never read and stay tracked (the scrub
+        finds them; the uploader never copies them: docs/drills.md). Gone ones are done."""
         for n, steps in self.broken.items():
             for s in sorted(steps):
-                there = os.path.lexists(self.roots[n] / layout.step_dirname(s))
-                if not there or s == step:
+                if not self._still_damaged(n, "tier1", s):
                     steps.discard(s)
                 elif step is None or s > step:
                     self.left_broken.add((n, s))
                     steps.discard(s)
+        for n, copies in self.ram_damaged.items():
+            for where, s in sorted(copies):
+                if not self._still_damaged(n, where, s):
+                    copies.discard((where, s))
+                elif where == "replica" or step is None or s >= step:
+                    self.left_broken.add((f"{n} {_RAM_LABEL[where]}", s))
+                    copies.discard((where, s))
 
     # -- checks at rest -------------------------------------------------------------------
     def _snapshot(self, rec: CycleRecord) -> None:
-        """Nothing runs: every complete checkpoint (but those the drill damaged and no
-        restore needed to look at) verifies in full; nothing retained went missing."""
+        """Nothing runs: every complete checkpoint — on tier 1, and with tier 0 in each
+        node's RAM and the replica it holds — verifies in full, except the copies the drill
+        damaged that no restore had to read: the scrub checks those too and must find them,
+        and tier 2's copy of such a step, if it holds one, must verify (the damaged bytes
+        were never uploaded). Nothing retained went missing."""
         self._tick(force=True)
         now = {n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)}
-        checks = []
+        checks: list[cv.Check] = []
+        damaged: list[cv.Check] = []
         for n, steps in now.items():
-            for s in sorted(steps - self.broken[n]):
+            for s in sorted(steps):
                 r = check_tier1(self.roots[n], s)
-                checks.append((n, s, r.ok, r.error))
-        rec.verdicts.append(cv.integrity_verdict(checks, self.left_broken))
+                (damaged if s in self.broken[n] else checks).append((n, s, r.ok, r.error))
+        own, held = self._ram_held()
+        for n, ram in enumerate(self.rams):
+            if ram is None:
+                continue
+            for where, root, steps in (("own", ram, own[n]), ("replica", ram / PEER_DIR,
+                                                               held[n])):
+                for s in sorted(steps):
+                    r = check_tier1(root, s)
+                    (damaged if (where, s) in self.ram_damaged[n] else checks).append(
+                        (f"{n} {_RAM_LABEL[where]}", s, r.ok, r.error))
+        rec.verdicts.append(cv.integrity_verdict(checks, self.left_broken, damaged=damaged,
+                                                 tier2=self._tier2_checks()))
         self.left_broken = set()
         excused = {n: self.excused[n] | {int(e["step"]) for e in t.events if e["event"] ==
                                          ev.CHECKPOINT_SKIPPED and isinstance(e.get("step"), int)}
                    for n, t in enumerate(self.tails)}
         rec.verdicts.append(cv.retained_verdict(self.seen, now, excused=excused,
                                                 keep_last=self.keep_last))
+
+    def _tier2_checks(self) -> list[tuple[int, bool, str | None]]:
+        """Tier 2's copy of each step whose tier-1 copy the drill damaged and no restore
+        read, checked in full once it verified (a verified copy cannot change: its marker
+        is create-only). Nothing while tier 2 is down."""
+        held = self._tier2_steps() or frozenset()
+        out = []
+        for s in sorted({s for steps in self.broken.values() for s in steps} & held
+                        - self.tier2_ok):
+            with open_storage(self.url) as storage:
+                r = check_tier2(storage, s, scratch=self.base)
+            if r.ok:
+                self.tier2_ok.add(s)
+            out.append((s, r.ok, r.error))
+        return out
 
     def _close(self, rec: CycleRecord, *, complete: bool = False) -> None:
         rows = [read_jsonl(s.losses) for s in self.starts]

@@ -1,9 +1,9 @@
 """The chaos drill's state and its eyes on the running job.
 
 :class:`ChaosState` holds everything the drill knows about the one job (its starts, the
-cycle being recorded, the tier-1 step directories seen, excused and damaged, the tier-2
-outage in effect) and offers what every later stage builds on, none of which injects a
-fault or judges a restore:
+cycle being recorded, the tier-1 step directories seen, excused and damaged, the RAM
+copies damaged, the tier-2 outage in effect) and offers what every later stage builds on,
+none of which injects a fault or judges a restore:
 
 - **starts**: :attr:`ChaosState.cur`, ``_running``, ``_launch`` (one more start of the job,
   with what the drill knew when it launched it) and ``_down`` (a start is over: wait for
@@ -12,6 +12,8 @@ fault or judges a restore:
 - **waiting and watching**: ``_tick`` (poll the event tails, sample tier-1 peaks, end a
   tier-2 outage once it was felt or lasted long enough), ``_wait``/``_wait_running`` and the
   event queries (commits, a rank's pid, tier 2's complete steps, None while it is down);
+- **node RAM** (with tier 0): each node's tier-0 root (:func:`ram_root`), what it holds
+  and what each node can restore from it (``_ram``);
 - **records**: the fault facts, the crash-loop launch records and the report's config and
   cycle documents.
 
@@ -42,14 +44,32 @@ from tierckpt.drill.launch import Job, JobSpec
 from tierckpt.errors import CheckpointError
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
+from tierckpt.tier0.root import PEER_DIR, default_root
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.storage.url import parse_url
 
-__all__ = ["ChaosState"]
+__all__ = ["ChaosState", "ram_root"]
 
 _POLL_S = 0.02
 _FELT = (ev.UPLOAD_FAILED, ev.TIER2_UNHEALTHY, ev.TIER2_UNAVAILABLE)
+
+
+def ram_root(cfg: ChaosConfig, node_root: Path) -> Path | None:
+    """Where the job keeps the node's tier 0: ``Tier0()``'s default root for the node's
+    tier-1 root, ``<tier0>/<run>-node<i>`` under a directory, None without tier 0."""
+    if cfg.tier0 is None:
+        return None
+    if cfg.tier0 == "auto":
+        return default_root(node_root)
+    return Path(cfg.tier0) / f"{node_root.parent.name}-{node_root.name}"
+
+
+def ram_arg(cfg: ChaosConfig, roots: tuple[Path, ...]) -> tuple[str, ...] | None:
+    """The ``--tier0`` value of each node of a job on ``roots`` (None without tier 0)."""
+    if cfg.tier0 is None:
+        return None
+    return tuple("auto" if cfg.tier0 == "auto" else str(ram_root(cfg, r)) for r in roots)
 
 
 class ChaosState:
@@ -74,7 +94,12 @@ class ChaosState:
         self.seen: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
         self.excused: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
         self.broken: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
-        self.left_broken: set[tuple[int, int]] = set()
+        self.rams = [ram_root(cfg, r) for r in self.roots]  # None entries without tier 0
+        self.ram_damaged: dict[int, set[tuple[str, int]]] = {n: set() for n in
+                                                             range(cfg.nnodes)}
+        self.identity: dict[tuple[int, str, int], int] = {}  # damaged copy → its dir's inode
+        self.left_broken: set[tuple[int | str, int]] = set()
+        self.tier2_ok: set[int] = set()  # tier-2 copies of damaged steps that verified
         self.peaks: dict[int, int] = {n: 0 for n in range(cfg.nnodes)}
         self.kills: list[tuple[dict[str, Any], int | None]] = []
         self.filler: Path | None = None
@@ -100,12 +125,13 @@ class ChaosState:
             root.mkdir(parents=True, exist_ok=True)
         spec = JobSpec(name=f"start{g}", command=cfg.command, roots=tuple(self.roots),
                        losses=self.base / f"losses-{g}.jsonl", steps=cfg.total_steps,
-                       nproc=cfg.nproc, tier2=self.url)
+                       nproc=cfg.nproc, tier2=self.url, tier0=ram_arg(cfg, tuple(self.roots)))
         start = StartRecord(index=g, cycle=rec.index, job=Job(spec), losses=spec.losses,
                        t_launch=time.time(), marks=[len(t.events) for t in self.tails],
                        complete={n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)},
                        broken={n: set(s) for n, s in self.broken.items()},
-                       views=[self._tier2_steps()])
+                       views=[self._tier2_steps()], ram=self._ram(),
+                       ram_damaged={n: set(s) for n, s in self.ram_damaged.items()})
         start.job.start()
         self.starts.append(start)
         rec.starts.append(g)
@@ -125,10 +151,18 @@ class ChaosState:
         self._free_fill()
         for fact, save_step in self.kills:
             if save_step is not None and "landed" not in fact:
-                done = [n for n, r in enumerate(self.roots) if save_step in cf.step_dirs(r)[0]]
-                fact["landed"] = ("after_commit" if len(done) == len(self.roots) else
-                                  "partial_commit" if done else "before_commit")
+                fact["landed"] = self._landed(fact, save_step)
         self.kills = []
+
+    def _landed(self, fact: dict[str, Any], step: int) -> str:
+        """Where a kill in a save landed: the save's commit on every node (tier 1 or RAM),
+        some or none; for a killed partner, whether the replica it received committed."""
+        own, held = self._ram_held()
+        if fact["kind"] == "kill_partner":
+            return "replica_committed" if step in held[fact["holder"]] else "replica_torn"
+        done = [n for n, r in enumerate(self.roots) if step in cf.step_dirs(r)[0] | own[n]]
+        return ("after_commit" if len(done) == len(self.roots) else
+                "partial_commit" if done else "before_commit")
 
     def _quiet(self) -> list[str]:
         self._wait(lambda: not cf.processes(self.marker), QUIET_S, poll_s=0.2)
@@ -142,6 +176,44 @@ class ChaosState:
             with contextlib.suppress(FileNotFoundError):
                 self.filler.unlink()
             self.filler = None
+
+    # -- node RAM ---------------------------------------------------------------------------
+    def _ram_held(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """Per node: the complete steps of its own tier 0, and of the replica it holds."""
+        own: dict[int, set[int]] = {}
+        held: dict[int, set[int]] = {}
+        for n, ram in enumerate(self.rams):
+            own[n], held[n] = cf.ram_steps(ram) if ram is not None else (set(), set())
+        return own, held
+
+    def _ram(self, damaged: dict[int, set[tuple[str, int]]] | None = None
+             ) -> dict[int, set[int]]:
+        """Per node, the steps it can restore from RAM now (its own or its partner's copy,
+        not one the drill damaged, or ``damaged`` when given)."""
+        own, held = self._ram_held()
+        return cv.ram_restorable(own, held, self.ram_damaged if damaged is None else damaged)
+
+    def _copy_dir(self, node: int, where: str, step: int) -> Path:
+        """The directory of a copy: ``where`` is ``tier1``, ``own`` (RAM) or ``replica``."""
+        name = layout.step_dirname(step)
+        if where == "tier1":
+            return self.roots[node] / name
+        ram = self.rams[node]
+        assert ram is not None
+        return ram / name if where == "own" else ram / PEER_DIR / name
+
+    def _mark_damaged(self, node: int, where: str, step: int) -> None:
+        with contextlib.suppress(OSError):
+            self.identity[(node, where, step)] = self._copy_dir(node, where, step).stat().st_ino
+
+    def _still_damaged(self, node: int, where: str, step: int) -> bool:
+        """The copy the drill damaged is still at its name (not set aside, removed, or
+        replaced by a fresh copy of the same step, e.g. one fetched from tier 2)."""
+        try:
+            ino = self._copy_dir(node, where, step).stat().st_ino
+        except OSError:
+            return False
+        return self.identity.get((node, where, step)) == ino
 
     # -- waiting and watching -------------------------------------------------------------
     def _tick(self, force: bool = False) -> None:
@@ -283,5 +355,6 @@ class ChaosState:
         c = self.cfg
         return {"command": list(c.command), "cycles": c.cycles, "nnodes": c.nnodes,
                 "nproc": c.nproc, "world_size": c.world_size, "steps": c.total_steps,
-                "seed": c.seed, "tier2": c.tier2, "kinds": list(c.kinds), "out": str(c.out),
+                "seed": c.seed, "tier2": c.tier2, "tier0": c.tier0, "kinds": list(c.kinds),
+                "out": str(c.out),
                 "roots": [str(r) for r in self.roots]}

@@ -6,7 +6,9 @@ processes, so every verdict is tested with hand-written values and every one can
 *Nodes* are the simulated nodes ``0..nnodes-1``, each with its own tier-1 root. A node's
 *complete* steps are the final-named directories holding a ``COMPLETE`` file; *broken*
 steps are those the drill damaged there and no restore has dealt with yet. *Tier-2 steps*
-are the complete checkpoints on tier 2, or None while tier 2 is down.
+are the complete checkpoints on tier 2, or None while tier 2 is down. With tier 0, a node's
+*RAM* steps are those it can restore from node RAM: intact in its own tier-0 root, or in
+the replica its partner (node n+1 mod N) holds for it (:func:`ram_restorable`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ __all__ = [
     "KILL_MOMENTS",
     "KINDS",
     "LIVE",
+    "RAM_VARIANTS",
     "RESTART_KINDS",
+    "TIER0_KINDS",
     "UPLOADER_MOMENTS",
+    "Check",
     "CyclePlan",
     "Fault",
     "Launch",
@@ -39,6 +44,8 @@ __all__ = [
     "final_verdict",
     "integrity_verdict",
     "losses_verdict",
+    "partner",
+    "ram_restorable",
     "resume_verdict",
     "retained_verdict",
     "steps_needed",
@@ -47,21 +54,29 @@ __all__ = [
 ]
 
 KINDS = ("kill_rank", "kill_uploader", "tier2_down", "tier1_full", "damage", "partial_commit",
-         "wipe_node")
-"""The fault catalogue (docs/drills.md, "Chaos drill")."""
-LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_rank")
+         "wipe_node", "wipe_ram", "damage_ram", "kill_partner")
+"""The fault catalogue (docs/drills.md, "Chaos drill"). New kinds go at the end: a plan
+drawn without them stays the plan it was for a seed."""
+TIER0_KINDS = frozenset({"wipe_ram", "damage_ram", "kill_partner"})
+"""Kinds that need tier 0 (node RAM and a partner's replica); left out without it."""
+LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_partner", "kill_rank")
 """Kinds injected while the job runs, in this order within a cycle (a full tier 1 ends the
 job at its next save, so only a kill can follow it)."""
-AT_REST = frozenset({"damage", "partial_commit", "wipe_node"})
+AT_REST = frozenset({"damage", "partial_commit", "wipe_node", "wipe_ram", "damage_ram"})
 """Kinds applied to a node's root while no process of the job runs (then it restarts)."""
-RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full"}
+RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full", "kill_partner"}
 """Kinds after which the job restarts (a full tier 1 fails the next save, which ends it)."""
+_KILLS = frozenset({"kill_rank", "kill_partner"})  # one ends the job: never both in a cycle
 KILL_MOMENTS = ("between_saves", "in_save", "commit_window")
 UPLOADER_MOMENTS = ("idle", "mid_upload")
 DAMAGE_VARIANTS = ("truncate_shard", "flip_byte", "missing_file", "missing_marker")
+RAM_VARIANTS = ("own", "replica")
+"""What ``damage_ram`` flips a shard byte of: the node's own newest tier-0 copy, or the
+newest replica it holds for its predecessor (``peer/``)."""
 _VARIANTS: dict[str, tuple[str, ...]] = {"kill_rank": KILL_MOMENTS,
                                          "kill_uploader": UPLOADER_MOMENTS,
-                                         "damage": DAMAGE_VARIANTS}
+                                         "damage": DAMAGE_VARIANTS,
+                                         "damage_ram": RAM_VARIANTS}
 INVARIANTS = ("resume", "crash_loop", "losses", "tier1_bound", "integrity", "retained",
               "final")
 """Every invariant a cycle (or the end of the run) can violate."""
@@ -112,8 +127,8 @@ class CyclePlan:
 def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KINDS,
               compound_p: float = 0.5, save_every: int = 1) -> list[CyclePlan]:
     """``cycles`` seeded cycles, each one fault or (with probability ``compound_p``) two
-    of different kinds; two at-rest faults hit different nodes. ConfigError for an unknown
-    kind, no kinds, or fewer than 2 nodes."""
+    of different kinds (never two kills); two at-rest faults hit different nodes.
+    ConfigError for an unknown kind, no kinds, or fewer than 2 nodes."""
     if cycles < 1 or nodes < 2:
         raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 2, got {cycles}, "
                           f"{nodes}")
@@ -126,7 +141,7 @@ def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KIND
     for i in range(1, cycles + 1):
         first = rng.choice(list(kinds))
         chosen = [first]
-        others = [k for k in kinds if k != first]
+        others = [k for k in kinds if k != first and not {first, k} <= _KILLS]
         if others and rng.random() < compound_p:
             chosen.append(rng.choice(others))
         faults: list[Fault] = []
@@ -176,35 +191,63 @@ class Verdict:
         return asdict(self)
 
 
+def partner(node: int, nodes: int) -> int:
+    """The node holding ``node``'s tier-0 replica (the library's ring: n → n+1 mod N)."""
+    return (node + 1) % nodes
+
+
+def ram_restorable(own: Mapping[int, Collection[int]], replicas: Mapping[int, Collection[int]],
+                   damaged: Mapping[int, Collection[tuple[str, int]]]) -> dict[int, set[int]]:
+    """Per node, the steps it can restore from RAM: complete in its own tier-0 root
+    (``own[n]``), or in the replica its partner holds for it (``replicas[partner]``: the
+    complete steps in that node's ``peer/``), minus the copies the drill damaged
+    (``damaged[n]``: ``("own", step)`` in n's root, ``("replica", step)`` in n's ``peer/``).
+    Both are verified before use, so a damaged copy is no source."""
+    nodes = len(own)
+    out = {}
+    for n in own:
+        h = partner(n, nodes)
+        mine = {s for s in own[n] if ("own", s) not in damaged.get(n, ())}
+        held = {s for s in replicas.get(h, ()) if ("replica", s) not in damaged.get(h, ())}
+        out[n] = mine | held
+    return out
+
+
 def _restorable(step: int, node: int, complete: Mapping[int, Collection[int]],
-                broken: Mapping[int, Collection[int]], tier2: Collection[int]) -> bool:
-    return (step in complete[node] and step not in broken.get(node, ())) or step in tier2
+                broken: Mapping[int, Collection[int]], tier2: Collection[int],
+                ram: Mapping[int, Collection[int]]) -> bool:
+    return (step in complete[node] and step not in broken.get(node, ())) or step in tier2 \
+        or step in ram.get(node, ())
 
 
 def expected_restore(complete: Mapping[int, Collection[int]],
                      broken: Mapping[int, Collection[int]],
-                     tier2: Collection[int] | None) -> int | str | None:
-    """What a restart must resume: the newest step every node can restore — intact on its
-    own tier 1, or complete on tier 2 — else None (a fresh start) when no node can restore
-    anything, else ``"refuse"`` (some nodes could, others not: the library refuses to start
-    training from scratch over them)."""
-    t2 = set(tier2 or ())
-    steps = set(t2).union(*complete.values()) if complete else set(t2)
+                     tier2: Collection[int] | None,
+                     ram: Mapping[int, Collection[int]] | None = None) -> int | str | None:
+    """What a restart must resume: the newest step every node can restore from some
+    source — RAM (``ram``, see :func:`ram_restorable`; the library reads it first), intact
+    on its own tier 1, or complete on tier 2 — else None (a fresh start) when no node can
+    restore anything, else ``"refuse"`` (some nodes could, others not: the library refuses
+    to start training from scratch over them)."""
+    t2, r = set(tier2 or ()), ram or {}
+    steps = set(t2).union(*complete.values(), *r.values()) if complete else set(t2)
     for s in sorted(steps, reverse=True):
-        if all(_restorable(s, n, complete, broken, t2) for n in complete):
+        if all(_restorable(s, n, complete, broken, t2, r) for n in complete):
             return s
-    some = any(_restorable(s, n, complete, broken, t2) for n in complete for s in steps)
+    some = any(_restorable(s, n, complete, broken, t2, r) for n in complete for s in steps)
     return "refuse" if some else None
 
 
 def resume_verdict(chosen: Mapping[int, int | None],
                    acceptable: Collection[int | str | None], *,
-                   tier2_bytes: Mapping[int, int], lacking: Mapping[int, Collection[int]],
+                   read: Mapping[int, Mapping[str, int]], bad: Mapping[int, Collection[str]],
                    node_of: Mapping[int, int]) -> Verdict:
     """Every rank chose the same step, one of ``acceptable`` (the expected restore points
-    of the tier-2 states seen while the job restored), and a node whose own copy of it was
-    missing or damaged (``lacking[node]``) read it from tier 2 (``tier2_bytes[rank]`` > 0),
-    never from the damaged copy. ``chosen`` maps rank → step (None: fresh start)."""
+    of the tier-2 states seen while the job restored), and never read it from a copy the
+    drill damaged or removed: a rank of a node whose copies of it on some sources were
+    damaged or missing (``bad[node]``: ``tier1``, ``tier0``, ``tier0-peer``) read bytes from
+    another source (``read[rank]``, its ``bytes_by_source``). ``chosen`` maps rank → step
+    (None: fresh start)."""
     facts = {"chosen": dict(chosen), "acceptable": sorted(acceptable, key=_rank_of)}
     if not chosen:
         return Verdict("resume", False, "no rank recorded checkpoint_chosen", facts)
@@ -217,11 +260,14 @@ def resume_verdict(chosen: Mapping[int, int | None],
                        f"{' or '.join(map(str, facts['acceptable']))}", facts)
     for rank in chosen:
         node = node_of[rank]
-        if step is not None and step in lacking.get(node, ()) and \
-                tier2_bytes.get(rank, 0) <= 0:
-            return Verdict("resume", False, f"rank {rank} restored step {step} without "
-                           f"reading tier 2 though node {node}'s copy was damaged or missing",
-                           facts)
+        avoid = set(bad.get(node, ()))
+        if step is None or not avoid:
+            continue
+        used = {src for src, n in read.get(rank, {}).items() if n > 0}
+        if not used - avoid:
+            return Verdict("resume", False, f"rank {rank} restored step {step} from "
+                           f"{'+'.join(sorted(used)) or 'nowhere'} though node {node}'s copy "
+                           f"there was damaged or missing ({'+'.join(sorted(avoid))})", facts)
     return Verdict("resume", True, f"resumed from {step}", facts)
 
 
@@ -298,22 +344,41 @@ def disk_verdict(peaks: Mapping[int, int], bound: int | None) -> Verdict:
                    facts)
 
 
-def integrity_verdict(checks: Iterable[tuple[int, int, bool, str | None]],
-                      left_broken: Iterable[tuple[int, int]] = ()) -> Verdict:
-    """Every surviving complete checkpoint verified in full; ``checks`` are ``(node, step,
-    ok, error)``. ``left_broken``: damaged checkpoints a restore left at their final name
-    (a later restart would meet them again)."""
-    checks = list(checks)
+Check = tuple[int | str, int, bool, str | None]
+"""``(where, step, ok, error)`` of one full check; ``where`` is a node, or a label such as
+``"1 RAM"`` for a copy in node RAM."""
+
+
+def integrity_verdict(checks: Iterable[Check],
+                      left_broken: Iterable[tuple[int | str, int]] = (), *,
+                      damaged: Iterable[Check] = (),
+                      tier2: Iterable[tuple[int, bool, str | None]] = ()) -> Verdict:
+    """Every surviving complete checkpoint verified in full; ``checks`` are ``(where, step,
+    ok, error)``. ``left_broken``: damaged copies a restore left at their final name though
+    it had to look at them (a later restart would meet them again). ``damaged``: the checks
+    of copies the drill damaged that no restore had to read (older than the restore point,
+    or the restore point read from another source): the scrub finding them is expected and
+    reported, never a violation; they are never uploaded, so ``tier2`` — ``(step, ok,
+    error)`` of tier 2's copy of each such step it holds — must verify."""
+    checks, damaged, tier2 = list(checks), list(damaged), list(tier2)
     bad = [(n, s, e) for n, s, ok, e in checks if not ok]
-    left = sorted(set(left_broken))
-    facts = {"checked": len(checks), "failed": [list(b) for b in bad[:10]],
-             "left_broken": [list(x) for x in left]}
-    if bad or left:
+    left = sorted(set(left_broken), key=str)
+    uploaded = [(s, e) for s, ok, e in tier2 if not ok]
+    found = [[n, s] for n, s, ok, _ in damaged if not ok]
+    facts: dict[str, Any] = {
+        "checked": len(checks), "failed": [list(b) for b in bad[:10]],
+        "left_broken": [list(x) for x in left], "damaged_found": found,
+        "damaged_unseen": [[n, s] for n, s, ok, _ in damaged if ok],
+        "tier2_checked": [s for s, _, _ in tier2], "tier2_failed": [list(u) for u in uploaded]}
+    if bad or left or uploaded:
         what = "; ".join([f"node {n} step {s}: {e}" for n, s, e in bad[:3]] +
-                         [f"damaged step {s} left in place on node {n}" for n, s in left[:3]])
+                         [f"damaged step {s} left in place on node {n}" for n, s in left[:3]] +
+                         [f"tier 2's step {s} does not verify though only a damaged copy of it "
+                          f"was left to upload: {e}" for s, e in uploaded[:3]])
         return Verdict("integrity", False, what, facts)
-    return Verdict("integrity", True, f"{len(checks)} complete checkpoints verify in full",
-                   facts)
+    return Verdict("integrity", True, f"{len(checks)} complete checkpoints verify in full"
+                   + (f"; the scrub found {len(found)} damaged copy(ies) no restore read, none "
+                      "uploaded" if found else ""), facts)
 
 
 def retained_verdict(seen: Mapping[int, Collection[int]], now: Mapping[int, Collection[int]],

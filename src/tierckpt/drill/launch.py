@@ -1,7 +1,8 @@
 """Launch the training command under torchrun on loopback, one agent per simulated node.
 
 The contract with the training command (``examples/train.py`` follows it): it accepts
-``--tier1 DIR --losses FILE --steps N`` (and ``--tier2 URL`` for the tier-2 drill), uses
+``--tier1 DIR --losses FILE --steps N`` (and ``--tier2 URL`` for the tier-2 drill,
+``--tier0 auto|DIR`` for a chaos drill with tier 0), uses
 ``tierckpt.init_distributed`` / ``CheckpointManager`` / ``StepWatchdog`` so its events land
 in ``<tier1>/events.jsonl``, and its rank 0 appends one JSON line per completed step to the
 losses file (``step``, ``loss``, optionally ``loss_hex``, ``attempt``, ``world_size``,
@@ -61,11 +62,13 @@ def agent_argv(command: Sequence[str], *, nproc: int, nnodes: int, node_rank: in
 
 
 def training_argv(command: Sequence[str], *, tier1: Path, losses: Path, steps: int,
-                  tier2: str | None = None) -> list[str]:
+                  tier2: str | None = None, tier0: str | None = None) -> list[str]:
     """``command`` plus the flags the drill controls (later flags win in argparse)."""
     out = [*command, "--tier1", str(tier1), "--losses", str(losses), "--steps", str(steps)]
     if tier2 is not None:
         out += ["--tier2", tier2]
+    if tier0 is not None:
+        out += ["--tier0", tier0]
     return out
 
 
@@ -78,7 +81,8 @@ def free_port() -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """One training job: ``nnodes`` agents of ``nproc`` ranks, node i on ``roots[i]``."""
+    """One training job: ``nnodes`` agents of ``nproc`` ranks, node i on ``roots[i]`` (and,
+    with ``tier0``, ``--tier0 tier0[i]``)."""
 
     name: str
     command: tuple[str, ...]
@@ -88,6 +92,7 @@ class JobSpec:
     nproc: int
     max_restarts: int = 0
     tier2: str | None = None
+    tier0: tuple[str, ...] | None = None
 
     @property
     def nnodes(self) -> int:
@@ -118,7 +123,7 @@ class Job:
         for i, root in enumerate(spec.roots):
             argv = agent_argv(
                 training_argv(spec.command, tier1=root, losses=spec.losses, steps=spec.steps,
-                              tier2=spec.tier2),
+                              tier2=spec.tier2, tier0=spec.tier0[i] if spec.tier0 else None),
                 nproc=spec.nproc, nnodes=spec.nnodes, node_rank=i,
                 max_restarts=spec.max_restarts, port=port, run_id=run_id)
             with open(self.logs[i], "ab") as log:
