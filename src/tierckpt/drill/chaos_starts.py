@@ -182,9 +182,10 @@ class StartRunner(ChaosState):
     def _snapshot(self, rec: CycleRecord) -> None:
         """Nothing runs: every complete checkpoint — on tier 1, and with tier 0 in each
         node's RAM and the replica it holds — verifies in full, except the copies the drill
-        damaged that no restore had to read: the scrub checks those too and must find them,
-        and tier 2's copy of such a step, if it holds one, must verify (the damaged bytes
-        were never uploaded). Nothing retained went missing."""
+        damaged that no restore had to read: the scrub checks those too and reports what it
+        finds, and tier 2's copy of such a step, if it holds one, must verify (the damaged
+        bytes were never uploaded). Nothing retained on tier 1 went missing (a restore
+        dropping a RAM copy excuses no tier-1 step)."""
         self._tick(force=True)
         now = {n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)}
         checks: list[cv.Check] = []
@@ -207,7 +208,8 @@ class StartRunner(ChaosState):
                                                  tier2=self._tier2_checks()))
         self.left_broken = set()
         excused = {n: self.excused[n] | {int(e["step"]) for e in t.events if e["event"] ==
-                                         ev.CHECKPOINT_SKIPPED and isinstance(e.get("step"), int)}
+                                         ev.CHECKPOINT_SKIPPED and isinstance(e.get("step"), int)
+                                         and not str(e.get("reason", "")).startswith("tier 0")}
                    for n, t in enumerate(self.tails)}
         rec.verdicts.append(cv.retained_verdict(self.seen, now, excused=excused,
                                                 keep_last=self.keep_last))
