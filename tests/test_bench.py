@@ -47,6 +47,7 @@ def _is_measurement(m: dict[str, Any], nbytes: int) -> None:
     assert m["gbps"] == pytest.approx(m["bytes"] / m["seconds"] / 1e9)
 
 
+@pytest.mark.slow
 def test_quick_results_schema(quick: tuple[dict[str, Any], str, Path]) -> None:
     r, md, base = quick
     assert r["schema"] == SCHEMA and r["errors"] == []

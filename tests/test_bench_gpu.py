@@ -50,6 +50,7 @@ def _measurement(m: dict[str, Any], nbytes: int) -> None:
     assert m["seconds"] > 0 and m["bytes"] == nbytes and m["seconds"] == min(m["runs"])
 
 
+@pytest.mark.slow
 def test_results_files_and_cpu_mode(cpu_run: Run) -> None:
     r, md, base = cpu_run
     assert r["schema"] == gpu.SCHEMA and r["errors"] == [] and r["finished"]
@@ -153,6 +154,7 @@ def test_gpu_sh_parses() -> None:
     assert os.access(SCRIPT, os.X_OK)
 
 
+@pytest.mark.slow
 def test_gpu_sh_dry_run(tmp_path: Path) -> None:
     """The script end to end with the CPU stand-ins (one section, to keep it short)."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_BENCH_DEVICE": "cpu",

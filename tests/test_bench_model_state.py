@@ -17,6 +17,7 @@ def section(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return measure_model_state(tmp_path_factory.mktemp("model"), 8 * MiB, repeats=1)
 
 
+@pytest.mark.slow
 def test_the_model_is_many_tensors_of_about_the_size_asked(section: dict[str, Any]) -> None:
     m = section["model"]
     assert m["layers"] == LAYERS and m["parameters"] == 12 * LAYERS

@@ -23,6 +23,7 @@ def section(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[st
         return measure_share(tmp_path_factory.mktemp("share"), 8 * MiB, url=url, repeats=1)
 
 
+@pytest.mark.slow
 def test_section_fields_and_ratios(section: dict[str, Any], s3_server: Any) -> None:
     s = section
     assert s["server"] == "given" and s["url"].startswith("s3://tierckpt-test/t-share/")
@@ -69,6 +70,7 @@ def test_markdown_rows(section: dict[str, Any]) -> None:
     assert "Skipped" in "\n".join(markdown({"skipped": "--quick"}))
 
 
+@pytest.mark.slow
 def test_standalone_entry_prints_table_and_json(
         tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

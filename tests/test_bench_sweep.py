@@ -31,6 +31,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
     return json.loads(json_path.read_text()), md_path.read_text(), base
 
 
+@pytest.mark.slow
 def test_every_point_has_every_metric(sweep: tuple[dict[str, Any], str, Path]) -> None:
     r, _, base = sweep
     assert r["schema"] == SCHEMA and r["errors"] == []

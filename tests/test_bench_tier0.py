@@ -36,6 +36,7 @@ def _timed(m: dict[str, Any]) -> None:
     assert m["seconds"] == min(m["runs"])
 
 
+@pytest.mark.slow
 def test_restores_name_their_source(section: dict[str, Any]) -> None:
     rs = section["restores"]
     assert section["server"] == "given"
@@ -97,6 +98,7 @@ def test_markdown_rows(section: dict[str, Any]) -> None:
     assert "Skipped" in "\n".join(markdown({"skipped": "--quick"}))
 
 
+@pytest.mark.slow
 def test_standalone_entry_prints_table_and_json(
         tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -140,6 +140,7 @@ def test_quick_skips(tmp_path: Path) -> None:
     assert "--quick" in s["skipped"] and not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_standalone_entry_prints_table_and_json(
         tmp_path: Path, s3_env: S3Env, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

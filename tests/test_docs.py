@@ -79,6 +79,7 @@ def _run_twice(block: Block, cwd: Path, env: dict[str, str]) -> None:
         assert "torch.distributed is disabled" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [b for b in RUN if b.mark == "run"], ids=str)
 def test_runnable_blocks_run_and_resume(block: Block, tmp_path: Path) -> None:
     _run_twice(block, tmp_path, {**os.environ, "PYTHONPATH": str(ROOT / "src")})
@@ -92,6 +93,7 @@ def shm_base() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [b for b in RUN if b.mark == "run s3"], ids=str)
 def test_runnable_blocks_run_against_s3(block: Block, tmp_path: Path, s3_env: S3Env,
                                         shm_base: Path) -> None:

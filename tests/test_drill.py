@@ -325,6 +325,7 @@ def test_plan_from_drill_uses_the_measured_c_and_r(drilled: tuple[Path, Any]) ->
         math.sqrt(2 * doc["measured"]["C_s"] * 32 * 86400 / 64))
 
 
+@pytest.mark.slow
 def test_a_failing_training_command_exits_non_zero(tmp_path: Path) -> None:
     script = tmp_path / "broken.py"
     script.write_text("import sys\nsys.exit(3)\n")

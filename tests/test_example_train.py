@@ -34,6 +34,7 @@ def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[st
     return [json.loads(line) for line in losses.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_bit_identical_with_restart_timeline(tmp_path: Path) -> None:
     ref = {r["step"]: r for r in _train(tmp_path, "ref")}
     assert sorted(ref) == list(range(10))

@@ -47,6 +47,7 @@ def _restores(tier1: Path) -> list[dict]:
     return [e for e in read_jsonl(tier1 / "events.jsonl") if e["event"] == "restore_done"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_sigkill_between_saves_resumes_bit_identical(nproc: int, reference: dict,
                                                      tmp_path: Path) -> None:
@@ -62,6 +63,7 @@ def test_sigkill_between_saves_resumes_bit_identical(nproc: int, reference: dict
     assert [r["loss"] for r in after] == [ref[r["step"]] for r in after]  # exact, not approx
 
 
+@pytest.mark.slow
 def test_sigkill_during_background_write_leaves_no_complete(tmp_path: Path,
                                                             reference: dict) -> None:
     # Rank 1 dies right after save(7) returns: step 7 must never be committed by attempt 0,
@@ -90,6 +92,7 @@ def _assert_state_equal(a: dict, b: dict) -> None:
             assert torch.equal(a["optim"][k][kk], b["optim"][k][kk]), (k, kk)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("new_world", [1, 3])
 def test_reshard_2_to_new_world(new_world: int, reference: dict, tmp_path: Path) -> None:
     src_tier1, _, saved_dump = reference[2]

@@ -58,6 +58,7 @@ def test_without_an_interval_should_save_is_false_and_the_loop_decides(tmp_path:
         tierckpt.CheckpointManager(tier1=tmp_path, interval=600)
 
 
+@pytest.mark.slow
 def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> None:
     delay = [0.01]
     st = _state(delay)
@@ -85,6 +86,7 @@ def test_auto_interval_follows_the_measured_blocking_time(tmp_path: Path) -> Non
     assert max(gaps[-3:]) > max(gaps[1:4])  # the steps between saves grew with τ
 
 
+@pytest.mark.slow
 def test_auto_interval_plans_with_the_steps_a_background_save_slows(tmp_path: Path) -> None:
     # staging='overlap' makes C tiny; the cost moves into steps that run slower while the
     # save writes in the background. Here a step takes 10 ms, 60 ms while a save is in

@@ -47,6 +47,7 @@ def _revoke(proxy: Any) -> None:
     proxy.add_rule("status", status=403, code="AccessDenied", times=None)
 
 
+@pytest.mark.slow
 def test_revoked_credentials_are_loud_and_tier1_stays_bounded(
         tmp_path: Path, s3_env: S3Env, fault_proxy: Any,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -67,6 +67,7 @@ def _copy_nodes(trained: tuple[Path, str], dest: Path) -> None:
         shutil.copytree(trained[0] / f"node{node}", dest / f"node{node}")
 
 
+@pytest.mark.slow
 def test_each_node_holds_only_its_files_and_tier2_has_all(trained: tuple[Path, str]) -> None:
     base, _ = trained
     m0 = mf.Manifest.from_bytes((base / "node0/step-00000011/manifest.json").read_bytes())
@@ -86,6 +87,7 @@ def _resume(tmp: Path, tier2: str, name: str) -> list[dict]:
     return [r for r in read_jsonl(losses)]
 
 
+@pytest.mark.slow
 def test_same_nodes_read_only_local_data(trained: tuple[Path, str], tmp_path: Path) -> None:
     _copy_nodes(trained, tmp_path)
     rows = _resume(tmp_path, trained[1], "same")
@@ -96,6 +98,7 @@ def test_same_nodes_read_only_local_data(trained: tuple[Path, str], tmp_path: Pa
         assert ev["bytes_by_source"]["tier2"] == 0 and ev["bytes_by_source"]["tier1"] > 0
 
 
+@pytest.mark.slow
 def test_replaced_node_fetches_exactly_its_files(trained: tuple[Path, str],
                                                  tmp_path: Path) -> None:
     _copy_nodes(trained, tmp_path)
@@ -111,6 +114,7 @@ def test_replaced_node_fetches_exactly_its_files(trained: tuple[Path, str],
     assert [r["loss"] for r in same] == [r["loss"] for r in reference]
 
 
+@pytest.mark.slow
 def test_restore_from_tier2_only(trained: tuple[Path, str], tmp_path: Path) -> None:
     rows = _resume(tmp_path, trained[1], "tier2only")
     for node in (0, 1):
@@ -133,6 +137,7 @@ def _resume_reference(trained: tuple[Path, str], tmp_path: Path) -> list[dict]:
     return _REF["rows"]
 
 
+@pytest.mark.slow
 def test_step_committed_on_one_node_only_is_set_aside(trained: tuple[Path, str],
                                                       tmp_path: Path) -> None:
     """A commit that reached node 0 but not node 1 (a rank killed in the commit window):

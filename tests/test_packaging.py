@@ -154,6 +154,7 @@ def _fresh_venv(tmp: Path) -> tuple[Path, dict[str, str]]:
     return venv / "bin", env
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path: Path) -> None:
     _require_build_tools()
     wheel, build_log = _build_wheel(tmp_path)

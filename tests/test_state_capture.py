@@ -207,6 +207,7 @@ def _wrapped_worker(rank: int, world: int, port: int, kind: str, out: str) -> No
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_wrapped_models_match_get_state_dict(tmp_path: Path, kind: str) -> None:
     spawn(_wrapped_worker, 2, free_port(), kind, str(tmp_path), nprocs=2)

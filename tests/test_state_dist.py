@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -50,6 +51,7 @@ def _worker(rank: int, world: int, port: int, root: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ranks_with_different_parameters_restore_exactly(tmp_path: Path) -> None:
     spawn(_worker, 2, free_port(), str(tmp_path / "t1"), str(tmp_path), nprocs=2)
     assert (tmp_path / "rank0").read_text() == "True True 100"

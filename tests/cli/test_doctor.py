@@ -13,6 +13,7 @@ import tierckpt.cli.doctor  # noqa: F401  (registers the command)
 from tests.cli._helpers import flags, invoke, invoke_json
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_server_and_the_modes(any_s3_env: S3Env) -> None:
     doc = invoke_json("doctor", "--tier2", any_s3_env.url)
     want = {"seaweedfs": "crc32c", "moto": "md5"}[any_s3_env.server.kind]
@@ -28,6 +29,7 @@ def test_doctor_reports_each_server_and_the_modes(any_s3_env: S3Env) -> None:
     assert any_s3_env.keys() == []  # the probe's scratch objects are gone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lacks", [NO_MULTIPART_LISTING, NO_MULTIPART],
                          ids=["no-multipart-listing", "no-multipart"])
 def test_doctor_on_a_minimal_server_shows_single_puts(

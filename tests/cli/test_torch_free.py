@@ -77,6 +77,7 @@ def test_help_and_version_start_without_torch(argv: list[str]) -> None:
     assert ("Usage: tierckpt" in proc.stdout) or proc.stdout.startswith("tierckpt ")
 
 
+@pytest.mark.slow
 def test_light_commands_run_without_torch(template: Path, tmp_path: Path) -> None:
     t1, t2, fresh = clone(template, tmp_path / "t1"), tmp_path / "t2", tmp_path / "fresh"
     t2.mkdir()

@@ -91,6 +91,7 @@ def test_tier2_file_url_ok_then_corrupt_object(template: Path, tmp_path: Path) -
     assert result.exit_code == 1 and "no complete step-00000002" in result.stderr
 
 
+@pytest.mark.slow
 def test_tier2_on_s3_ok_then_overwritten_object(template: Path, tmp_path: Path,
                                                 s3_env: S3Env) -> None:
     t1 = clone(template, tmp_path / "t1")

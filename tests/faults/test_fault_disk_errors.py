@@ -194,6 +194,7 @@ INJECTIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("syscall, err, n", INJECTIONS,
                          ids=[f"{s}-{e}-{n}" for s, e, n in INJECTIONS])
 @pytest.mark.parametrize("mode", ["raise", "continue"])

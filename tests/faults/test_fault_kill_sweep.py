@@ -64,6 +64,7 @@ def _fresh(template: Path, base: Path, name: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_clean_traced_save_commits(zygote: _sweep.Zygote, template: Path,
                                    tmp_path: Path) -> None:
     root = _fresh(template, tmp_path, "clean")
@@ -138,6 +139,7 @@ def durability_order(ops: list[tuple[str, tuple[str, ...]]], root: Path,
     return problems
 
 
+@pytest.mark.slow
 def test_sigkill_at_every_syscall_of_a_save(zygote: _sweep.Zygote, template: Path,
                                             tmp_path: Path) -> None:
     log = tmp_path / "trace.log"

@@ -73,6 +73,7 @@ CASES = [  # (killed rank, syscall, N, node-local roots)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank, syscall, n, node_local", CASES,
                          ids=[f"rank{r}-{s}{n}-{'local' if nl else 'shared'}"
                               for r, s, n, nl in CASES])
@@ -113,6 +114,7 @@ def test_rank_killed_mid_save(tmp_path: Path, rank: int, syscall: str, n: int,
           f"restored step {agreed} on both ranks")
 
 
+@pytest.mark.slow
 def test_enospc_on_one_rank_fails_the_save_on_every_rank(tmp_path: Path) -> None:
     """F9 across ranks: rank 1's shard write gets ENOSPC; both ranks record the failure
     (``save_failed``), nothing of step 2 is committed anywhere, and with

@@ -58,6 +58,7 @@ def _retry(root: Path, tier2: str) -> tuple[int | None, float | None]:
     return (None, None) if info is None else (info.step, weights_step(st))
 
 
+@pytest.mark.slow
 def test_restore_killed_mid_fetch_then_retried(zygote: _sweep.Zygote, tmp_path: Path) -> None:
     src, tier2 = tmp_path / "src", f"file://{tmp_path / 'tier2'}"
     (tmp_path / "tier2").mkdir()  # a file:// tier 2 must exist: opening one never creates it

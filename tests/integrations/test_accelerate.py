@@ -61,6 +61,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
 
 
 # -- two ranks, torchrun ------------------------------------------------------------------
+@pytest.mark.slow
 def test_killed_twice_resumes_bit_identical(
         tmp_path: Path, reference: tuple[Path, dict[int, dict[str, Any]]]) -> None:
     _, ref = reference
@@ -76,6 +77,7 @@ def test_killed_twice_resumes_bit_identical(
     assert rows[-1]["epoch"] == 4 and ref[19]["loss_hex"] != ref[0]["loss_hex"]
 
 
+@pytest.mark.slow
 def test_resume_from_tier2_alone(tmp_path: Path,
                                  reference: tuple[Path, dict[int, dict[str, Any]]]) -> None:
     _, ref = reference
@@ -118,6 +120,7 @@ def test_refuses_a_process_group_accelerate_does_not_see(tmp_path: Path) -> None
     assert not (tmp_path / "t1").exists() or not any((tmp_path / "t1").glob("step-*"))
 
 
+@pytest.mark.slow
 def test_import_tierckpt_never_imports_accelerate() -> None:
     code = ("import sys, tierckpt; tierckpt.CheckpointManager; tierckpt.TrainState; "
             "import tierckpt.integrations; sys.exit(int('accelerate' in sys.modules))")

@@ -63,6 +63,7 @@ def _same_as(reference: Path, out: Path, steps: list[int], attempt: int | None =
 
 # --- the drills (real ranks) ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_killed_and_tier2_only_resumes_continue_bit_identically(tmp_path: Path) -> None:
     ref, kill, again = tmp_path / "ref", tmp_path / "kill", tmp_path / "again"
     tier1, tier2 = tmp_path / "tier1", tmp_path / "tier2"
@@ -147,6 +148,7 @@ def test_model_parallel_fsdp2_resume_bit_identical(tmp_path: Path) -> None:
 
 # --- in one process -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_importing_tierckpt_never_imports_lightning() -> None:
     code = ("import sys, tierckpt, tierckpt.integrations; tierckpt.CheckpointManager; "
             "tierckpt.TrainState; bad = [m for m in sys.modules if m.split('.')[0] in "

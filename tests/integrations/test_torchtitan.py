@@ -84,6 +84,7 @@ def test_killed_and_restarted_resumes_bit_identical(
     assert ref[16]["loss_hex"] != ref[1]["loss_hex"]
 
 
+@pytest.mark.slow
 def test_resume_from_tier2_alone(tmp_path: Path,
                                  reference: tuple[Path, dict[int, dict[str, Any]]]) -> None:
     _, ref = reference
@@ -114,6 +115,7 @@ def test_checkpoint_loads_with_plain_dcp(
         assert torch.equal(sd["model"][key], value), key
 
 
+@pytest.mark.slow
 def test_import_tierckpt_never_imports_torchtitan() -> None:
     code = ("import sys, tierckpt; tierckpt.CheckpointManager; tierckpt.TrainState; "
             "import tierckpt.integrations; sys.exit(int('torchtitan' in sys.modules))")

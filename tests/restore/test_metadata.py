@@ -111,6 +111,7 @@ def _fsdp_worker(rank: int, world: int, port: int, root: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp2_metadata_loads_like_pickle(tmp_path: Path) -> None:
     spawn(_fsdp_worker, 2, free_port(), str(tmp_path), nprocs=2)
     _assert_loads_as_pickle(tmp_path / layout.step_dirname(1) / layout.METADATA)

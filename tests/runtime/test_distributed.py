@@ -89,6 +89,7 @@ def _assert_every_cycle_resumed(proc: subprocess.CompletedProcess[str],
     assert all(ranks == {0, 1} for ranks in by_incarnation.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_store", ["0", "1"], ids=["agent-store", "rank0-store"])
 def test_kill_restart_cycles_resume(tmp_path: Path, share_store: str) -> None:
     kills = 1
@@ -105,6 +106,7 @@ def test_twenty_consecutive_kill_restart_cycles(tmp_path: Path) -> None:
     _assert_every_cycle_resumed(proc, stages, events, kills)
 
 
+@pytest.mark.slow
 def test_single_process_without_torchrun(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     code = (
@@ -237,6 +239,7 @@ def _ready(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None:
     """Two agents (``--nnodes 1:2``, c10d rendezvous) on one machine: agent A runs alone,
     then agent B joins. A's workers are restarted by the membership change with
@@ -288,6 +291,7 @@ def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None
     assert [r["attempt"] for r in recs if r["tag"] == "A"] == [0, 0]
 
 
+@pytest.mark.slow
 def test_two_agents_restart_after_a_kill_with_the_shared_store(tmp_path: Path) -> None:
     """Two torchrun agents (``--nnodes 2``, c10d rendezvous, torch's default shared store)
     on one machine; the rank-0 worker is SIGKILLed. Both agents restart their workers into
@@ -344,6 +348,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("init", "want"), [("1", "whole"), ("0", "finalizing")])
 def test_init_distributed_frees_cycles_before_the_interpreter_finalises(
         tmp_path: Path, init: str, want: str) -> None:

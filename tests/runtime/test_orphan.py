@@ -54,6 +54,7 @@ def _launch(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes
     return agent, [int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.slow
 def test_killing_only_the_launcher_stops_every_rank(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("TIERCKPT_ORPHANS", None)

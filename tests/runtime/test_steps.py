@@ -49,6 +49,7 @@ def _readme_loop() -> str:
     return block.code
 
 
+@pytest.mark.slow
 def test_the_readme_loop_gets_a_sensible_report_without_a_watchdog(tmp_path: Path) -> None:
     """The README's first loop, as printed, killed once mid-run and restarted: the report
     sees both incarnations' first steps, productive time, the lost work and the restart."""

@@ -33,6 +33,7 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_hung_process_dumps_stacks_emits_events_and_exits_nonzero(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     proc = _run([str(SCRIPT), "--mode", "single", "--events", str(events),
@@ -54,6 +55,7 @@ def test_hung_process_dumps_stacks_emits_events_and_exits_nonzero(tmp_path: Path
     assert stacks.parent == tmp_path and "_stuck_in_data_loader" in stacks.read_text()
 
 
+@pytest.mark.slow
 def test_steady_steps_never_fire(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     proc = _run([str(SCRIPT), "--mode", "steady", "--events", str(events),
@@ -63,6 +65,7 @@ def test_steady_steps_never_fire(tmp_path: Path) -> None:
                                                               "failure_detected")] == []
 
 
+@pytest.mark.slow
 def test_hang_in_collective_is_restarted_by_torchrun(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     proc = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

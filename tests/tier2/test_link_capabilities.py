@@ -51,6 +51,7 @@ def _kinds(root: Path, kind: str) -> list[dict]:
     return [e for e in events.read_events(root / layout.EVENTS) if e["event"] == kind]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", sorted(MINIMAL))
 def test_a_minimal_server_gets_every_checkpoint_in_single_puts(
         server: str, tmp_path: Path, s3_env: S3Env, fault_proxy: Any,

@@ -81,6 +81,7 @@ def _check(root: Path, took: dict[str, float]) -> None:
     assert took["restore"] < 10 * TIMEOUT_S and took["close"] < 60, took
 
 
+@pytest.mark.slow
 def test_a_black_hole_tier2_costs_one_timeout_per_start(tmp_path: Path, black_hole: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "t1"
@@ -92,6 +93,7 @@ def test_a_black_hole_tier2_costs_one_timeout_per_start(tmp_path: Path, black_ho
     assert left and "[5, 6]" in left[0] and "safe there" in left[0], left
 
 
+@pytest.mark.slow
 def test_a_slow_tier2_is_waited_for_once(tmp_path: Path, s3_env: S3Env,
                                          fault_proxy: Any) -> None:
     root = tmp_path / "t1"

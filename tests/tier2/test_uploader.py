@@ -251,6 +251,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
             tmp_path / "step-00000007" / f.name).read_bytes()
 
 
+@pytest.mark.slow
 def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3Env,
                                                       fault_proxy: FaultProxy) -> None:
     make_checkpoint(tmp_path, 9, SMALL)
@@ -348,6 +349,7 @@ def test_uploader_process_exits_when_its_parent_dies(tmp_path: Path) -> None:
     raise AssertionError("uploader outlived its parent")
 
 
+@pytest.mark.slow
 def test_a_burst_of_sigterms_never_wedges_the_uploader(tmp_path: Path) -> None:
     """torchrun stops a rank with killpg(SIGTERM), and the rank's death sends its uploader
     another SIGTERM (PDEATHSIG). A handler that set the stop Event itself deadlocked when the

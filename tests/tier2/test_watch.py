@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from tierckpt.tier2.uploader import watch
 from tierckpt.tier2.uploader.config import UploadResult
 
@@ -57,6 +59,7 @@ def test_watch_backs_off_exponentially_while_failing_and_resets() -> None:
     assert watch.backoff_s(2.0, 30) == watch.MAX_BACKOFF_S
 
 
+@pytest.mark.slow
 def test_finish_returns_once_nothing_is_due() -> None:
     finish = threading.Event()
     finish.set()

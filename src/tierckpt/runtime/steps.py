@@ -13,6 +13,7 @@ whichever come first.
 
 from __future__ import annotations
 
+import os
 import time
 
 from tierckpt.runtime import events
@@ -50,7 +51,20 @@ class StepMarks:
         self._step = step
         if not self._first_done:
             self._first_done = True
-            started = process_started_at()
-            self.log.emit(events.FIRST_STEP, step=step, seconds_since_process_start=(
-                None if started is None else time.time() - started))
+            emit_first_step(self.log, step)
         self._marks.step(step)
+
+
+_FIRST_STEP_LOGS: set[tuple[int, str]] = set()
+
+
+def emit_first_step(log: events.EventLog, step: int) -> None:
+    """Emit ``first_step`` into ``log`` once per process and log file, whoever sees the
+    first step first (the manager's marks or a StepWatchdog)."""
+    key = (os.getpid(), str(log.path.resolve()))
+    if key in _FIRST_STEP_LOGS:
+        return
+    _FIRST_STEP_LOGS.add(key)
+    started = process_started_at()
+    log.emit(events.FIRST_STEP, step=step, seconds_since_process_start=(
+        None if started is None else time.time() - started))

@@ -34,14 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierckpt.errors import ConfigError
-from tierckpt.runtime.distributed import process_started_at
 from tierckpt.runtime.events import (
     FAILURE_DETECTED,
-    FIRST_STEP,
     HANG_DETECTED,
     EventLog,
     ProgressMarks,
 )
+from tierckpt.runtime.steps import emit_first_step
 
 __all__ = ["EXIT_CODE", "HangInfo", "StepWatchdog"]
 
@@ -151,9 +150,7 @@ class StepWatchdog:
         if self._marks is not None:
             self._marks.step(step)
         if first and self._log is not None:
-            started = process_started_at()
-            self._log.emit(FIRST_STEP, step=step, seconds_since_process_start=(
-                None if started is None else time.time() - started))
+            emit_first_step(self._log, step)
 
     def heartbeat(self) -> None:
         """Reset the hang clock without claiming a step, e.g. before a known long operation

@@ -69,6 +69,7 @@ MULTIPART_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", MULTIPART_FAULTS.values(), ids=MULTIPART_FAULTS.keys())
 def test_multipart_upload_survives(store: S3Storage, s3_env: S3Env, fault_proxy: FaultProxy,
                                    tmp_path: Path, fault: dict[str, Any]) -> None:
@@ -89,6 +90,7 @@ SINGLE_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", SINGLE_FAULTS.values(), ids=SINGLE_FAULTS.keys())
 def test_single_put_survives(store: S3Storage, s3_env: S3Env, fault_proxy: FaultProxy,
                              tmp_path: Path, fault: dict[str, Any]) -> None:
@@ -118,6 +120,7 @@ def test_persistent_corruption_fails_loudly_with_nothing_left(
     assert_nothing(s3_env)
 
 
+@pytest.mark.slow
 def test_persistent_slowdown_fails_loudly_with_nothing_left(
         s3_env: S3Env, fault_proxy: FaultProxy, tmp_path: Path) -> None:
     src, data, crc = make_file(tmp_path, 6 * MiB)
@@ -157,6 +160,7 @@ DOWNLOAD_FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", DOWNLOAD_FAULTS.values(), ids=DOWNLOAD_FAULTS.keys())
 def test_download_survives(store: S3Storage, fault_proxy: FaultProxy, tmp_path: Path,
                            big_object: tuple[str, bytes, int], fault: dict[str, Any]) -> None:
