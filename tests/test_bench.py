@@ -22,6 +22,10 @@ from bench.state import make_specs, shard_specs
 from bench.targets import GOALS, evaluate
 from tierckpt.errors import ConfigError
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 MEASUREMENT_KEYS = {"seconds", "bytes", "gbps", "runs"}
 

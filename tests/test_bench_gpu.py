@@ -20,6 +20,10 @@ import torch
 
 from bench import gpu, gpu_report, gpu_resume
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "gpu.sh"
 MEASUREMENT = {"seconds", "bytes", "gbps", "runs"}

@@ -9,6 +9,10 @@ import pytest
 
 from bench.model_state import LAYERS, SAVES, markdown, measure_model_state, width_for
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 
 

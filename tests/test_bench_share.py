@@ -13,6 +13,10 @@ from s3server import S3Env
 from bench.share import main, markdown, measure_share
 from tests._bench_tier2 import server_env
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 TIMED = ("load", "boto3_ranges", "boto3_coalesced", "boto3_whole", "export", "write_limit")
 

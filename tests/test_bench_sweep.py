@@ -17,6 +17,10 @@ from bench.sweep import FIXED_SIZE, SCHEMA, measure_sweep, parse_sizes, room_for
 from bench.sweep_fit import LLAMA3_GPUS, METRICS, fit_line, planner_scale
 from tierckpt.errors import ConfigError
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 
 

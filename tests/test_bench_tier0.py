@@ -14,6 +14,10 @@ from s3server import S3Env
 from bench.tier0 import SHM, SHM_PREFIX, main, markdown, measure_tier0
 from tests._bench_tier2 import server_env
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 PREFIX = "t-tier0"
 

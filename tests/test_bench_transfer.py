@@ -19,6 +19,10 @@ from tests._bench_tier2 import server_env
 from tierckpt.format import layout
 from tierckpt.tier1.catalog import Tier1Catalog
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 PREFIX = "t-transfer"
 TIMED = ("tierckpt_upload", "boto3_upload", "tierckpt_download", "boto3_download")

@@ -15,6 +15,10 @@ import torch.distributed.checkpoint as dcp
 
 from tests._launch import WORKLOADS, read_jsonl, torchrun
 
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
+
 TRAIN = WORKLOADS / "fsdp_train.py"
 STEPS = 12
 

@@ -46,6 +46,7 @@ def _train(st: tierckpt.TrainState, steps: range) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_resume_from_tier2_only_on_each_server(tmp_path: Path, any_s3_env: S3Env) -> None:
     """The whole round trip through the job: probe, uploader process in the server's mode,
     drain on close, fetch from tier 2 verified against the manifest."""

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hst
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -40,6 +41,10 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
+
+# multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
+# in `make test-fast`
+pytestmark = pytest.mark.slow
 
 KEEP = 2
 UPLOAD_EVERY = 2

@@ -94,6 +94,7 @@ def test_resume_from_tier2_alone(tmp_path: Path,
     _assert_same_as(ref, rows)
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_plain_dcp(
         reference: tuple[Path, dict[int, dict[str, Any]]]) -> None:
     from tests.integrations.accel_train import model_fn

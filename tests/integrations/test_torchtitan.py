@@ -70,7 +70,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
 
 
 # -- two ranks, torchrun ------------------------------------------------------------------
-@pytest.mark.parametrize("source", ["tier1", pytest.param("tier0", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["tier1", "tier0"])
 def test_killed_and_restarted_resumes_bit_identical(
         tmp_path: Path, shm: Path, source: str,
         reference: tuple[Path, dict[int, dict[str, Any]]]) -> None:
