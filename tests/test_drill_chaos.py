@@ -142,9 +142,12 @@ def test_fill_reaches_enospc_on_a_tmpfs_and_frees(tmp_path: Path) -> None:
 def test_chaos_config_validates(tmp_path: Path) -> None:
     cfg = ChaosConfig(command=("python", "t.py"), cycles=4, out=tmp_path)
     assert cfg.steps == 150 * 5 and cfg.world_size == 2
+    assert cfg.run_timeout_s == 600 + 0.2 * 750  # both long runs train every step
+    assert ChaosConfig(command=("python", "t.py"), cycles=1, job_timeout_s=9).run_timeout_s == 9
     assert cfg.tier2 == f"file://{tmp_path / 'tier2'}"
     for bad in ({"command": ()}, {"cycles": 0}, {"nnodes": 1}, {"steps": 3},
-                {"kinds": ("meteor",)}, {"tier2": "s3://b:9000/p"}, {"rtol": -1.0}):
+                {"kinds": ("meteor",)}, {"tier2": "s3://b:9000/p"}, {"rtol": -1.0},
+                {"job_timeout_s": 0}):
         with pytest.raises(ConfigError):
             ChaosConfig(**{"command": ("python", "t.py"), "cycles": 2, **bad})  # type: ignore[arg-type]
 

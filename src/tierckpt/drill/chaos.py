@@ -155,7 +155,7 @@ class _Chaos(CycleRunner):
                               losses=base / "losses.jsonl", steps=cfg.total_steps,
                               nproc=cfg.nproc, tier2=f"file://{base / 'tier2'}",
                               tier0=ram_arg(cfg, roots)),
-                      timeout_s=cfg.job_timeout_s)
+                      timeout_s=cfg.run_timeout_s)
         if run.rc != 0:
             raise CheckpointError(f"the reference run failed (exit {run.rc}): "
                                   f"{run.log_tail[-1500:]}")
@@ -253,7 +253,7 @@ class _Chaos(CycleRunner):
         self._wait_outage_over(rec)
         for _ in range(self.cfg.max_starts):
             start = self.cur
-            if start.job.wait(self.cfg.job_timeout_s) == 0:
+            if start.job.wait(self.cfg.run_timeout_s) == 0:
                 break
             self._unexpected(rec, "ended", "the end of training")
         self._down(rec, self.cur, "finished")

@@ -20,9 +20,9 @@ from tierckpt.drill.launch import Job
 from tierckpt.errors import ConfigError
 from tierckpt.tier2.storage.url import parse_url
 
-__all__ = ["HOLD_FULL_S", "MOMENT_S", "PRECONDITION_S", "QUIET_S", "SAMPLE_S", "SETTLE_S",
-           "STAGES", "STEPS_PER_CYCLE", "UPLOAD_MOMENT_S", "ChaosConfig", "CycleRecord",
-           "StartRecord"]
+__all__ = ["HOLD_FULL_S", "JOB_TIMEOUT_PER_STEP_S", "JOB_TIMEOUT_S", "MOMENT_S",
+           "PRECONDITION_S", "QUIET_S", "SAMPLE_S", "SETTLE_S", "STAGES", "STEPS_PER_CYCLE",
+           "UPLOAD_MOMENT_S", "ChaosConfig", "CycleRecord", "StartRecord"]
 
 STAGES = ("reference", "chaos", "final")
 """What :func:`tierckpt.drill.chaos.run_chaos` reports progress for (then ``report``)."""
@@ -36,6 +36,11 @@ UPLOAD_MOMENT_S = 5.0  # longest wait for an upload to start (the uploader polls
 HOLD_FULL_S = 60.0  # longest a full tier 1 is held while the job runs on
 PRECONDITION_S = 30.0  # longest wait for what an at-rest fault needs (a tier-2 copy)
 SAMPLE_S = 0.05  # how often tier-1 step directories are counted
+JOB_TIMEOUT_S = 600.0
+"""The fixed part of the default bound on one uninterrupted run of the command."""
+JOB_TIMEOUT_PER_STEP_S = 0.2
+"""Its part per training step: 5 steps/s at the least (the example with tier 0 runs about 14
+on 2 cores; a fixed 600 s stopped the reference of a 60-cycle run at step 8700 of 9150)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,9 +55,11 @@ class ChaosConfig:
     tmpfs (node i of run r gets ``<tier0>/<r>-node<i>``), passed to the command as
     ``--tier0``; None (the default) runs without it, unless the command itself names
     ``--tier0 VALUE``, which is then taken as this setting. Without tier 0 the RAM faults
-    are left out. ``commit_timeout_s`` bounds how long a start may take to restore and
-    commit; ``max_starts`` how often a cycle starts the job again before the drill gives
-    up."""
+    are left out. ``job_timeout_s`` bounds one uninterrupted run of the command (the
+    reference, the last start's training to the end); None: :data:`JOB_TIMEOUT_S` plus
+    :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both train every step.
+    ``commit_timeout_s`` bounds how long a start may take to restore and commit;
+    ``max_starts`` how often a cycle starts the job again before the drill gives up."""
 
     command: tuple[str, ...]
     cycles: int
@@ -66,7 +73,7 @@ class ChaosConfig:
     rtol: float | None = None
     tmpfs: bool = True
     tier0: str | None = None
-    job_timeout_s: float = 600.0
+    job_timeout_s: float | None = None
     commit_timeout_s: float = 180.0
     max_starts: int = 3
 
@@ -91,6 +98,11 @@ class ChaosConfig:
             object.__setattr__(self, "steps", STEPS_PER_CYCLE * (self.cycles + 1))
         elif isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 6:
             raise ConfigError(f"--steps must be an int >= 6, got {self.steps!r}")
+        if self.job_timeout_s is None:
+            object.__setattr__(self, "job_timeout_s",
+                               JOB_TIMEOUT_S + JOB_TIMEOUT_PER_STEP_S * self.total_steps)
+        elif not self.job_timeout_s > 0:
+            raise ConfigError(f"job_timeout_s must be seconds > 0, got {self.job_timeout_s!r}")
         if self.rtol is not None and not self.rtol >= 0:
             raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
         if self.tier2 is None:
@@ -109,6 +121,12 @@ class ChaosConfig:
     def total_steps(self) -> int:
         assert self.steps is not None
         return self.steps
+
+    @property
+    def run_timeout_s(self) -> float:
+        """``job_timeout_s``, resolved."""
+        assert self.job_timeout_s is not None
+        return self.job_timeout_s
 
 
 def _tier0_setting(given: str | os.PathLike[str] | None, command: tuple[str, ...]
