@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,9 @@ def test_processes_children_and_kill(tmp_path: Path) -> None:
     marker = str(tmp_path / "marker")
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
     try:
+        deadline = time.monotonic() + 30  # until exec: before it, /proc shows our cmdline
+        while not cf.processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert [pid for pid, _ in cf.processes(marker)] == [proc.pid]
         assert cf.children(os.getpid(), marker) == [proc.pid]
         assert cf.kill(proc.pid)
