@@ -57,6 +57,11 @@ class CycleRunner(StartRunner):
         for f in p.faults:
             if f.kind in cv.LIVE:
                 self._live(rec, f, p, kill_follows)
+        if self.filler is not None and not rec.ended_by_fault and not self._running():
+            # the full tier 1 failed a save (with tier 0: the copy to disk, surfacing at the
+            # next save) and ended the job before the kill's moment came: the fault did it
+            rec.ended_by_fault = True
+            rec.notes.append("the full tier 1 ended the job before the kill")
         at_rest = [f for f in p.faults if f.kind in cv.AT_REST]
         if at_rest and not rec.ended_by_fault and self._running():  # the node goes down
             self._kill_rank(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"),
