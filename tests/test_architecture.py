@@ -36,13 +36,14 @@ MODULES_HEADING = "## The parts, module by module"
 
 TORCH_FREE = ("format", "policy", "tier1", "tier2")  # every module of these packages
 TORCH_FREE_MODULES = ("tierckpt", "tierckpt.uploader", "tierckpt.config",
-                      "tierckpt.save.config", "tierckpt.tier0.config")
+                      "tierckpt.save.config", "tierckpt.tier0.config",
+                      "tierckpt.preempt.config", "tierckpt.preempt.notice")
 
 # Outermost first. A part imports only parts of its own layer or a lower one.
 LAYERS = (
     ("cli/", "drill/", "uploader.py", "integrations/"),                      # shells
     ("__init__.py", "manager.py", "config.py"),                               # public face
-    ("ops/", "share/", "restore/", "save/"),                                  # paths
+    ("ops/", "share/", "restore/", "save/", "preempt/"),                      # paths
     ("state.py", "model_state.py", "state_capture.py", "_rng.py", "data.py",
      "tier0/", "tier2/", "tier1/"),                                            # parts
     ("runtime/",),                                                            # job runtime
@@ -55,19 +56,19 @@ LAYERS = (
 # reaches only torch-free modules). No part may import ``__init__.py``, the package root.
 ALLOWED: dict[str, tuple[str, ...]] = {
     "cli/": ("drill/", "ops/", "share/", "tier0/", "tier2/", "tier1/", "runtime/",
-             "policy/", "format/", "errors.py", "_version.py"),
+             "policy/", "format/", "errors.py", "_version.py", "preempt/config.py"),
     "drill/": ("config.py", "ops/", "tier0/", "tier2/", "tier1/", "runtime/", "format/",
-               "errors.py", "_version.py"),
+               "errors.py", "_version.py", "preempt/config.py"),
     "uploader.py": ("tier2/",),
     "integrations/": ("manager.py", "config.py", "share/", "restore/", "save/", "state.py",
                       "model_state.py", "runtime/", "policy/", "format/", "errors.py"),
     "__init__.py": ("manager.py", "config.py", "share/", "restore/", "save/", "state.py",
                     "data.py", "tier0/", "tier2/", "runtime/", "policy/", "errors.py",
-                    "_version.py"),
+                    "_version.py", "preempt/"),
     "manager.py": ("config.py", "restore/", "save/", "state.py", "tier0/", "tier2/",
-                   "tier1/", "runtime/", "policy/", "format/", "errors.py"),
+                   "tier1/", "runtime/", "policy/", "format/", "errors.py", "preempt/"),
     "config.py": ("restore/verify.py", "save/config.py", "tier0/config.py",
-                  "tier2/config.py", "policy/", "errors.py"),
+                  "tier2/config.py", "policy/", "errors.py", "preempt/config.py"),
     "ops/": ("restore/verify.py", "tier2/", "tier1/", "policy/", "format/", "errors.py"),
     "share/": ("restore/loader.py", "restore/metadata.py", "tier2/", "tier1/", "policy/",
                "format/", "errors.py"),
@@ -75,6 +76,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                  "format/", "errors.py", "_runs.py"),
     "save/": ("tier0/", "tier1/", "runtime/", "policy/", "format/", "errors.py",
               "_version.py", "_runs.py"),
+    "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
     "model_state.py": ("state_capture.py",),
     "state_capture.py": (),
