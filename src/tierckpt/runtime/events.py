@@ -42,6 +42,14 @@ tier0_replicated    step, bytes (the partner's files received), seconds
 tier0_replication_failed  step, error (the save stands; the replica is missing)
 tier0_disabled      reason (tier0=Tier0() and it does not fit; the job runs without it)
 launcher_lost       parent_pid (the torchrun agent died; this worker stops itself)
+preempt_notice      source, received_unix, deadline_unix, detail (a termination notice this
+                    rank received itself, or first saw through the job's store: source rank:<r>)
+preempt_stop        step (the step every rank agreed to stop after), source, notice_s
+                    (this rank's notice → the agreed step's end), deadline_unix
+preempt_saved       step, reached (tiers that hold the emergency save, fastest first),
+                    abandoned ({tier: why} for the tiers the grace did not allow), seconds
+                    (notice → durable on the last reached tier), remaining_s (before deadline)
+preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
 ==================  =============================================================
 """
 
@@ -87,6 +95,10 @@ TIER0_SAVED = "tier0_saved"
 TIER0_REPLICATED = "tier0_replicated"
 TIER0_REPLICATION_FAILED = "tier0_replication_failed"
 TIER0_DISABLED = "tier0_disabled"
+PREEMPT_NOTICE = "preempt_notice"
+PREEMPT_STOP = "preempt_stop"
+PREEMPT_SAVED = "preempt_saved"
+PREEMPT_EXIT = "preempt_exit"
 
 
 MAX_PENDING = 10_000
