@@ -37,7 +37,8 @@ MODULES_HEADING = "## The parts, module by module"
 TORCH_FREE = ("format", "policy", "tier1", "tier2")  # every module of these packages
 TORCH_FREE_MODULES = ("tierckpt", "tierckpt.uploader", "tierckpt.config",
                       "tierckpt.save.config", "tierckpt.tier0.config",
-                      "tierckpt.preempt.config", "tierckpt.preempt.notice")
+                      "tierckpt.preempt.config", "tierckpt.preempt.notice",
+                      "tierckpt.preempt.pollers")
 
 # Outermost first. A part imports only parts of its own layer or a lower one.
 LAYERS = (

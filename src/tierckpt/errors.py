@@ -16,10 +16,13 @@
     │                                        or its file system cannot flock
     ├── SaveError(CheckpointError)           a background save failed (raised at the next
     │                                        save()/wait()/close() on every rank)
-    └── StorageError(CheckpointError, OSError)   a storage backend failed after its retries
-        ├── ObjectNotFoundError(StorageError, FileNotFoundError)   a read of a missing key
-        ├── ObjectExistsError(StorageError, FileExistsError)   a create-only put lost
-        └── BadDigestError(StorageError, IntegrityError)   bytes do not match their CRC32C
+    ├── StorageError(CheckpointError, OSError)   a storage backend failed after its retries
+    │   ├── ObjectNotFoundError(StorageError, FileNotFoundError)   a read of a missing key
+    │   ├── ObjectExistsError(StorageError, FileExistsError)   a create-only put lost
+    │   └── BadDigestError(StorageError, IntegrityError)   bytes do not match their CRC32C
+    └── NoticeSourceError(CheckpointError, OSError)   a notice poller's endpoint (cloud
+                                             metadata) did not answer in time, or answered
+                                             something it cannot read
 
 ``UploadStopped`` is internal control flow of the uploader (never escapes it).
 
@@ -127,6 +130,12 @@ class ObjectExistsError(StorageError, FileExistsError):
 class BadDigestError(StorageError, IntegrityError):
     """Bytes do not match their CRC32C: the source changed since its checksum was taken,
     or the data was corrupted in transit or at rest (after the backend's digest retries)."""
+
+
+class NoticeSourceError(CheckpointError, OSError):
+    """A notice poller could not tell whether a termination is announced: its endpoint did
+    not answer within the poller's timeout, refused, or sent a body it cannot parse. The
+    preemption watcher logs it and polls again; the message names the URL and what to fix."""
 
 
 class UploadStopped(Exception):
