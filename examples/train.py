@@ -30,7 +30,9 @@ checkpoint chosen, state loaded, first step, saves, hangs) go to ``--events`` (d
 ``--kill-at STEP [--kill-rank R]`` is fault injection for drills and tests: on the first
 attempt only, rank R SIGKILLs itself right after completing STEP, once its newest save has
 committed (so the resume point is deterministic; ``tierckpt drill`` kills from outside at
-arbitrary times).
+arbitrary times). ``--notice-at STEP [--notice-rank R] [--notice-signal SIGTERM]``: on the
+first attempt, rank R sends itself a termination notice after completing STEP; every rank
+then stops at the same agreed step, saves, and exits with status 75 (preempted, saved).
 """
 
 from __future__ import annotations
@@ -179,6 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --tier0: every N-th save also goes to tier 1")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
+    p.add_argument("--notice-at", type=int, default=None, help="fault injection: see docstring")
+    p.add_argument("--notice-rank", type=int, default=0)
+    p.add_argument("--notice-signal", default="SIGTERM", choices=["SIGTERM", "SIGUSR1"])
     args = p.parse_args(argv)
     if args.steps < 1 or args.save_every < 1:
         p.error("--steps and --save-every must be >= 1")
@@ -253,9 +258,15 @@ def main(argv: list[str] | None = None) -> int:
                             "epoch": loader.sampler.epoch, "position": loader.sampler.position,
                             "t": time.time()}) + "\n")
                         losses.flush()
-                    if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+                    if (step == args.notice_at and info.restart_count == 0
+                            and info.rank == args.notice_rank):
+                        os.kill(os.getpid(), signal.Signals[args.notice_signal])
+                    if ((step + 1) % args.save_every == 0 or step + 1 == args.steps
+                            or ckpt.should_save(step)):  # True at a notice's agreed step
                         ckpt.save(step, state)
                     watchdog.step_completed(step)
+                    if ckpt.should_stop(step):  # a notice: saved, every rank stops here
+                        break
                     if (step == args.kill_at and info.restart_count == 0
                             and info.rank == args.kill_rank):
                         ckpt.wait()  # a deterministic resume point: the last save committed

@@ -27,6 +27,7 @@ from tierckpt import (
     Writes,
 )
 from tierckpt.errors import ConfigError
+from tierckpt.preempt.config import Preemption
 
 
 @pytest.mark.parametrize(("url", "fix"), [
@@ -158,11 +159,11 @@ def test_ordinary_values_still_pass(tmp_path: Path) -> None:
     assert (r.keep_last, r.upload_every, r.tier2_keep_every, r.upload_backlog) == (1, 2, 100, None)
 
 
-def test_manager_config_has_eight_fields_each_a_value_or_a_component() -> None:
+def test_manager_config_has_nine_fields_each_a_value_or_a_component() -> None:
     names = [f.name for f in dataclasses.fields(ManagerConfig)]
     assert names == ["tier1", "keep_last", "verify", "interval", "tier0", "tier2", "writes",
-                     "failures"]
-    for kind in (Tier0, Tier2, Writes, Failures):
+                     "failures", "preemption"]
+    for kind in (Tier0, Tier2, Writes, Failures, Preemption):
         assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 

@@ -31,6 +31,8 @@ _LAZY = {
     "HangInfo": "tierckpt.runtime.watchdog",
     "ManagerConfig": "tierckpt.config",
     "OnSaveError": "tierckpt.save.config",
+    "Preemption": "tierckpt.preempt.config",
+    "EXIT_PREEMPTED": "tierckpt.preempt.config",
     "ReadCheck": "tierckpt.share.ranged",
     "RestoreInfo": "tierckpt.restore.loader",
     "ResumableSampler": "tierckpt.data",
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from tierckpt.data import ResumableSampler
     from tierckpt.manager import CheckpointManager
     from tierckpt.policy.interval import AutoInterval, Every
+    from tierckpt.preempt.config import EXIT_PREEMPTED, Preemption
     from tierckpt.restore.loader import RestoreInfo
     from tierckpt.restore.verify import Verify
     from tierckpt.runtime.distributed import DistInfo, init_distributed
@@ -80,6 +83,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "EXIT_PREEMPTED",
     "AutoInterval",
     "CheckpointError",
     "CheckpointManager",
@@ -95,6 +99,7 @@ __all__ = [
     "ManagerConfig",
     "NoCheckpointError",
     "OnSaveError",
+    "Preemption",
     "ReadCheck",
     "RestoreInfo",
     "ResumableSampler",

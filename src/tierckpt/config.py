@@ -16,13 +16,14 @@ from tierckpt.policy.checks import check_enum
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.policy.retention import RetentionPolicy
 from tierckpt.policy.units import check_count
+from tierckpt.preempt.config import Preemption
 from tierckpt.restore.verify import Verify
 from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
 from tierckpt.tier0.config import Tier0, as_tier0
 from tierckpt.tier2.config import Tier2, as_tier2
 
-__all__ = ["Failures", "ManagerConfig", "OnSaveError", "Staging", "Tier0", "Tier2", "Verify",
-           "Writes"]
+__all__ = ["Failures", "ManagerConfig", "OnSaveError", "Preemption", "Staging", "Tier0",
+           "Tier2", "Verify", "Writes"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,10 @@ class ManagerConfig:
     """How shards are staged and written (see :class:`~tierckpt.save.config.Writes`)."""
     failures: Failures = dataclasses.field(default_factory=Failures)
     """What failed saves and dead peers do (see :class:`~tierckpt.save.config.Failures`)."""
+    preemption: Preemption | None = dataclasses.field(default_factory=Preemption)
+    """Termination notices and the emergency save (see
+    :class:`~tierckpt.preempt.config.Preemption`); dormant until the loop calls
+    ``should_stop()``. None: no handlers, no watcher."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tier1", _tier1_path(self.tier1))
@@ -64,6 +69,9 @@ class ManagerConfig:
                               f"tierckpt.AutoInterval(...) or None, got {self.interval!r}")
         object.__setattr__(self, "tier0", as_tier0(self.tier0))
         object.__setattr__(self, "tier2", as_tier2(self.tier2))
+        if self.preemption is not None and not isinstance(self.preemption, Preemption):
+            raise ConfigError(f"preemption must be tierckpt.Preemption(...) or None, got "
+                              f"{self.preemption!r}")
         for name, kind in (("writes", Writes), ("failures", Failures)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"{name} must be tierckpt.{kind.__name__}(...), got "

@@ -25,6 +25,8 @@ from tierckpt.config import ManagerConfig, resolve
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
 from tierckpt.policy.interval import AutoInterval, Every
+from tierckpt.preempt.config import Preemption
+from tierckpt.preempt.session import PreemptSession
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.restore.verify import Verify
@@ -63,16 +65,19 @@ class CheckpointManager:
                  verify: Verify | str = Verify.SIZES, interval: Every | AutoInterval | None = None,
                  tier0: Tier0 | str | os.PathLike[str] | None = None,
                  tier2: Tier2 | str | None = None,
-                 writes: Writes | None = None, failures: Failures | None = None) -> None:
+                 writes: Writes | None = None, failures: Failures | None = None,
+                 preemption: Preemption | None = None) -> None:
         self.config = cfg = resolve(config, dict(
             tier1=tier1, keep_last=keep_last, verify=verify, interval=interval, tier0=tier0,
-            tier2=tier2, writes=writes, failures=failures))
+            tier2=tier2, writes=writes, failures=failures, preemption=preemption))
         self._closed = False
         self._catalog = Tier1Catalog(cfg.tier1)
         self._tier1: Tier1Session | None = None
         self._tier0: Tier0Session | None = None
         self._tier2: Tier2Link | None = None
         self._last_result: SaveResult | None = None
+        self._preempt: PreemptSession | None = None
+        self._state: TrainState | None = None  # the last one restored or saved
         self._comm = Comm.create(cfg.failures.collective_timeout_s)
         try:
             self._open(cfg)
@@ -124,6 +129,11 @@ class CheckpointManager:
                                      log=self._events), tier0=self.tier0,
                                  tier0_config=cfg.tier0)
         self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
+        if cfg.preemption is not None:
+            self._preempt = PreemptSession(
+                cfg.preemption, store=comm.store(), rank=comm.rank,
+                world_size=comm.world_size, run_id=self.run_id, log=self._events,
+                events_path=cfg.tier1 / layout.EVENTS)
 
     @property
     def tier0(self) -> Tier0Root | None:
@@ -153,6 +163,7 @@ class CheckpointManager:
         self.last_committed = None if info is None else info.step
         self._steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
         self._gate.watch(state.optimizer)  # its steps are the marks until save() names one
+        self._state = state
         return info
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
@@ -167,6 +178,7 @@ class CheckpointManager:
         require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
+        self._state = state
         self._gate.settle()
         previous, skip = self._inflight.settle()
         self._note(previous)
@@ -216,12 +228,42 @@ class CheckpointManager:
     def should_save(self, step: int) -> bool:
         """Whether to save after ``step`` under ``interval=`` (cheap: call it every step;
         see :class:`tierckpt.runtime.cadence.Cadence`); always False without an interval
-        (the loop decides itself). The README loop:
+        (the loop decides itself) — except at the step agreed after a termination notice,
+        True with or without one. The README loop:
         ``if ckpt.should_save(step): ckpt.save(step, state)``."""
+        urgent = self._preempt is not None and self._preempt.should_save(step)
         if self._cadence is None:
-            return False
+            return urgent
         self._steps.completed(busy=self._saving(), step=step)
-        return self._cadence.should_save(step)
+        return self._cadence.should_save(step) or urgent
+
+    def should_stop(self, step: int) -> bool:
+        """True once every rank reached the step agreed after a termination notice (a
+        signal, the trigger file, a poller: :class:`~tierckpt.preempt.config.Preemption`)
+        and its emergency save is committed and carried as far as the grace allows: leave
+        the loop then; ``close()`` ends the process with ``Preemption.exit_code``. Call it
+        every step, after ``should_save``/``save``; the first call arms the notice signals
+        (before it they act as they did without tierckpt). Saves ``step`` itself if the
+        loop did not. Collective at the agreed step; cheap otherwise."""
+        self._check_open()
+        p = self._preempt
+        if p is None or not p.at_stop(step):
+            return False
+        if p.carry is None:
+            h = self._inflight.handle
+            if h is None or h.step != step:
+                if self._state is None:
+                    raise ConfigError("should_stop() has no state to save: call "
+                                      "restore(state) or save(step, state) first")
+                self.save(step, self._state)
+            result = self.wait() or self._last_result
+            assert result is not None and result.step == step
+            p.carry_save(step, nbytes=result.bytes_total, tier=result.tier,
+                         tier0=self.tier0 is not None, tier2=self._tier2 is not None,
+                         flush=lambda: self._saver.flush_to_tier1(result),
+                         request_upload=self._catalog.request_upload if self._is_owner
+                         else lambda s: None)
+        return True
 
     def _saving(self) -> bool:
         """A save is still in flight (not yet committed or failed)."""
@@ -246,14 +288,16 @@ class CheckpointManager:
         try:
             self._gate.close()
             self._note(self._inflight.finish(record_overlap=False))
-            last = self._last_result
+            last, p = self._last_result, self._preempt
             if not after_error and last is not None and last.tier == "tier0" \
-                    and self.tier0 is not None:
+                    and self.tier0 is not None and (p is None or p.carry is None):
                 self._saver.flush_to_tier1(last)
         finally:
             self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
             self._release(drain=not after_error)
+        if p is not None and p.carry is not None and p.config.exit_code and not after_error:
+            raise SystemExit(p.config.exit_code)
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -285,8 +329,13 @@ class CheckpointManager:
         return result
 
     def _release(self, *, drain: bool) -> None:
-        if self._tier2 is not None:
-            self._tier2.close(drain=drain)  # drains what is due, bounded
+        p, left = self._preempt, None
+        if self._tier2 is not None:  # drains what is due, bounded (by the grace after a notice)
+            c = p.carry if p is not None else None
+            left = self._tier2.close(drain=drain, drain_s=c.drain_s if c else None)
+        if p is not None:
+            p.finish(tier2_left=left)
+            p.close()
         if self._tier1 is not None:
             self._tier1.release()
         if self._tier0 is not None:

@@ -66,9 +66,9 @@ def plan(nbytes: int, *, grace_s: float, tiers: Sequence[str],
     of the chain already spent (the job re-plans from where it is). A link that cannot end
     by ``grace_s - margin_s`` is not reached, and neither is any link after it.
     """
-    for t in tiers:
-        if t not in TIERS:
-            raise ValueError(f"unknown tier {t!r}; tiers are {', '.join(TIERS)}")
+    for name in tiers:
+        if name not in TIERS:
+            raise ValueError(f"unknown tier {name!r}; tiers are {', '.join(TIERS)}")
     budget = grace_s - margin_s
     t = max(elapsed_s, stop_s + stage_s)
     links: list[Link] = []

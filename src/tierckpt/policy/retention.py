@@ -77,28 +77,29 @@ def upload_due(step: int, *, upload_every: int) -> bool:
 
 
 def next_upload(complete_steps: Iterable[int], *, upload_every: int,
-                done: Iterable[int]) -> int | None:
+                done: Iterable[int], requested: Iterable[int] = ()) -> int | None:
     """The step the uploader should copy next, or None.
 
     Newest first: the newest due step that is not done, provided it is newer than every
     done step. A due step older than the newest done one is abandoned (a newer copy
     already exists), so a slow uploader skips ahead instead of falling further behind.
+    ``requested`` steps are due whatever ``upload_every`` says (an emergency save).
     """
-    done_set = set(done)
+    done_set, asked = set(done), set(requested)
     floor = max(done_set, default=-1)
-    due = [s for s in complete_steps if upload_due(s, upload_every=upload_every)
+    due = [s for s in complete_steps if (s in asked or upload_due(s, upload_every=upload_every))
            and s not in done_set and s > floor]
     return max(due, default=None)
 
 
 def tier1_upload_holds(complete_steps: Iterable[int], *, upload_every: int,
-                       done: Iterable[int]) -> set[int]:
+                       done: Iterable[int], requested: Iterable[int] = ()) -> set[int]:
     """Tier-1 steps retention must keep because the uploader may still copy them: due,
     not done, and newer than the newest done step (see :func:`next_upload`). Pass them to
-    :func:`tier1_deletions` as ``pinned``."""
-    done_set = set(done)
+    :func:`tier1_deletions` as ``pinned``. ``requested``: as for :func:`next_upload`."""
+    done_set, asked = set(done), set(requested)
     floor = max(done_set, default=-1)
-    return {s for s in complete_steps if upload_due(s, upload_every=upload_every)
+    return {s for s in complete_steps if (s in asked or upload_due(s, upload_every=upload_every))
             and s not in done_set and s > floor}
 
 

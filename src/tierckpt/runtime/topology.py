@@ -52,6 +52,17 @@ class Comm:
         dist.broadcast_object_list(box, src=src, group=self.group)
         return box[0]
 
+    def store(self) -> Any:
+        """A private connection to the job's store (a clone of the default group's), for a
+        thread that must not share the training thread's socket; None when not distributed
+        or the store cannot be cloned."""
+        if self.group is None:
+            return None
+        try:
+            return dist.distributed_c10d._get_default_store().clone()  # type: ignore[attr-defined]
+        except (RuntimeError, AttributeError, ValueError):
+            return None
+
     def barrier(self) -> None:
         if self.group is not None:
             self.all_gather(None)

@@ -43,6 +43,9 @@ SMALL_FILE_LIMIT = 64 << 20
 """Largest marker or manifest any reader accepts (bytes); larger is an IntegrityError."""
 QUARANTINE_REASON = "QUARANTINE_REASON"
 UPLOAD_HOLDER = "upload"
+UPLOAD_REQUEST = "upload-request"
+"""Pin holder of a step the job asked to have uploaded whatever ``upload_every`` says (an
+emergency save); the uploader removes the pin once the step is verified on tier 2."""
 """Pin holder name of the tier-2 uploader."""
 UPLOAD_DONE = frozenset({"verified", "files_verified", "conflict"})
 """Upload statuses after which tier-1 retention need not keep a step for the uploader."""
@@ -168,6 +171,14 @@ class Tier1Catalog:
     def unpin(self, step: int, holder: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.root / layout.PINS / layout.pin_filename(step, holder))
+
+    def request_upload(self, step: int) -> None:
+        """Ask the uploader to copy ``step`` next, whatever its cadence (pins it)."""
+        self.pin(step, UPLOAD_REQUEST)
+
+    def upload_requests(self) -> set[int]:
+        """Steps asked for by :meth:`request_upload` and not yet verified on tier 2."""
+        return {s for s, holders in self.pins().items() if UPLOAD_REQUEST in holders}
 
     def unpin_all(self, holder: str) -> None:
         """Remove every pin of ``holder`` (e.g. left by a killed uploader)."""

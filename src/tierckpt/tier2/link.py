@@ -106,21 +106,23 @@ class Tier2Link:
             raise failure
         _log.error("%s (on_save_error=continue)", failure)
 
-    def close(self, *, drain: bool) -> None:
-        """Stop the uploader: first let it copy what is due for up to ``drain_s`` when
+    def close(self, *, drain: bool, drain_s: float | None = None) -> list[int] | None:
+        """Stop the uploader: first let it copy what is due for up to ``drain_s`` (default
+        ``Tier2.drain_s``; an emergency save passes what is left of its grace) when
         ``drain`` (a clean close), else at once (it resumes from its records). A tier 2
         that has not answered since this process started (the probe got no answer and no
-        upload has verified since) gets no drain: the steps left on tier 1 are named."""
+        upload has verified since) gets no drain: the steps left on tier 1 are named.
+        Returns those steps (None: this rank runs no uploader)."""
         if self._uploader is None:
-            return
+            return None
         uploader, self._uploader = self._uploader, None
         if drain and self.down is not None:
             last = uploader.health().last_success_unix
             if last is None or last < self._started_unix:
-                uploader.close(0.0, why=f"tier 2 has not answered since this job started "
-                                        f"({self.down}); not waiting for it")
-                return
-        uploader.close(self.config.drain_s if drain else 0.0)
+                return uploader.close(0.0, why=f"tier 2 has not answered since this job "
+                                               f"started ({self.down}); not waiting for it")
+        limit = self.config.drain_s if drain_s is None else min(drain_s, self.config.drain_s)
+        return uploader.close(limit if drain else 0.0)
 
 
 def _missing_dir(url: str) -> bool:

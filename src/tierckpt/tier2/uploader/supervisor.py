@@ -76,7 +76,7 @@ class UploaderSupervisor:
         """Committed steps the uploader still has to copy, oldest first."""
         return sorted(retention.tier1_upload_holds(
             self.local.complete_steps(), upload_every=self.config.upload_every,
-            done=self.local.uploaded_steps()))
+            done=self.local.uploaded_steps(), requested=self.local.upload_requests()))
 
     def health(self) -> Health:
         """Read the upload records and the child's state (no side effects)."""

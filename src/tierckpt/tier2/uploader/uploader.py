@@ -10,7 +10,7 @@ from typing import Any
 from tierckpt.format import layout
 from tierckpt.policy import retention
 from tierckpt.runtime import events
-from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+from tierckpt.tier1.catalog import UPLOAD_HOLDER, UPLOAD_REQUEST, Tier1Catalog
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
@@ -72,14 +72,19 @@ class Uploader:
         """The step to upload next (see :func:`tierckpt.policy.retention.next_upload`)."""
         return retention.next_upload(self.local.complete_steps(),
                                      upload_every=self.config.upload_every,
-                                     done=self.local.uploaded_steps())
+                                     done=self.local.uploaded_steps(),
+                                     requested=self.local.upload_requests())
 
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
         """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
-        once this call wrote its marker, apply tier-2 retention."""
-        return transfer.upload_step(self.local, self.remote, step, log=self.log,
-                                    progress=self._progress, stop=stop,
-                                    committed=self.apply_retention)
+        once this call wrote its marker, apply tier-2 retention and drop the step's upload
+        request, if any."""
+        result = transfer.upload_step(self.local, self.remote, step, log=self.log,
+                                      progress=self._progress, stop=stop,
+                                      committed=self.apply_retention)
+        if step in self.local.uploaded_steps():
+            self.local.unpin(step, UPLOAD_REQUEST)
+        return result
 
     def run_once(self, stop: threading.Event | None = None) -> UploadResult | None:
         """Upload the next due step, if any; return its result (None when idle)."""

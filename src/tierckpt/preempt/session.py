@@ -1,0 +1,207 @@
+"""One manager's preemption machinery, from start-up to exit: the notice sources, the stop
+watcher, the emergency save's carry to the most durable tier the grace allows, and the
+exit status. :class:`~tierckpt.CheckpointManager` calls it at each check
+(``should_save``/``should_stop``) and at ``close()``.
+
+The carry (after the save at the agreed step is committed on the fastest tier):
+
+- kept in RAM only (tier 0) → copied to tier 1, unless this run's measured tier-1 write
+  time says it cannot end by ``deadline - margin`` (then it is left in RAM, and named);
+- with tier 2 → the step is asked for by name (whatever ``upload_every`` says), and
+  ``close()`` gives the uploader what is left of the grace, minus the margin, unless the
+  measured upload time says it cannot make it. An upload cut off writes no marker, so a
+  partial copy is never trusted.
+
+``preempt_saved`` names what was reached and what was abandoned, and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tierckpt.errors import CheckpointError
+from tierckpt.policy import notice as notice_plan
+from tierckpt.preempt.config import Poller, Preemption
+from tierckpt.preempt.notice import NoticeBox
+from tierckpt.preempt.signals import SignalNotices
+from tierckpt.preempt.watch import StopWatch, Store
+from tierckpt.runtime import events
+
+_log = logging.getLogger("tierckpt")
+
+
+@dataclasses.dataclass
+class Carry:
+    """What the emergency save reached (fastest first) and what it did not, with why."""
+
+    step: int
+    reached: list[str] = dataclasses.field(default_factory=list)
+    abandoned: dict[str, str] = dataclasses.field(default_factory=dict)
+    drain_s: float | None = None
+    """Seconds ``close()`` gives the uploader (None: no tier 2, or not attempted)."""
+
+
+class PreemptSession:
+    """Built at the manager's start (collective only in that every rank builds one).
+    ``store``: a private connection to the job's store (None: a single process)."""
+
+    def __init__(self, config: Preemption, *, store: Store | None, rank: int,
+                 world_size: int, run_id: str, log: events.EventLog,
+                 events_path: Path) -> None:
+        self.config, self.log, self.events_path = config, log, events_path
+        self.box = NoticeBox()
+        self.signals = SignalNotices(self.box, config.signals, grace_s=config.grace_s)
+        self.signals.install()
+        self.watch = StopWatch(self.box, store=store, rank=rank, world_size=world_size,
+                               key=f"tierckpt/preempt/{run_id}", poll_s=config.watch_s,
+                               pollers=(*config.pollers, *_trigger(config)), log=log,
+                               margin_s=config.margin_s).start()
+        self.stopped_at: int | None = None
+        self.carry: Carry | None = None
+        self._t_check = 0.0
+
+    # -- the loop's checks ----------------------------------------------------------------
+    def target(self, step: int) -> int | None:
+        """The agreed stop step once a notice is known (waits for the agreement), else
+        None. Records ``step`` as this rank's progress first."""
+        w = self.watch
+        if step > w.progress:
+            w.progress = step
+        if not w.noticed:
+            return None
+        target = w.wait_target(step)
+        if target is None:
+            raise CheckpointError(f"preemption: {w.error}; stopping without an emergency "
+                                  "save (the newest committed checkpoint is the resume point)")
+        return target
+
+    def should_save(self, step: int) -> bool:
+        """True at the agreed step (the loop's ``should_save`` ORs it in)."""
+        return self.stopped_at is None and self.target(step) == step
+
+    def at_stop(self, step: int) -> bool:
+        """``should_stop``'s decision: arms the signals (the opt-in); True at the agreed
+        step (or after it was taken)."""
+        self.signals.armed = True
+        if self.stopped_at is not None:
+            return True
+        target = self.target(step)
+        if target is None or step < target:
+            return False
+        if step > target:  # cannot happen in lockstep: say so rather than save late
+            _log.error("preemption: the agreed step was %d but this rank is at %d", target,
+                       step)
+        n = self.watch.notice
+        self.log.emit(events.PREEMPT_STOP, step=step, source=n.source if n else None,
+                      notice_s=time.time() - n.received_unix if n else None,
+                      deadline_unix=n.deadline_unix if n else None)
+        self.stopped_at = step
+        return True
+
+    # -- the carry ------------------------------------------------------------------------
+    def carry_save(self, step: int, *, nbytes: int, tier: str, tier0: bool, tier2: bool,
+                   flush: Callable[[], None], request_upload: Callable[[int], None]) -> Carry:
+        """After the emergency save of ``step`` committed on ``tier`` (``tier0``: kept in
+        RAM only; ``tier1``): copy it on as far as the grace allows (see the module
+        docstring). ``flush`` copies the RAM save to tier 1 (collective);
+        ``request_upload`` asks this root's uploader for the step."""
+        c = Carry(step=step, reached=["tier0"] if tier == "tier0" else [])
+        if tier0 and tier != "tier0":
+            c.reached.append("tier0")  # a tier-1 save with tier 0 on is in RAM as well
+        rates = measured_rates(self.events_path)
+        remaining = self.remaining_s()
+        if tier == "tier0":
+            p = notice_plan.plan(nbytes, grace_s=remaining, tiers=("tier1",),
+                                 rates_bps=rates, margin_s=self.config.margin_s)
+            link = p.links[0]
+            if link.reached or "not known" in link.why:
+                try:
+                    flush()
+                    c.reached.append("tier1")
+                except Exception as e:
+                    c.abandoned["tier1"] = f"the copy failed: {e}"
+            else:
+                c.abandoned["tier1"] = link.why
+        else:
+            c.reached.append("tier1")
+        if tier2:
+            if "tier1" not in c.reached:
+                c.abandoned["tier2"] = "tier 1 was not reached (tier 2 copies from it)"
+            else:
+                left = self.remaining_s() - self.config.margin_s
+                p = notice_plan.plan(nbytes, grace_s=self.remaining_s(), tiers=("tier2",),
+                                     rates_bps=rates, margin_s=self.config.margin_s)
+                link = p.links[0]
+                if left <= 0:
+                    c.abandoned["tier2"] = "no grace left"
+                elif link.reached or "not known" in link.why:
+                    request_upload(step)
+                    c.drain_s = left
+                else:
+                    c.abandoned["tier2"] = link.why
+        self.carry = c
+        return c
+
+    def finish(self, *, tier2_left: list[int] | None) -> None:
+        """At close, after the uploader's bounded drain (``tier2_left``: steps it left on
+        tier 1; None: this rank has no uploader): log ``preempt_saved``."""
+        c = self.carry
+        if c is None:
+            return
+        if c.drain_s is not None and tier2_left is not None:
+            if c.step in tier2_left:
+                c.abandoned["tier2"] = (f"the upload did not finish in the {c.drain_s:.1f} s "
+                                        "left (no marker: the partial copy is not trusted)")
+            else:
+                c.reached.append("tier2")
+        n = self.watch.notice
+        self.log.emit(events.PREEMPT_SAVED, step=c.step, reached=c.reached,
+                      abandoned=c.abandoned,
+                      seconds=time.time() - n.received_unix if n else None,
+                      remaining_s=self.remaining_s())
+        _log.warning("preemption: step %d saved to %s%s", c.step, ", ".join(c.reached),
+                     "".join(f"; not {t}: {why}" for t, why in c.abandoned.items()))
+        if self.config.exit_code is not None:
+            self.log.emit(events.PREEMPT_EXIT, step=c.step, code=self.config.exit_code)
+
+    def remaining_s(self) -> float:
+        n = self.watch.notice or self.box.first
+        return n.remaining_s() if n is not None else float("inf")
+
+    def close(self) -> None:
+        self.watch.close()
+        self.signals.uninstall()
+
+
+def _trigger(config: Preemption) -> tuple[Poller, ...]:
+    path = config.trigger_path()
+    if path is None:
+        return ()
+    from tierckpt.preempt.pollers import FileTrigger
+    return (FileTrigger(path, grace_s=config.grace_s),)
+
+
+def measured_rates(events_path: Path) -> dict[str, float | None]:
+    """This root's newest measured bytes/s into tier 1 (a save's background write) and
+    tier 2 (an upload, verification included); None where nothing was measured."""
+    rates: dict[str, float | None] = {"tier1": None, "tier2": None}
+    try:
+        records: list[dict[str, Any]] = events.read_events(events_path)
+    except OSError:
+        return rates
+    for r in records:
+        kind, b = r.get("event"), r.get("bytes")
+        if kind == events.SAVE_COMMITTED and r.get("tier", "tier1") == "tier1":
+            s = r.get("write_seconds")
+        elif kind == events.UPLOAD_VERIFIED:
+            s = r.get("seconds")
+        else:
+            continue
+        if isinstance(b, int) and isinstance(s, int | float) and s > 0 and b > 0:
+            rates["tier1" if kind == events.SAVE_COMMITTED else "tier2"] = b / s
+    return rates
