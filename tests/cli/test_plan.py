@@ -147,5 +147,6 @@ def test_flag_set_is_frozen() -> None:
     assert flags("plan") == {
         "--blocking", "--compare", "--from-drill", "--from-events", "--job-mtbf",
         "--json", "--node-mtbf", "--nodes", "--plot", "--resize", "--restart", "--rule",
-        "--write-time"
+        "--write-time", "--notice", "--tier1", "--size-per-node", "--tier0-rate",
+        "--tier1-rate", "--tier2-rate", "--step-time", "--margin"
     }

@@ -77,6 +77,14 @@ def test_help_and_version_start_without_torch(argv: list[str]) -> None:
     assert ("Usage: tierckpt" in proc.stdout) or proc.stdout.startswith("tierckpt ")
 
 
+def test_plan_notice_runs_without_torch() -> None:
+    codes, proc = run_cli(["plan", "--notice", "30s", "--notice", "2m", "--size-per-node",
+                           "10GB", "--tier1-rate", "1GB/s", "--tier2-rate", "200MB/s"],
+                          block=("torch",))
+    assert codes == [0], proc.stdout + proc.stderr
+    assert "terminationGracePeriodSeconds" in proc.stdout
+
+
 @pytest.mark.slow
 def test_light_commands_run_without_torch(template: Path, tmp_path: Path) -> None:
     t1, t2, fresh = clone(template, tmp_path / "t1"), tmp_path / "t2", tmp_path / "fresh"

@@ -8,8 +8,10 @@ from tierckpt.errors import ConfigError
 from tierckpt.policy.units import (
     format_bytes,
     format_duration,
+    format_rate,
     parse_count,
     parse_duration,
+    parse_rate,
     parse_size,
 )
 
@@ -53,6 +55,24 @@ def test_parse_size_values(text: str, nbytes: int) -> None:
 def test_parse_size_errors_name_the_argument(text: str) -> None:
     with pytest.raises(ConfigError, match="--node-ram"):
         parse_size(text, "--node-ram")
+
+
+@pytest.mark.parametrize(("text", "bps"), [
+    ("1GB/s", 1e9), ("200MB/s", 2e8), ("1.5GiB/s", 1.5 * 2**30), (" 500 MB / s ", 5e8),
+    ("10kB/sec", 1e4),
+])
+def test_parse_rate_values(text: str, bps: float) -> None:
+    assert parse_rate(text, "--tier1-rate") == bps
+
+
+@pytest.mark.parametrize("text", ["1GB", "1GB/m", "fast/s", "-1GB/s", "0/s", "/s"])
+def test_parse_rate_errors_name_the_argument(text: str) -> None:
+    with pytest.raises(ConfigError, match="--tier1-rate"):
+        parse_rate(text, "--tier1-rate")
+
+
+def test_format_rate() -> None:
+    assert format_rate(1.25e9) == "1.2 GB/s"
 
 
 @pytest.mark.parametrize(("text", "count"), [

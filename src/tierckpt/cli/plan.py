@@ -1,5 +1,7 @@
 """``tierckpt plan``: the checkpoint interval (Young, Daly), its expected waste by cause, the
-cost in node-days, a resize, and strategies side by side — from given or measured C, R, W."""
+cost in node-days, a resize, and strategies side by side — from given or measured C, R, W.
+With ``--notice 30s``: whether that grace is enough for an emergency save to each tier
+(:mod:`tierckpt.cli._notice`); the interval too when an MTBF is given."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from tierckpt.cli import _planinputs
+from tierckpt.cli import _notice, _planinputs
 from tierckpt.cli._app import command
 from tierckpt.cli._render import Curve, config_errors, console, emit_json, pct, plot_waste
 from tierckpt.errors import ConfigError
+from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
 from tierckpt.policy.units import format_duration, parse_duration
 
@@ -43,19 +46,69 @@ def plan(
     ] = False,
     plot: Annotated[Path | None, typer.Option(help="Draw waste vs interval to this PNG.")
     ] = None,
+    notice: Annotated[list[str] | None, typer.Option(
+        help="A grace period (30s, 2m), repeatable: can the emergency save reach each tier "
+             "in it? No MTBF needed.")] = None,
+    tier1: Annotated[Path | None, typer.Option(
+        help="Tier-1 root: measure from its events.jsonl (as --from-events).")] = None,
+    size_per_node: Annotated[str | None, typer.Option(
+        help="With --notice: checkpoint bytes each node writes (80GB).")] = None,
+    tier0_rate: Annotated[str | None, typer.Option(
+        help="With --notice: one node's copy into RAM (5GB/s); puts tier 0 in the chain.")
+    ] = None,
+    tier1_rate: Annotated[str | None, typer.Option(
+        help="With --notice: one node's write to tier 1 (1GB/s).")] = None,
+    tier2_rate: Annotated[str | None, typer.Option(
+        help="With --notice: one node's upload to tier 2, verified (200MB/s).")] = None,
+    step_time: Annotated[str | None, typer.Option(
+        help="With --notice: one training step (the stop waits for it): 2s.")] = None,
+    margin: Annotated[str | None, typer.Option(
+        help="With --notice: seconds kept free before the deadline (default 2s).")] = None,
 ) -> None:
-    """Checkpoint interval and expected waste: C/τ + τ/(2M) + R/M, τ = sqrt(2CM)."""
+    """Checkpoint interval and expected waste: C/τ + τ/(2M) + R/M, τ = sqrt(2CM).
+
+    With --notice GRACE: what an emergency save reaches before the kill."""
     with config_errors():
-        doc = plan_report(blocking=blocking, restart=restart, write_time=write_time,
-                          job_mtbf=job_mtbf, node_mtbf=node_mtbf, nodes=nodes, rule=rule,
-                          resize=resize, compare=compare or [], from_events=from_events,
-                          from_drill=from_drill)
-        if plot is not None:
-            _plot(plot, doc)
+        events_path = _events_path(tier1, from_events)
+        notice_flags = {"--size-per-node": size_per_node, "--tier0-rate": tier0_rate,
+                        "--tier1-rate": tier1_rate, "--tier2-rate": tier2_rate,
+                        "--step-time": step_time, "--margin": margin}
+        if not notice and (stray := [k for k, v in notice_flags.items() if v is not None]):
+            raise ConfigError(f"{', '.join(stray)}: only used with --notice GRACE")
+        doc: dict[str, Any] = {}
+        if not notice or job_mtbf is not None or node_mtbf is not None:
+            doc = plan_report(blocking=blocking, restart=restart, write_time=write_time,
+                              job_mtbf=job_mtbf, node_mtbf=node_mtbf, nodes=nodes, rule=rule,
+                              resize=resize, compare=compare or [], from_events=events_path,
+                              from_drill=from_drill)
+            if plot is not None:
+                _plot(plot, doc)
+        if notice:
+            inputs = _notice.resolve(events_path=events_path, size=size_per_node,
+                                     tier0_rate=tier0_rate, tier1_rate=tier1_rate,
+                                     tier2_rate=tier2_rate, step_time=step_time,
+                                     blocking=blocking, margin=margin)
+            doc["notice"] = _notice.report(notice, inputs)
     if as_json:
         emit_json(doc)
-    else:
+        return
+    if "interval_s" in doc:
         _render(doc, plot)
+    if "notice" in doc:
+        _notice.render(doc["notice"])
+
+
+def _events_path(tier1: Path | None, from_events: Path | None) -> Path | None:
+    """The event log measured: ``--tier1 DIR``'s or ``--from-events FILE``, not both."""
+    if tier1 is None:
+        return from_events
+    if from_events is not None:
+        raise ConfigError("give --tier1 DIR or --from-events FILE, not both")
+    path = tier1 / layout.EVENTS
+    if not path.is_file():
+        raise ConfigError(f"--tier1: {str(tier1)!r} is not a tier-1 root with {layout.EVENTS} "
+                          "(an events file goes to --from-events)")
+    return path
 
 
 def plan_report(*, blocking: str | None, restart: str | None, write_time: str | None,

@@ -9,7 +9,8 @@ Durations: a number with an optional unit, or several joined (``90s``, ``15m``, 
 ``32d``, ``1h30m``, ``250ms``, ``2w``); a bare number is seconds. Sizes: a number with a
 decimal (``kB MB GB TB PB``, powers of 1000) or binary (``KiB MiB GiB TiB PiB``, powers of
 1024) unit, or ``B``; a bare number is bytes. Counts: ``70e9``, ``70B``, ``8B``, ``1.5T``,
-``350M`` (K, M, B/G, T are powers of 1000 — ``B`` means billion here, not bytes).
+``350M`` (K, M, B/G, T are powers of 1000 — ``B`` means billion here, not bytes). Rates: a
+size per second (``1GB/s``, ``200MB/s``, ``1.5GiB/s``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ def parse_size(text: str | int, name: str, *, allow_zero: bool = False) -> int:
     return round(total)
 
 
+def parse_rate(text: str, name: str) -> float:
+    """Bytes per second in ``text``: a size, then ``/s`` (``"1GB/s"``, ``"200MiB/s"``);
+    ConfigError naming ``name``."""
+    body, slash, per = text.strip().rpartition("/")
+    if not slash or per.strip().lower() not in ("s", "sec"):
+        raise ConfigError(f"{name}: cannot read {text!r} as a rate; give a size per second, "
+                          "e.g. 1GB/s or 200MiB/s")
+    return float(parse_size(body, name))
+
+
 def parse_count(text: str | float, name: str) -> int:
     """A positive count such as a parameter count (``"70e9"``, ``"70B"``, ``"1.5T"``)."""
     example = "70e9, 70B or 1.5T"
@@ -156,6 +167,11 @@ def format_duration(seconds: float) -> str:
     if s < 3 * 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def format_rate(bps: float) -> str:
+    """``format_bytes`` per second: ``"1.2 GB/s"``."""
+    return f"{format_bytes(bps)}/s"
 
 
 def format_bytes(n: float) -> str:
