@@ -9,7 +9,7 @@ import pytest
 
 import tierckpt.cli.report  # noqa: F401  (registers the command)
 from tests.cli._helpers import flags, invoke, invoke_json
-from tests.policy.test_goodput import _run
+from tests.policy.test_goodput import _preempted_run, _run
 
 
 @pytest.fixture
@@ -44,3 +44,34 @@ def test_bad_source_exits_2(tmp_path: Path) -> None:
 
 def test_flags_are_frozen() -> None:
     assert flags("report") == {"--tier1", "--events", "--node-mtbf", "--nodes", "--plot", "--json"}
+
+
+@pytest.fixture
+def preempted_root(tmp_path: Path) -> Path:
+    root = tmp_path / "t1"
+    root.mkdir()
+    (root / "events.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                               for r in _preempted_run()))
+    return root
+
+
+def test_json_splits_announced_from_unannounced(preempted_root: Path) -> None:
+    doc = invoke_json("report", "--tier1", str(preempted_root))
+    assert doc["failures"] == 1 and doc["announced"] == 1
+    kinds = doc["interruptions_by_kind"]
+    assert kinds["announced"]["count"] == 1 and kinds["announced"]["lost_steps"] == 0
+    assert kinds["unannounced"]["lost_steps"] == 5
+    assert kinds["announced"]["restart_s"] == pytest.approx(110 - 75.6)
+    assert sum(doc["seconds"].values()) == pytest.approx(doc["wall_s"])
+
+
+def test_table_shows_each_kind(preempted_root: Path, tmp_path: Path) -> None:
+    png = tmp_path / "goodput.png"
+    r = invoke("report", "--tier1", str(preempted_root), "--plot", str(png))
+    text = " ".join(r.stdout.split())
+    assert r.exit_code == 0, r.output
+    for fragment in ("1 failure(s)", "1 announced preemption(s)", "interruptions",
+                     "unannounced", "34.4 s",
+                     "emergency save committed"):
+        assert fragment in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -105,3 +105,65 @@ def test_each_save_counts_at_its_slowest_rank() -> None:
     assert s["lost_work"] == pytest.approx(base.seconds["lost_work"])
     assert s["productive"] == pytest.approx(
         base.seconds["productive"] - (s["blocked"] - 1.5) - s["slowed"] - s["overlap"])
+
+
+def _preempted_run(reached: list[str] | None = None) -> list[dict[str, Any]]:
+    """_run(), then incarnation 2 gets a notice at t = 74.3 (in step 34); every rank stops
+    after step 35: the emergency save (C 0.5 s), preempt_stop at 75.6, preempt_saved at 80.
+    Incarnation 3 (pid 3) starts at 100, resumes from step 35, first step 36 at 110, runs to
+    step 45 at t = 119. ``reached=[]``: the save reached no tier (not announced)."""
+    recs = [r for r in _run() if r["t"] < 75]
+    recs += [_ev(74.3, "preempt_notice", 2, source="signal:SIGTERM", received_unix=74.3,
+                 deadline_unix=104.3, detail=""),
+             _ev(75.0, "progress", 2, step=35),
+             _ev(75.5, "save_staged", 2, step=35, seconds=0.5),
+             _ev(75.6, "preempt_stop", 2, step=35, source="signal:SIGTERM", notice_s=1.3,
+                 deadline_unix=104.3),
+             _ev(78.0, "save_committed", 2, step=35, seconds=2.5, write_seconds=2.0,
+                 bytes=10, tier="tier1"),
+             _ev(80.0, "preempt_saved", 2, step=35,
+                 reached=["tier1", "tier2"] if reached is None else reached, abandoned={},
+                 seconds=5.7, remaining_s=24.3),
+             _ev(80.0, "preempt_exit", 2, step=35, code=75)]
+    recs += [_ev(100, "process_start", 3, restart_count=2),
+             _ev(105, "restore_done", 3, step=35, seconds=2.0),
+             _ev(110, "first_step", 3, step=36)]
+    recs += [_ev(110 + s - 36, "progress", 3, step=s) for s in range(36, 46)]
+    return recs
+
+
+def test_announced_and_unannounced_interruptions_are_split() -> None:
+    g = goodput.account(_preempted_run())
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
+    assert g.seconds["unaccounted"] == pytest.approx(0.0, abs=1e-9)
+    killed, preempted = g.interruptions
+    assert killed.kind == "unannounced" and killed.at_t == 34.9
+    assert killed.lost_steps == 5 and killed.restart_s == pytest.approx(60 - 34.9)
+    assert preempted.kind == "announced" and preempted.at_t == 75.6  # the agreed stop
+    assert preempted.lost_steps == 0 and preempted.lost_work_s == 0.0
+    assert preempted.restart_s == pytest.approx(110 - 75.6)  # the carry counts as restart
+    assert g.seconds["restart"] == pytest.approx(killed.restart_s + preempted.restart_s)
+    assert (g.failures, g.announced) == (1, 1)
+    assert g.R_s == pytest.approx(killed.restart_s)  # R and M: the unannounced only
+    kinds = g.by_kind()
+    assert kinds["announced"] == {"count": 1, "lost_steps": 0, "lost_work_s": 0.0,
+                                  "restart_s": pytest.approx(34.4)}
+    assert kinds["unannounced"]["lost_work_s"] == pytest.approx(killed.lost_work_s)
+    doc = g.to_json()
+    assert doc["announced"] == 1 and doc["failures"] == 1
+    assert doc["interruptions_by_kind"]["unannounced"]["count"] == 1
+    assert [i["kind"] for i in doc["interruptions"]] == ["unannounced", "announced"]
+
+
+def test_a_notice_whose_save_reached_nothing_is_unannounced() -> None:
+    g = goodput.account(_preempted_run(reached=[]))
+    assert [i.kind for i in g.interruptions] == ["unannounced", "unannounced"]
+    assert g.failures == 2 and g.announced == 0
+    # no committed emergency save: training is counted to the incarnation's last event
+    assert g.interruptions[1].at_t == 80.0
+
+
+def test_a_run_without_notices_has_only_unannounced_interruptions() -> None:
+    g = goodput.account(_run())
+    assert [i.kind for i in g.interruptions] == ["unannounced"]
+    assert g.by_kind()["announced"]["count"] == 0

@@ -3,7 +3,9 @@ across restarts.
 
 Wall time split into productive training, blocked by saves (C), waiting for a previous
 save, lost work, restart and start-up (:mod:`tierckpt.policy.goodput`); the failures, saves
-and interval; the measured waste beside the model's prediction for the same C, R, τ, M.
+and interval; the interruptions split into announced (a notice, and the emergency save
+committed) and unannounced (failures), with the lost work and restart time of each kind;
+the measured waste beside the model's prediction for the same C, R, τ, M.
 ``--plot FILE`` draws the split as a stacked bar and the run's steps over time with its
 failures and resumes.
 """
@@ -82,12 +84,32 @@ def render(g: goodput.Goodput, title: str) -> None:
                   pct(g.seconds[k] / g.wall_s if g.wall_s else 0.0))
     t.add_row("[bold]wall[/]", format_duration(g.wall_s), "100 %")
     out.print(t)
-    out.print(f"goodput [bold]{pct(g.goodput)}[/]: {g.failures} failure(s), {g.saves} saves"
+    out.print(f"goodput [bold]{pct(g.goodput)}[/]: {g.failures} failure(s), "
+              f"{g.announced} announced preemption(s), {g.saves} saves"
               + (f", interval {format_duration(g.interval_s)}" if g.interval_s else ""))
+    if g.interruptions:
+        out.print(_interruptions(g))
     if g.predicted_waste is not None:
         out.print(f"waste measured {pct(g.waste)}, the model predicts "
                   f"{pct(g.predicted_waste)} for C {format_duration(g.C_s or 0)}, R "
                   f"{format_duration(g.R_s or 0)}, M {format_duration(g.M_s or 0)}")
+
+
+def _interruptions(g: goodput.Goodput) -> Table:
+    """Per kind: how many, the work lost (steps and time) and the restart time."""
+    t = Table(title="interruptions", title_justify="left", caption_justify="left",
+              caption="announced: a notice came and the emergency save committed; "
+                      "unannounced: failures")
+    for col, just in (("kind", "left"), ("count", "right"), ("lost steps", "right"),
+                      ("lost work", "right"), ("restart", "right"),
+                      ("restart each", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for kind, row in g.by_kind().items():
+        n = int(row["count"])
+        t.add_row(kind, str(n), str(int(row["lost_steps"])), format_duration(row["lost_work_s"]),
+                  format_duration(row["restart_s"]),
+                  format_duration(row["restart_s"] / n) if n else "—")
+    return t
 
 
 def _plot(g: goodput.Goodput, path: Path) -> None:
@@ -115,9 +137,12 @@ def _plot(g: goodput.Goodput, path: Path) -> None:
                           [inc.first_step, inc.last_step or inc.first_step], "-o", ms=3)
             if inc.failure_t is not None:
                 line.axvline((inc.failure_t - t0) / 60, color="red", alpha=0.5)
+            if inc.announced and inc.stop_t is not None:
+                line.axvline((inc.stop_t - t0) / 60, color="orange", alpha=0.7)
         line.set_xlabel("minutes since the run started")
         line.set_ylabel("step")
-        line.set_title("steps per incarnation (red: failure detected)")
+        line.set_title("steps per incarnation (red: failure detected; orange: preempted, "
+                       "saved)")
         try:
             fig.savefig(path, dpi=110, bbox_inches="tight")
         except OSError as e:

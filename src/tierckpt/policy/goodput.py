@@ -18,6 +18,13 @@ The run is cut into incarnations (one per rank-0 process, in start order). For e
   from (``restore_done``), at that incarnation's measured seconds per step;
 - **productive**: the rest of its training time.
 
+An incarnation that ends with ``preempt_saved`` (rank 0's, naming at least one tier reached)
+was *announced*: a notice came, every rank stopped at the agreed step and the emergency save
+committed. Its training ends at ``preempt_stop``; the emergency save's carry after it counts
+as restart. Every other end but the last is *unannounced* (a failure: a kill, a crash, a
+hang). :attr:`Goodput.failures`, R and the observed M count the unannounced ones only; each
+:class:`Interruption` has its kind, lost work and restart time.
+
 The parts sum to the wall time (first event → last event); ``unaccounted`` holds what a
 gap between incarnations leaves over. The model's prediction for the same C, R, τ and M
 (:func:`tierckpt.policy.plan.waste`) is reported beside the measured waste.
@@ -36,6 +43,16 @@ from tierckpt.policy import costs, plan
 
 CATEGORIES = ("productive", "blocked", "slowed", "overlap", "lost_work", "restart",
               "startup", "unaccounted")
+KINDS = ("announced", "unannounced")
+
+
+def saved_preemption(record: Mapping[str, Any]) -> bool:
+    """Whether ``record`` says an emergency save committed on a notice: ``preempt_saved``
+    with a non-empty ``reached`` (the tiers that hold it). The one test of "announced"
+    that the report and the auto interval's failure count share."""
+    reached = record.get("reached")
+    return record.get("event") == "preempt_saved" and isinstance(reached, list) \
+        and bool(reached)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +65,23 @@ class Incarnation:
     last_step: int | None
     resumed_from: int | None  # the step restore() loaded, None on a fresh start
     failure_t: float | None
+    stop_t: float | None = None  # its preempt_stop: training ended at the agreed step
+    announced: bool = False  # it ended with a committed emergency save (saved_preemption)
+
+
+@dataclasses.dataclass(frozen=True)
+class Interruption:
+    """The end of one incarnation and the start of the next: ``kind`` ``announced`` or
+    ``unannounced``; ``at_t`` when training ended (the agreed stop, the failure's
+    detection, else the last sign of life); the work computed past the step the next one
+    resumed from (``lost_steps``, ``lost_work_s``); ``restart_s`` from ``at_t`` to the next
+    incarnation's first step."""
+
+    kind: str
+    at_t: float
+    lost_steps: int
+    lost_work_s: float
+    restart_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +99,25 @@ class Goodput:
     R_s: float | None
     M_s: float | None
     predicted_waste: float | None
+    interruptions: tuple[Interruption, ...] = ()
+
+    @property
+    def announced(self) -> int:
+        """Interruptions announced by a notice whose emergency save committed."""
+        return sum(1 for i in self.interruptions if i.kind == "announced")
+
+    def by_kind(self) -> dict[str, dict[str, float]]:
+        """Per kind (:data:`KINDS`): ``count``, ``lost_steps``, ``lost_work_s``,
+        ``restart_s`` (sums over the kind's interruptions)."""
+        out = {k: {"count": 0.0, "lost_steps": 0.0, "lost_work_s": 0.0, "restart_s": 0.0}
+               for k in KINDS}
+        for i in self.interruptions:
+            row = out[i.kind]
+            row["count"] += 1
+            row["lost_steps"] += i.lost_steps
+            row["lost_work_s"] += i.lost_work_s
+            row["restart_s"] += i.restart_s
+        return out
 
     @property
     def goodput(self) -> float:
@@ -81,6 +134,11 @@ class Goodput:
                 "goodput": self.goodput, "waste": self.waste, "failures": self.failures,
                 "saves": self.saves, "interval_s": self.interval_s, "C_s": self.C_s,
                 "R_s": self.R_s, "M_s": self.M_s, "predicted_waste": self.predicted_waste,
+                "announced": self.announced,
+                "interruptions_by_kind": {k: {f: (int(v) if f in ("count", "lost_steps")
+                                                  else v) for f, v in row.items()}
+                                          for k, row in self.by_kind().items()},
+                "interruptions": [dataclasses.asdict(i) for i in self.interruptions],
                 "incarnations": [dataclasses.asdict(i) for i in self.incarnations]}
 
 
@@ -115,6 +173,7 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
         first = kinds.get("first_step") or kinds.get("progress")
         restored = kinds.get("restore_done")
         start, end = float(recs[0]["t"]), float(recs[-1]["t"])
+        stop = kinds.get("preempt_stop")
         failure = kinds.get("failure_detected")
         failure_t = None if failure is None else float(failure["t"])
         outside = [f for f in failures_from_outside if start <= f <= end]
@@ -124,7 +183,8 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
             pid=pid, start=start, first_step_t=None if first is None else float(first["t"]),
             end=end, first_step=min(steps, default=None), last_step=max(steps, default=None),
             resumed_from=None if restored is None else int(restored.get("step", -1)),
-            failure_t=failure_t))
+            failure_t=failure_t, stop_t=None if stop is None else float(stop["t"]),
+            announced=any(saved_preemption(r) for r in recs)))
     return sorted(out, key=lambda i: i.start)
 
 
@@ -164,39 +224,62 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
     for part, seconds in _save_parts(recs, incs).items():
         sec[part] += seconds
     dead_prev = None
+    lost: list[tuple[int, float]] = []  # per incarnation but the last: steps, seconds
+    restarts: list[float] = []  # per incarnation but the first
     for k, inc in enumerate(incs):
         begin = inc.first_step_t if inc.first_step_t is not None else inc.end
         last = k + 1 == len(incs)
-        # after a failure was detected the rest of that process is not training
-        end = inc.end if last or inc.failure_t is None else min(inc.end, inc.failure_t)
+        end = _training_end(inc, last)
         if dead_prev is None:
             sec["startup"] += max(0.0, begin - inc.start)
         else:
-            sec["restart"] += max(0.0, begin - dead_prev)
+            restarts.append(max(0.0, begin - dead_prev))
+            sec["restart"] += restarts[-1]
         dead_prev = end
         span = max(0.0, end - begin)
         sec["productive"] += span
         done = None if inc.first_step is None or inc.last_step is None else \
             inc.last_step - inc.first_step
         nxt = None if last else incs[k + 1]
+        steps, seconds = 0, 0.0
         if done and nxt is not None and nxt.resumed_from is not None \
                 and inc.last_step is not None:
-            sec["lost_work"] += max(0, inc.last_step - nxt.resumed_from) * span / done
+            steps = max(0, inc.last_step - nxt.resumed_from)
+            seconds = steps * span / done
+            sec["lost_work"] += seconds
+        if not last:
+            lost.append((steps, seconds))
     sec["productive"] -= sec["blocked"] + sec["slowed"] + sec["overlap"] + sec["lost_work"]
+    interruptions = tuple(
+        Interruption(kind="announced" if inc.announced else "unannounced",
+                     at_t=_training_end(inc, False), lost_steps=steps, lost_work_s=seconds,
+                     restart_s=restart)
+        for inc, (steps, seconds), restart in zip(incs[:-1], lost, restarts, strict=True))
     wall = t1 - t0
     sec["unaccounted"] = wall - sum(v for k, v in sec.items() if k != "unaccounted")
-    failures = len(incs) - 1
+    failures = sum(1 for i in interruptions if i.kind == "unannounced")
     saved_steps = sorted({int(r["step"]) for r in staged if isinstance(r.get("step"), int)})
     save_ts = sorted(float(r["t"]) for r in staged)
     tau = statistics.median([b - a for a, b in itertools.pairwise(save_ts)]) \
         if len(save_ts) > 1 else None
     per_save = [c for c, _ in costs.per_save(recs).values()]  # C + slower steps, if measured
     C = statistics.median(per_save) if per_save else None
-    R = sec["restart"] / failures if failures else None
+    R = sum(i.restart_s for i in interruptions if i.kind == "unannounced") / failures \
+        if failures else None
     M = (node_mtbf_s / nodes) if node_mtbf_s else (wall / failures if failures else None)
     predicted = None
     if tau and C and M:
         predicted = plan.waste(C, tau, M, R or 0.0).total
     return Goodput(wall_s=wall, seconds=sec, incarnations=tuple(incs), failures=failures,
                    saves=len(saved_steps), interval_s=tau, C_s=C, R_s=R, M_s=M,
-                   predicted_waste=predicted)
+                   predicted_waste=predicted, interruptions=interruptions)
+
+
+def _training_end(inc: Incarnation, last: bool) -> float:
+    """When ``inc`` stopped training: its agreed stop (announced), else the failure's
+    detection (what follows it is not training), else its last event."""
+    if last:
+        return inc.end
+    if inc.announced and inc.stop_t is not None:
+        return min(inc.end, inc.stop_t)
+    return inc.end if inc.failure_t is None else min(inc.end, inc.failure_t)

@@ -1,7 +1,9 @@
 """The inputs of an :class:`~tierckpt.policy.interval.AutoInterval` decision, from this
 root's event log (every incarnation of the run appends to it): C, W and R measured by
-:mod:`tierckpt.runtime.measure`, the failures seen (restarted processes) and the run's
-exposure (first event → now), each with where it came from."""
+:mod:`tierckpt.runtime.measure`, the failures seen (restarted processes, less those whose
+previous incarnation ended with a committed emergency save on a notice: a preemption is
+announced, not a failure of the job's nodes) and the run's exposure (first event → now),
+each with where it came from."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.policy import costs
+from tierckpt.policy.goodput import saved_preemption
 from tierckpt.policy.interval import (
     DEFAULT_NODE_MTBF_S,
     DEFAULT_RESTART_S,
@@ -37,8 +40,7 @@ def gather(policy: AutoInterval, events_path: Path, *, world_size: int,
     now = time.time() if now is None else now
     first = min((float(r["t"]) for r in recs if isinstance(r.get("t"), int | float)),
                 default=now)
-    failures = sum(1 for r in recs if r.get("event") == ev.PROCESS_START
-                   and int(r.get("restart_count") or 0) > 0 and int(r.get("rank", 0)) == 0)
+    failures = _failures(recs)
     if m.R is not None:
         R, R_src = m.R.seconds, f"measured ({m.R.samples}: {m.R.source})"
     elif policy.restart is not None:
@@ -56,6 +58,23 @@ def gather(policy: AutoInterval, events_path: Path, *, world_size: int,
         if C else "default",
         W_source=f"measured ({m.W.samples})" if m.W else "default",
         R_source=R_src, mtbf_source=mtbf_src)
+
+
+def _failures(recs: list[dict[str, Any]]) -> int:
+    """Rank 0's restarted process starts, less each whose previous incarnation (rank 0's
+    events since the start before it) logged a committed emergency save (``preempt_saved``
+    with a tier reached, :func:`tierckpt.policy.goodput.saved_preemption`)."""
+    rank0 = sorted((r for r in recs if int(r.get("rank", 0)) == 0
+                    and isinstance(r.get("t"), int | float)), key=lambda r: float(r["t"]))
+    failures, saved = 0, False
+    for r in rank0:
+        if r.get("event") == ev.PROCESS_START:
+            if int(r.get("restart_count") or 0) > 0 and not saved:
+                failures += 1
+            saved = False  # a new incarnation: its own end decides the next start
+        elif saved_preemption(r):
+            saved = True
+    return failures
 
 
 def _recent_blocking(recs: list[dict[str, Any]], window: int = 9
