@@ -149,3 +149,38 @@ def test_a_tier2_copy_the_grace_cannot_fit_is_abandoned_and_named(tmp_path: Path
     assert "tier2" in saved["abandoned"] and "grace" in saved["abandoned"]["tier2"]
     assert not list(bucket.rglob(f"*{layout.step_dirname(3)}*"))
     assert time.monotonic() - t0 < 60  # no drain waited for a copy that could not fit
+
+
+def test_a_trigger_file_is_a_notice_and_one_left_from_before_is_not(tmp_path: Path) -> None:
+    stale = tmp_path / "stale-stop"
+    stale.write_text("")
+    os.utime(stale, (1.0, 1.0))  # written long before this process started
+    trigger = tmp_path / "stop"
+    state = _state()
+    model, opt = state.model, state.optimizer
+    assert isinstance(model, torch.nn.Module) and opt is not None
+    with tierckpt.CheckpointManager(
+            tier1=tmp_path / "old", preemption=Preemption(trigger_file=stale,
+                                                          exit_code=None)) as ckpt:
+        ckpt.restore(state)
+        for step in range(30):
+            assert not ckpt.should_stop(step)
+            time.sleep(0.02)  # the watcher polls it: 0.6 s of chances
+    with tierckpt.CheckpointManager(
+            tier1=tmp_path / "t1", preemption=Preemption(trigger_file=trigger,
+                                                         exit_code=None)) as ckpt:
+        ckpt.restore(state)
+        stopped = None
+        for step in range(10_000):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            if step == 3:
+                trigger.write_text("12")  # 12 s of grace left, from the file's mtime
+            if ckpt.should_stop(step):
+                stopped = step
+                break
+            time.sleep(0.005)
+    assert stopped is not None and stopped >= 3
+    [notice] = _kinds(tmp_path / "t1", "preempt_notice")
+    assert notice["source"] == f"file:{trigger}"
+    assert abs(notice["deadline_unix"] - trigger.stat().st_mtime - 12) < 1e-3

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tierckpt.errors import CheckpointError
 from tierckpt.policy import notice as notice_plan
@@ -30,7 +29,8 @@ from tierckpt.preempt.config import Poller, Preemption
 from tierckpt.preempt.notice import NoticeBox
 from tierckpt.preempt.signals import SignalNotices
 from tierckpt.preempt.watch import StopWatch, Store
-from tierckpt.runtime import events
+from tierckpt.runtime import events, rates
+from tierckpt.runtime.distributed import process_started_at
 
 _log = logging.getLogger("tierckpt")
 
@@ -113,7 +113,8 @@ class PreemptSession:
         c = Carry(step=step, reached=["tier0"] if tier == "tier0" else [])
         if tier0 and tier != "tier0":
             c.reached.append("tier0")  # a tier-1 save with tier 0 on is in RAM as well
-        rates = measured_rates(self.events_path)
+        rates, logged_bytes = measured_rates(self.events_path)
+        nbytes = int(logged_bytes) if logged_bytes else nbytes  # the rates' own basis
         remaining = self.remaining_s()
         if tier == "tier0":
             p = notice_plan.plan(nbytes, grace_s=remaining, tiers=("tier1",),
@@ -183,25 +184,18 @@ def _trigger(config: Preemption) -> tuple[Poller, ...]:
     if path is None:
         return ()
     from tierckpt.preempt.pollers import FileTrigger
-    return (FileTrigger(path, grace_s=config.grace_s),)
+    # a file older than this process is a notice an earlier incarnation already acted on
+    return (FileTrigger(path, grace_s=config.grace_s, since_unix=process_started_at()),)
 
 
-def measured_rates(events_path: Path) -> dict[str, float | None]:
-    """This root's newest measured bytes/s into tier 1 (a save's background write) and
-    tier 2 (an upload, verification included); None where nothing was measured."""
-    rates: dict[str, float | None] = {"tier1": None, "tier2": None}
+def measured_rates(events_path: Path) -> tuple[dict[str, float | None], float | None]:
+    """This root's measured bytes/s into tier 1 and tier 2 (the slowest of the recent saves
+    and uploads: :func:`tierckpt.runtime.rates.measure_chain`; None where nothing was
+    measured), and the bytes a save writes on the ranks of this log (None: unknown)."""
     try:
-        records: list[dict[str, Any]] = events.read_events(events_path)
+        chain = rates.measure_chain(events.iter_events(events_path))
     except OSError:
-        return rates
-    for r in records:
-        kind, b = r.get("event"), r.get("bytes")
-        if kind == events.SAVE_COMMITTED and r.get("tier", "tier1") == "tier1":
-            s = r.get("write_seconds")
-        elif kind == events.UPLOAD_VERIFIED:
-            s = r.get("seconds")
-        else:
-            continue
-        if isinstance(b, int) and isinstance(s, int | float) and s > 0 and b > 0:
-            rates["tier1" if kind == events.SAVE_COMMITTED else "tier2"] = b / s
-    return rates
+        return {"tier1": None, "tier2": None}, None
+    measured = {t: (chain.rates[t].value if t in chain.rates else None)
+                for t in ("tier1", "tier2")}
+    return measured, chain.nbytes.value if chain.nbytes is not None else None
