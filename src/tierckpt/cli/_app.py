@@ -32,7 +32,7 @@ app = typer.Typer(
 )
 
 COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc",
-                              "doctor", "report", "drill", "inspect", "export")
+                              "doctor", "report", "drill", "inspect", "export", "launch")
 
 
 def command(**settings: Any) -> Callable[[F], F]:

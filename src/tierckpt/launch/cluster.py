@@ -1,0 +1,214 @@
+"""``tierckpt doctor --cluster``: does this job's launch let a notice end in a committed
+emergency save? :func:`gather` reads the facts (environment, the parent torchrun's command
+line, ``scontrol``, a script or manifest); :func:`checks` judges them (pure) against the
+measured emergency-save time, each failed check saying what to fix.
+
+Where the facts come from, first found wins:
+
+- torchrun's flags: ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (set by torchrun for its workers),
+  an ancestor process running torchrun (``/proc/PID/cmdline``), else the script given or
+  the Slurm job's batch script (``scontrol write batch_script``);
+- Slurm: ``scontrol show job $SLURM_JOB_ID`` (``Requeue``), the batch script's
+  ``#SBATCH --signal`` (or the script given), ``scontrol show partition`` (``GraceTime``
+  and ``PreemptMode``);
+- Kubernetes: ``terminationGracePeriodSeconds`` in the manifest given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from tierckpt.launch.outcome import parse_scontrol
+from tierckpt.launch.timing import SaveTime
+
+TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+TORCHRUN_DEFAULT_SHUTDOWN_S = 30.0
+_TORCHRUN = re.compile(r"(torchrun|torch\.distributed\.run)\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What :func:`gather` found (None: not found). ``*_from`` say where."""
+
+    scheduler: str | None = None
+    torchrun_from: str | None = None
+    signals: tuple[str, ...] | None = None
+    shutdown_s: float | None = None
+    slurm_signal: str | None = None
+    slurm_lead_s: float | None = None
+    slurm_requeue: bool | None = None
+    requeue_from: str | None = None
+    grace_s: float | None = None
+    grace_from: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One verdict: ``ok`` True/False, or None when it could not be checked."""
+
+    name: str
+    ok: bool | None
+    detail: str
+    fix: str = ""
+
+
+def _signal_name(text: str) -> str:
+    t = text.strip().upper()
+    if t.isdigit():
+        try:
+            return signal.Signals(int(t)).name
+        except ValueError:
+            return t
+    return t if t.startswith("SIG") else "SIG" + t
+
+
+def parse_torchrun(text: str) -> tuple[tuple[str, ...], float] | None:
+    """torchrun's handled signals and shutdown timeout from a command line or script that
+    runs it (defaults where a flag is absent; the environment's
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` is not seen here); None when no torchrun is found."""
+    if not _TORCHRUN.search(text):
+        return None
+    sig = re.search(r"--signals[-_]to[-_]handle[=\s]+[\"']?([A-Za-z0-9_,]+)", text)
+    shut = re.search(r"--shutdown[-_]timeout[=\s]+[\"']?(\d+(\.\d+)?)", text)
+    sigs = (tuple(_signal_name(s) for s in sig.group(1).split(",") if s) if sig
+            else TORCHRUN_DEFAULT_SIGNALS)
+    return sigs, float(shut.group(1)) if shut else TORCHRUN_DEFAULT_SHUTDOWN_S
+
+
+def parse_sbatch(text: str) -> tuple[str | None, float | None, bool | None]:
+    """``#SBATCH --signal`` (signal name, lead in seconds: 60 when not given) and
+    ``--requeue``/``--no-requeue`` (None: neither) from a batch script."""
+    opts = " ".join(line[len("#SBATCH"):] for line in text.splitlines()
+                    if line.startswith("#SBATCH"))
+    name = lead = None
+    if m := re.search(r"--signal[=\s]+(?:[RB]+:)?([A-Za-z0-9]+)(?:@(\d+))?", opts):
+        name, lead = _signal_name(m.group(1)), float(m.group(2) or 60)
+    requeue = (False if "--no-requeue" in opts else True if "--requeue" in opts else None)
+    return name, lead, requeue
+
+
+def _ancestor_torchrun(pid: int) -> tuple[str, str] | None:
+    """(where, command line) of the nearest ancestor running torchrun."""
+    for _ in range(16):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            return None
+        if _TORCHRUN.search(cmd):
+            return f"the parent torchrun (pid {pid})", cmd
+        if pid <= 1:
+            return None
+    return None
+
+
+def _scontrol(*args: str) -> str | None:
+    try:
+        p = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout if p.returncode == 0 else None
+
+
+def gather(env: Mapping[str, str] | None = None, *, script: Path | None = None) -> Facts:
+    """Read the facts of the job this runs in (``env``: the environment) and of
+    ``script`` (an sbatch script or a Kubernetes manifest), if given."""
+    env = os.environ if env is None else env
+    text = script.read_text() if script is not None else None
+    job = env.get("SLURM_JOB_ID")
+    batch = _scontrol("write", "batch_script", job, "-") if job else None
+    f: dict[str, object] = {}
+    f["scheduler"] = ("slurm" if job or (text and "#SBATCH" in text) else "kubernetes"
+                      if env.get("KUBERNETES_SERVICE_HOST") or (text and "kind:" in text)
+                      else None)
+    found = _ancestor_torchrun(os.getpid())
+    sources = [(where, txt) for where, txt in (
+        ("TORCHELASTIC_SIGNALS_TO_HANDLE", f"torchrun --signals-to-handle "
+         f"{env['TORCHELASTIC_SIGNALS_TO_HANDLE']}" if "TORCHELASTIC_SIGNALS_TO_HANDLE" in env
+         else None), found or (None, None), (str(script), text),
+        (f"job {job}'s batch script", batch)) if where and txt]
+    parsed = [(where, tr, "--shutdown" in txt) for where, txt in sources
+              if (tr := parse_torchrun(txt)) is not None]
+    if parsed:
+        f["torchrun_from"], f["signals"] = parsed[0][0], parsed[0][1][0]
+        # the environment names the signals only: take the timeout where a flag gives it
+        f["shutdown_s"] = next((tr[1] for _, tr, has in parsed if has), parsed[0][1][1])
+    for where, txt in ((str(script), text), (f"job {job}'s batch script", batch)):
+        if txt and "#SBATCH" in txt:
+            name, lead, requeue = parse_sbatch(txt)
+            f.setdefault("slurm_signal", name)
+            f.setdefault("slurm_lead_s", lead)
+            if requeue is not None and "slurm_requeue" not in f:
+                f["slurm_requeue"], f["requeue_from"] = requeue, where
+    if job and (out := _scontrol("-o", "show", "job", job)):
+        info = parse_scontrol(out)
+        f["slurm_requeue"], f["requeue_from"] = info.get("Requeue") == "1", f"job {job}"
+        part = info.get("Partition", "")
+        if part and (pout := _scontrol("-o", "show", "partition", part)):
+            pinfo = parse_scontrol(pout)
+            if pinfo.get("PreemptMode", "OFF") != "OFF":
+                f["grace_s"] = float(pinfo.get("GraceTime", "0") or 0)
+                f["grace_from"] = f"partition {part}'s GraceTime"
+    if text and (m := re.search(r"terminationGracePeriodSeconds:\s*(\d+)", text)):
+        f["grace_s"], f["grace_from"] = float(m.group(1)), f"{script}'s pod spec"
+    return Facts(**f)  # type: ignore[arg-type]
+
+
+def checks(f: Facts, save: SaveTime | None) -> list[Check]:
+    """Judge ``f`` against the emergency-save time ``save`` (None: not measured)."""
+    out: list[Check] = []
+    need = save.seconds if save else None
+    need_txt = (f"the measured emergency save ({need:.1f} s: {save.source})" if save
+                else "the emergency save (not measured yet: run once with this --tier1)")
+    if f.signals is None:
+        out.append(Check("torchrun forwards the notice", None, "no torchrun found (not "
+                         "under torchrun, and no script given)", "run inside the job, or "
+                         "pass --script JOB.sbatch / MANIFEST.yaml"))
+    else:
+        notice = f.slurm_signal or "SIGTERM"
+        ok = notice in f.signals
+        out.append(Check(
+            "torchrun forwards the notice", ok,
+            f"{notice} {'is' if ok else 'is not'} in --signals-to-handle "
+            f"{','.join(f.signals)} ({f.torchrun_from})",
+            "" if ok else f"add {notice} to torchrun's --signals-to-handle, e.g. "
+            f"--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,{notice}"))
+        ok2 = None if need is None or f.shutdown_s is None else f.shutdown_s >= need
+        out.append(Check("torchrun waits for the save", ok2,
+                         f"--shutdown-timeout {f.shutdown_s:g} s vs {need_txt}",
+                         "" if ok2 is not False else f"raise torchrun's --shutdown-timeout "
+                         f"to at least {need:.0f} s"))
+    if f.scheduler == "slurm":
+        if f.slurm_lead_s is None:
+            out.append(Check("Slurm warns before the time limit", False, "no --signal: the "
+                             "job gets no notice before its time limit",
+                             "add #SBATCH --signal=B:USR1@LEAD (tierckpt launch slurm "
+                             "computes LEAD)"))
+        else:
+            ok3 = None if need is None else f.slurm_lead_s >= need
+            out.append(Check("Slurm warns before the time limit", ok3,
+                             f"--signal {f.slurm_signal}@{f.slurm_lead_s:g} s vs {need_txt}",
+                             "" if ok3 is not False else f"raise the --signal lead to at "
+                             f"least {need:.0f} s"))
+        state = {True: "set", False: "not set", None: "unknown"}[f.slurm_requeue]
+        out.append(Check("Slurm requeues the job", f.slurm_requeue,
+                         f"--requeue {state}" + (f" ({f.requeue_from})" if f.requeue_from
+                                                 else ""),
+                         "" if f.slurm_requeue else "submit with #SBATCH --requeue (and "
+                         "the cluster's JobRequeue=1)"))
+    if f.grace_s is not None:
+        ok4 = None if need is None else f.grace_s >= need
+        knob = ("the GraceTime of the partition or QOS" if f.scheduler == "slurm"
+                else "terminationGracePeriodSeconds")
+        out.append(Check("the grace period covers the save", ok4,
+                         f"{f.grace_s:g} s ({f.grace_from}) vs {need_txt}",
+                         "" if ok4 is not False else f"ask for a grace of at least "
+                         f"{need:.0f} s ({knob})"))
+    return out

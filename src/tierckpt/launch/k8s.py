@@ -1,0 +1,220 @@
+"""``tierckpt launch k8s``: a JobSet (or a Kubeflow TrainJob) that runs a training command
+so that a termination notice ends in a committed emergency save and a restart. Pure: a
+value in, manifests (dicts) out; :func:`to_yaml` writes them.
+
+The pod's life: the kubelet sends SIGTERM to PID 1 and SIGKILLs the pod
+``terminationGracePeriodSeconds`` later. PID 1 is a small bash launcher (:func:`launcher`)
+that forwards SIGTERM to torchrun (which forwards it to the workers: ``--signals-to-handle``),
+waits, and exits with ``tierckpt launch outcome``'s status: 75 after an emergency save
+(``EXIT_PREEMPTED``), 2 for its own configuration errors, else torchrun's. Then:
+
+- the Job's ``podFailurePolicy`` turns 75 and 2 into ``FailJob`` at once (no pod retries:
+  torchrun already restarts ranks inside the pod, ``--max-restarts``);
+- the JobSet's ``failurePolicy`` reads the Job's failure message: 75 →
+  ``RestartJobSetAndIgnoreMaxRestarts`` (a preemption is not a failure), 2 → ``FailJobSet``;
+  any other failure → ``RestartJobSet``, counted against ``maxRestarts``.
+
+Tier 0 is an ``emptyDir`` of medium Memory with a ``sizeLimit``; tier 1 a node-local
+``hostPath`` (or a PersistentVolumeClaim); tier-2 credentials come from a Secret
+(``envFrom``), never from the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from tierckpt.errors import ConfigError
+from tierckpt.launch._yaml import dump_all
+from tierckpt.launch.command import TrainCommand, shell_line
+from tierckpt.launch.outcome import EXIT_CONFIG
+from tierckpt.launch.slurm import SIGNALS, TIERCKPT_FN, WAIT_STEP
+from tierckpt.launch.timing import Lead
+from tierckpt.preempt.config import EXIT_PREEMPTED
+
+CONTAINER = "node"
+"""The container's name (Kubeflow Trainer's torch runtime calls its container ``node``)."""
+REPLICATED_JOB = "node"
+TIER0_MOUNT, TIER1_MOUNT = "/tierckpt/tier0", "/tierckpt/tier1"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""The tier-2 Secret's keys a TrainJob reads (a JobSet takes every key, ``envFrom``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class K8sLaunch:
+    """One job's settings. ``nodes`` pods train, ``spares`` more join the rendezvous
+    (``--nnodes nodes:nodes+spares``). ``tier0_size``: the tier-0 RAM volume's
+    ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0). ``tier1_host_path`` or
+    ``tier1_claim``: tier 1's volume. ``tier2_secret``: a Secret whose keys become the
+    container's environment (``AWS_ACCESS_KEY_ID``, ...)."""
+
+    name: str
+    image: str
+    command: TrainCommand
+    lead: Lead
+    nodes: int = 1
+    spares: int = 0
+    nproc_per_node: str = "gpu"
+    gpus_per_node: int = 0
+    max_restarts: int = 3
+    max_failures: int = 3
+    port: int = 29500
+    tier0_size: str | None = None
+    tier1_host_path: str = "/mnt/tierckpt"
+    tier1_claim: str | None = None
+    tier2: str | None = None
+    tier2_secret: str | None = None
+    python: str = "python3"
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c == "-" for c in self.name) \
+                or not self.name[0].isalpha() or self.name.lower() != self.name:
+            raise ConfigError(f"--name {self.name!r}: use lower-case letters, digits and '-', "
+                              "starting with a letter (a DNS label)")
+        if self.nodes < 1 or self.spares < 0 or self.max_restarts < 0 or self.max_failures < 0:
+            raise ConfigError("--nodes must be at least 1; --spares, --max-restarts and "
+                              "--max-failures at least 0")
+        if not self.image:
+            raise ConfigError("--image: the container image that holds the training code")
+
+    @property
+    def pods(self) -> int:
+        return self.nodes + self.spares
+
+
+def launcher(k: K8sLaunch, *, head: str) -> str:
+    """PID 1's bash script: forward SIGTERM, run torchrun, exit with the verdict."""
+    nnodes = f"{k.nodes}:{k.pods}" if k.spares else str(k.nodes)
+    py = k.command.python or k.python
+    torchrun = " \\\n    ".join([
+        f"{shlex.quote(py)} -m torch.distributed.run",
+        f"--nnodes {nnodes}", f"--nproc-per-node {shlex.quote(k.nproc_per_node)}",
+        "--rdzv-backend c10d", f'--rdzv-endpoint "{head}:{k.port}"',
+        f'--rdzv-id "{k.name}-${{RESTART_ATTEMPT:-0}}"',
+        f"--max-restarts {k.max_restarts}", f"--signals-to-handle {SIGNALS}",
+        f"--shutdown-timeout {k.lead.seconds}", shell_line(k.command.argv)]) + " &"
+    return "\n".join([
+        f'fail() {{ echo "tierckpt launch: $*" >&2; exit {EXIT_CONFIG}; }}',
+        '[ -n "${TIERCKPT_TIER1:-}" ] || fail "TIERCKPT_TIER1 is not set"',
+        'mkdir -p "$TIERCKPT_TIER1" || fail "cannot create $TIERCKPT_TIER1"',
+        "export TIERCKPT_PYTHON=\"${TIERCKPT_PYTHON:-$(command -v " + shlex.quote(py) + ")}\"",
+        TIERCKPT_FN,
+        "start=$(date +%s); notices=''; step=''",
+        "# SIGTERM reaches PID 1 only: pass it to torchrun, which passes it to the workers.",
+        "trap 'notices=\"$notices term\"; [ -n \"$step\" ] && kill -TERM \"$step\"' TERM",
+        torchrun, "step=$!", *WAIT_STEP,
+        'tierckpt launch outcome --tier1 "$TIERCKPT_TIER1" --since "$start" \\',
+        '    --rc "$rc" --notices "$notices" >/dev/null',
+        "",
+    ])
+
+
+def _env(k: K8sLaunch) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "TIERCKPT_TIER1", "value": TIER1_MOUNT}]
+    if k.tier0_size:
+        env.append({"name": "TIERCKPT_TIER0", "value": TIER0_MOUNT})
+    if k.tier2:
+        env.append({"name": "TIERCKPT_TIER2", "value": k.tier2})
+    env.append({"name": "RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{RESTART_ATTEMPT}']"}}})
+    return env
+
+
+def _volumes(k: K8sLaunch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    tier1: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": k.tier1_claim}} if k.tier1_claim
+        else {"hostPath": {"path": k.tier1_host_path, "type": "DirectoryOrCreate"}})
+    vols = [{"name": "tier1", **tier1}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    mounts = [{"name": "tier1", "mountPath": TIER1_MOUNT},
+              {"name": "dshm", "mountPath": "/dev/shm"}]
+    if k.tier0_size:
+        vols.insert(0, {"name": "tier0", "emptyDir": {"medium": "Memory",
+                                                      "sizeLimit": k.tier0_size}})
+        mounts.insert(0, {"name": "tier0", "mountPath": TIER0_MOUNT})
+    return vols, mounts
+
+
+def _container(k: K8sLaunch, head: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": CONTAINER, "image": k.image,
+                         "command": ["bash", "-c", launcher(k, head=head)],
+                         "env": _env(k), "volumeMounts": mounts,
+                         "ports": [{"containerPort": k.port, "name": "rdzv"}]}
+    if k.tier2_secret:
+        c["envFrom"] = [{"secretRef": {"name": k.tier2_secret}}]
+    if k.gpus_per_node:
+        c["resources"] = {"limits": {"nvidia.com/gpu": k.gpus_per_node}}
+    return c
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Exit 75 (preempted, saved) and 2 (configuration error) fail the Job at once."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
+                                              "values": [code]}}
+        for code in (EXIT_PREEMPTED, EXIT_CONFIG)]}
+
+
+def failure_policy(k: K8sLaunch) -> dict[str, Any]:
+    """The JobSet's rules, keyed on the Job failure message the pod failure policy writes
+    ("... failed with exit code N matching FailJob rule ...")."""
+    def rule(name: str, action: str, code: int) -> dict[str, Any]:
+        return {"name": name, "action": action, "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": [f"exit code {code} matching FailJob rule"],
+                "targetReplicatedJobs": [REPLICATED_JOB]}
+    return {"maxRestarts": k.max_failures, "rules": [
+        rule("preempted-and-saved", "RestartJobSetAndIgnoreMaxRestarts", EXIT_PREEMPTED),
+        rule("configuration-error", "FailJobSet", EXIT_CONFIG)]}
+
+
+def jobset(k: K8sLaunch) -> dict[str, Any]:
+    """The JobSet (``jobset.x-k8s.io/v1alpha2``): one replicated Job of ``nodes + spares``
+    indexed pods behind the JobSet's headless service; the first pod hosts the c10d
+    rendezvous."""
+    head = f"{k.name}-{REPLICATED_JOB}-0-0.{k.name}"
+    vols, mounts = _volumes(k)
+    pod = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "tierckpt"}},
+           "spec": {"restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": k.lead.k8s_grace_s,
+                    "containers": [_container(k, head, mounts)], "volumes": vols}}
+    job = {"parallelism": k.pods, "completions": k.pods, "completionMode": "Indexed",
+           "backoffLimit": 0, "podFailurePolicy": pod_failure_policy(), "template": pod}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": k.name, "annotations": {
+                "tierckpt/lead": f"{k.lead.seconds}s: {k.lead.source}"}},
+            "spec": {"network": {"enableDNSHostnames": True, "subdomain": k.name},
+                     "failurePolicy": failure_policy(k),
+                     "replicatedJobs": [{"name": REPLICATED_JOB, "replicas": 1,
+                                         "template": {"spec": job}}]}}
+
+
+def trainjob(k: K8sLaunch, *, runtime: str = "torch-distributed") -> dict[str, Any]:
+    """A Kubeflow Trainer ``TrainJob`` (``trainer.kubeflow.org/v1alpha1``) on ``runtime``:
+    the same launcher, rendezvous on the runtime's ``PET_MASTER_ADDR``, and a runtime patch
+    for the grace period and the tier volumes. Its failure policy belongs to the runtime
+    (docs/schedulers.md shows the rules to put there)."""
+    vols, mounts = _volumes(k)
+    container = _container(k, "$PET_MASTER_ADDR", mounts)
+    pod_patch = {"terminationGracePeriodSeconds": k.lead.k8s_grace_s, "volumes": vols,
+                 "containers": [{"name": CONTAINER, "volumeMounts": mounts}]}
+    env = container["env"] + [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": k.tier2_secret, "key": key,
+                                                     "optional": True}}}
+        for key in (SECRET_KEYS if k.tier2_secret else ())]
+    trainer: dict[str, Any] = {"image": k.image, "command": container["command"],
+                               "numNodes": k.pods, "env": env}
+    if k.gpus_per_node:
+        trainer["resourcesPerNode"] = container["resources"]
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": runtime}, "trainer": trainer,
+        "runtimePatches": [{"manager": "tierckpt", "trainingRuntimeSpec": {"template": {
+            "spec": {"replicatedJobs": [{"name": REPLICATED_JOB, "template": {"spec": {
+                "template": {"spec": pod_patch}}}}]}}}}]}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": k.name}, "spec": spec}
+
+
+def to_yaml(manifests: list[dict[str, Any]]) -> str:
+    """The manifests as one YAML stream (``---`` between documents), for ``kubectl apply``."""
+    return dump_all(manifests)

@@ -1,0 +1,188 @@
+"""``tierckpt launch slurm``: the sbatch script that runs a training command so that every
+interruption ends the right way (see :mod:`tierckpt.launch.outcome`). Pure: a value in, the
+script's text out.
+
+What the script does, in order:
+
+1. asks Slurm for ``--requeue``, ``--open-mode=append`` (one log across requeues) and
+   ``--signal=B:USR1@LEAD``: USR1 to the batch shell LEAD seconds before the time limit;
+2. reads the tier paths from the environment (``TIERCKPT_TIER1``, required;
+   ``TIERCKPT_TIER0``, ``TIERCKPT_TIER2``; tier-2 credentials the same way) — nothing
+   secret is written into the script;
+3. runs one ``srun`` task per node, each a torchrun agent: c10d rendezvous on the first
+   node, ``--nnodes MIN:MAX`` (the spares), ``--max-restarts`` (a rank killed inside the
+   allocation restarts there), ``--signals-to-handle`` with SIGUSR1 and
+   ``--shutdown-timeout`` covering the emergency save;
+4. forwards the lead's USR1 to the step, and notes a SIGTERM (a user's ``scancel``);
+5. after the step, asks ``tierckpt launch outcome`` and requeues itself
+   (``scontrol requeue``) only after an announced interruption whose emergency save was
+   committed — never after ``scancel``, never after the job finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+
+from tierckpt._version import __version__
+from tierckpt.errors import ConfigError
+from tierckpt.launch.command import TrainCommand, shell_line
+from tierckpt.launch.outcome import EXIT_CONFIG
+from tierckpt.launch.timing import Lead
+
+SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""torchrun's ``--signals-to-handle``: its default set plus SIGUSR1 (Slurm's lead)."""
+
+WAIT_STEP = (
+    "# wait returns early when a trapped signal arrives: wait until the step is gone.",
+    "while :; do",
+    '    wait "$step"; rc=$?',
+    '    [ "$rc" -gt 128 ] && kill -0 "$step" 2>/dev/null || break',
+    "done",
+)
+"""Wait for the background step ``$step``; its status in ``$rc``."""
+
+TIERCKPT_FN = ("tierckpt() { \"$TIERCKPT_PYTHON\" -c 'import sys; from tierckpt.cli import "
+               "main; sys.argv[0] = \"tierckpt\"; main()' \"$@\"; }")
+"""A shell function running the CLI with ``$TIERCKPT_PYTHON`` (no PATH lookup)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlurmLaunch:
+    """One sbatch script's settings. ``nodes`` train; ``spares`` more nodes are allocated
+    and join torchrun's rendezvous (``--nnodes nodes:nodes+spares``), so the job goes on
+    with ``nodes`` when one fails. ``tier1``/``tier0``/``tier2``: defaults for the
+    ``TIERCKPT_TIER*`` variables (the submitter's environment wins)."""
+
+    command: TrainCommand
+    lead: Lead
+    nodes: int = 1
+    spares: int = 0
+    nproc_per_node: str = "gpu"
+    max_restarts: int = 3
+    max_requeues: int = 5
+    port: int = 29500
+    job_name: str = "tierckpt"
+    tier1: str | None = None
+    tier0: str | None = None
+    tier2: str | None = None
+    sbatch: tuple[str, ...] = ()
+    python: str = dataclasses.field(default_factory=lambda: sys.executable)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "port"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("spares", "max_restarts", "max_requeues"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 0")
+        for opt in self.sbatch:
+            if not opt.startswith("-") or "\n" in opt:
+                raise ConfigError(f"--sbatch {opt!r}: give one sbatch option, e.g. "
+                                  "--sbatch=--time=04:00:00")
+            if opt.split("=")[0] in ("--signal", "--requeue", "--no-requeue", "--open-mode"):
+                raise ConfigError(f"--sbatch {opt!r}: the launcher sets {opt.split('=')[0]} "
+                                  "itself (use --lead for the signal's lead)")
+
+    @property
+    def max_nodes(self) -> int:
+        return self.nodes + self.spares
+
+
+def _header(s: SlurmLaunch, argv: list[str]) -> list[str]:
+    nodes = f"{s.nodes}-{s.max_nodes}" if s.spares else str(s.nodes)
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `tierckpt launch slurm` (tierckpt {__version__}):",
+        "#   " + shlex.join(argv),
+        f"#SBATCH --job-name={s.job_name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --signal=B:USR1@{s.lead.seconds}",
+    ]
+    if s.spares:
+        lines.append("#SBATCH --no-kill")
+    lines += [f"#SBATCH {opt}" for opt in s.sbatch]
+    lines += [
+        "#",
+        f"# --signal lead and torchrun --shutdown-timeout: {s.lead.seconds} s:",
+        f"#   {s.lead.source}.",
+        "# Exit status: 0 all steps done; 75 preempted and saved (requeued unless the limit",
+        f"# of {s.max_requeues} requeues is reached); {EXIT_CONFIG} a configuration error; "
+        "else torchrun's.",
+    ]
+    return lines
+
+
+def _env(s: SlurmLaunch) -> list[str]:
+    lines = ["", "# Tier paths and credentials come from the environment (sbatch exports it)."]
+    for var, default in (("TIERCKPT_TIER1", s.tier1), ("TIERCKPT_TIER0", s.tier0),
+                         ("TIERCKPT_TIER2", s.tier2)):
+        if default:
+            lines.append(f"export {var}=\"${{{var}:-{_dq(default)}}}\"")
+    lines += [
+        f"export TIERCKPT_PYTHON=\"${{TIERCKPT_PYTHON:-{_dq(s.python)}}}\"",
+        'fail() { echo "tierckpt launch: $*" >&2; exit ' + str(EXIT_CONFIG) + "; }",
+        TIERCKPT_FN,
+        '[ -n "${TIERCKPT_TIER1:-}" ] || fail "set TIERCKPT_TIER1 to the tier-1 root '
+        '(or pass --tier1 to tierckpt launch slurm)"',
+        'mkdir -p "$TIERCKPT_TIER1" || fail "cannot create TIERCKPT_TIER1=$TIERCKPT_TIER1"',
+        'command -v scontrol >/dev/null || fail "scontrol is not on PATH"',
+    ]
+    return lines
+
+
+def _torchrun(s: SlurmLaunch) -> str:
+    nnodes = f"{s.nodes}:{s.max_nodes}" if s.spares else str(s.nodes)
+    flags = [
+        f"--nnodes {nnodes}", f"--nproc-per-node {shlex.quote(s.nproc_per_node)}",
+        "--rdzv-backend c10d", f'--rdzv-endpoint "$head:{s.port}"',
+        '--rdzv-id "$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
+        f"--max-restarts {s.max_restarts}", f"--signals-to-handle {SIGNALS}",
+        f"--shutdown-timeout {s.lead.seconds}",
+    ]
+    py = s.command.python or '"$TIERCKPT_PYTHON"'
+    srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=0" + (" --no-kill" if s.spares else "")
+    return (f"{srun} \\\n    {py} -m torch.distributed.run \\\n    "
+            + " \\\n    ".join(flags) + " \\\n    " + shell_line(s.command.argv) + " &")
+
+
+def sbatch_script(s: SlurmLaunch, argv: list[str]) -> str:
+    """The batch script for ``s``; ``argv`` (the generating command line) goes into its
+    header."""
+    body = [
+        "",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "start=$(date +%s)",
+        'echo "tierckpt launch: job $SLURM_JOB_ID run ${SLURM_RESTART_COUNT:-0} on '
+        '$SLURM_JOB_NODELIST, rendezvous on $head"',
+        "notices=''",
+        "step=''",
+        "# The lead's USR1 reaches only this shell (B:): pass it to the step. A SIGTERM here",
+        "# is a scancel or the time limit (preemption signals the step, not this shell).",
+        "trap 'notices=\"$notices usr1\"; [ -n \"$step\" ] && kill -USR1 \"$step\"' USR1",
+        "trap 'notices=\"$notices term\"' TERM",
+        _torchrun(s),
+        "step=$!",
+        *WAIT_STEP,
+        'verdict=$(tierckpt launch outcome --tier1 "$TIERCKPT_TIER1" --since "$start" \\',
+        f'    --rc "$rc" --notices "$notices" --slurm-job "$SLURM_JOB_ID" '
+        f"--max-requeues {s.max_requeues})",
+        "code=$?",
+        'if [ "$verdict" = again ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID" || echo "tierckpt launch: scontrol requeue '
+        'failed" >&2',
+        "fi",
+        'exit "$code"',
+        "",
+    ]
+    return "\n".join(_header(s, argv) + _env(s) + body)
+
+
+def _dq(text: str) -> str:
+    """``text`` for inside double quotes: no expansion."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace(
+        "`", "\\`")
