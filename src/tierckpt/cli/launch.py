@@ -27,7 +27,7 @@ launch_app = typer.Typer(
     no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(launch_app, name="launch")
 
-Command = Annotated[list[str], typer.Argument(
+Command = Annotated[list[str] | None, typer.Argument(
     help="The training command, after --: python train.py ARGS (without torchrun).",
     show_default=False)]
 Tier1 = Annotated[Path | None, typer.Option(
@@ -63,7 +63,7 @@ def _write(text: str, out: Path | None) -> None:
 
 @launch_app.command("slurm")
 def launch_slurm(
-    command: Command,
+    command: Command = None,
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
     spares: Spares = 0, nproc_per_node: Nproc = "gpu", max_restarts: MaxRestarts = 3,
     max_requeues: Annotated[int, typer.Option(
@@ -84,19 +84,20 @@ def launch_slurm(
     credentials otherwise come from the submitter's environment."""
     with config_errors():
         job = slurm.SlurmLaunch(
-            command=split(command), lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
+            command=split(command or []), lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
             nproc_per_node=nproc_per_node, max_restarts=max_restarts,
             max_requeues=max_requeues, port=port, job_name=job_name,
             tier1=str(tier1) if tier1 else None, tier0=tier0, tier2=tier2,
             sbatch=tuple(sbatch or ()))
-        _write(slurm.sbatch_script(job, ["tierckpt", "launch", "slurm", "--", *command]), out)
+        _write(slurm.sbatch_script(job, ["tierckpt", "launch", "slurm", "--", *(command or [])]), out)
 
 
 @launch_app.command("k8s")
 def launch_k8s(
-    command: Command,
-    name: Annotated[str, typer.Option(help="The JobSet's name (a DNS label).")],
-    image: Annotated[str, typer.Option(help="The container image with the training code.")],
+    command: Command = None,
+    name: Annotated[str, typer.Option(help="The JobSet's name (a DNS label); required.")] = "",
+    image: Annotated[str, typer.Option(
+        help="The container image with the training code; required.")] = "",
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
     spares: Spares = 0, nproc_per_node: Nproc = "gpu",
     gpus_per_node: Annotated[int, typer.Option(help="nvidia.com/gpu per pod.")] = 0,
@@ -124,7 +125,7 @@ def launch_k8s(
     Tier 0 is an emptyDir in RAM, tier 1 a node-local volume, tier-2 credentials a Secret."""
     with config_errors():
         job = k8s.K8sLaunch(
-            name=name, image=image, command=split(command), lead=_lead(tier1, lead, to),
+            name=name, image=image, command=split(command or []), lead=_lead(tier1, lead, to),
             nodes=nodes, spares=spares, nproc_per_node=nproc_per_node,
             gpus_per_node=gpus_per_node, max_restarts=max_restarts,
             max_failures=max_failures, port=port, tier0_size=tier0_size,
