@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from tierckpt.cli._app import app
 from tierckpt.cli.launch import launch_app  # noqa: F401  (registers `launch`)
-from tierckpt.launch import k8s, slurm, timing
+from tierckpt.launch import k8s, timing
 from tierckpt.launch.command import split
 from tierckpt.runtime import events as ev
 

@@ -89,7 +89,8 @@ def launch_slurm(
             max_requeues=max_requeues, port=port, job_name=job_name,
             tier1=str(tier1) if tier1 else None, tier0=tier0, tier2=tier2,
             sbatch=tuple(sbatch or ()))
-        _write(slurm.sbatch_script(job, ["tierckpt", "launch", "slurm", "--", *(command or [])]), out)
+        argv = ["tierckpt", "launch", "slurm", "--", *(command or [])]
+        _write(slurm.sbatch_script(job, argv), out)
 
 
 @launch_app.command("k8s")
