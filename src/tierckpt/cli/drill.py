@@ -1,7 +1,9 @@
 """``tierckpt drill``: run the five resume drills against a training command, with a live
 view of which drill is running; exit status 1 when any verdict fails (2 for bad input).
 ``--chaos N`` runs the chaos drill instead: N seeded fault cycles, exit 1 on any violated
-invariant."""
+invariant. ``--preempt`` runs the preemption drill: a notice at a seeded step, every rank
+stopped at one step, nothing lost (with ``--chaos``: the notice faults join the chaos
+catalogue)."""
 
 from __future__ import annotations
 
@@ -59,29 +61,61 @@ def drill(
         help="With --chaos: run the job with tier 0 and its RAM faults: 'auto' (Tier0()) or "
              "a directory on tmpfs; passed to the command as --tier0 (default: the command's "
              "own --tier0, else none).")] = None,
+    preempt: Annotated[bool, typer.Option(
+        "--preempt", help="Run the preemption drill instead: a notice (SIGTERM to the "
+        "launcher) at a seeded step; every rank must stop at one step and lose nothing. With "
+        "--chaos: add the notice faults to the chaos catalogue (docs/drills.md).")] = False,
+    preempt_rank: Annotated[int | None, typer.Option(
+        help="With --preempt: send SIGUSR1 to this rank's worker only, not SIGTERM to the "
+             "launcher.")] = None,
+    kinds: Annotated[str | None, typer.Option(
+        help="With --chaos: draw only these fault kinds, comma-separated (default: the whole "
+             "catalogue that can be injected here).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
 
     With --chaos N: N seeded fault cycles on one job instead, exit 1 on any violated
-    invariant. Needs PyTorch."""
+    invariant. With --preempt: a termination notice at a seeded step instead, exit 1 unless
+    every rank stopped at one step, lost nothing and continued bit for bit. Needs PyTorch."""
     with needs_torch("drill"):
         from tierckpt.drill import DRILLS, DrillConfig, run_drills
         from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
+        from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
     if chaos is not None:
         def run_chaos_drill(progress: Progress) -> dict[str, Any]:
+            if preempt_rank is not None:
+                raise ConfigError("--preempt-rank is a preemption drill option: give "
+                                  "--preempt without --chaos")
+            more: dict[str, Any] = {} if kinds is None else {
+                "kinds": tuple(k.strip() for k in kinds.split(",") if k.strip())}
             cfg = ChaosConfig(command=tuple(command), cycles=chaos,
                               nproc=1 if nproc is None else nproc,
                               nnodes=2 if nnodes is None else nnodes, steps=steps,
-                              seed=seed, tier2=tier2, out=out, rtol=rtol, tier0=tier0)
+                              seed=seed, tier2=tier2, out=out, rtol=rtol, tier0=tier0,
+                              preempt=preempt, **more)
             return run_chaos(cfg, progress)
         _run_and_render(run_chaos_drill, (*STAGES, "report"), chaos_table, (("report", "md"),),
                         as_json)
         return
+    if preempt:
+        def run_preempt_drill(progress: Progress) -> dict[str, Any]:
+            if tier0 is not None or kinds is not None:
+                raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
+            cfg = PreemptConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
+                                nnodes=1 if nnodes is None else nnodes,
+                                steps=20 if steps is None else steps, seed=seed,
+                                rank=preempt_rank, tier2=tier2, out=out, rtol=rtol)
+            return run_preempt(cfg, progress)
+        _run_and_render(run_preempt_drill, (*PREEMPT_STAGES, "report"), preempt_table,
+                        (("report", "md"),), as_json)
+        return
 
     def run(progress: Progress) -> dict[str, Any]:
-        if tier0 is not None:
-            raise ConfigError("--tier0 is a chaos drill option: give --chaos N")
+        if tier0 is not None or kinds is not None:
+            raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
+        if preempt_rank is not None:
+            raise ConfigError("--preempt-rank is a preemption drill option: give --preempt")
         cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
                           nnodes=1 if nnodes is None else nnodes,
                           steps=20 if steps is None else steps, seed=seed, tier2=tier2,
@@ -128,6 +162,28 @@ def chaos_table(doc: dict[str, Any]) -> Table:
     bound = "—" if tot["tier1_bound"] is None else str(tot["tier1_bound"])
     t.add_row("tier-1 peak / bound", f"{tot['tier1_peak']} / {bound}")
     t.add_row("wall time", f"{tot['wall_s']:.0f} s")
+    if doc.get("error"):
+        t.add_row("stopped early", f"[bold red]{escape(str(doc['error'])[:200])}[/]")
+    return t
+
+
+def preempt_table(doc: dict[str, Any]) -> Table:
+    """The notice, the agreed step, the measured times and the preemption verdicts."""
+    from tierckpt.drill.preempt_report import timing_rows
+
+    t = Table(title="preemption drill results", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right", overflow="fold")
+    n = doc.get("notice")
+    if n:
+        t.add_row("notice", f"{n['signal']} to the {n['target']} after step {n['seen']}")
+        t.add_row("every rank stopped after step", str(doc.get("stop_step")))
+        t.add_row("steps lost / trained after the notice",
+                  f"{doc.get('lost_steps')} / {doc.get('steps_after_notice')}")
+        for label, value in timing_rows(doc):
+            t.add_row(label, escape(value))
+    for name, ok in doc["verdicts"].items():
+        t.add_row(f"{name} verdict", "[green]pass[/]" if ok else "[bold red]FAIL[/]")
     if doc.get("error"):
         t.add_row("stopped early", f"[bold red]{escape(str(doc['error'])[:200])}[/]")
     return t

@@ -232,6 +232,14 @@ class _Chaos(CycleRunner):
                                "at rest"),
                 ("kill_partner", "SIGKILL the replica holder's rank as a save is replicated "
                                  "to it"))},
+            **{k: {"injectable": self.cfg.preempt, "how": how if self.cfg.preempt
+                   else "not asked for: give --preempt"} for k, how in (
+                ("notice_one_rank", "SIGUSR1 or SIGTERM to one node's rank only; the others "
+                                    "learn of it through the job's store"),
+                ("notice_in_save", "SIGTERM to one node's launcher (torchrun forwards it) as "
+                                   "that node's rank writes a background save"),
+                ("notice_then_kill", "SIGTERM to every launcher, then SIGKILL of every rank "
+                                     "at once or once the emergency save began"))},
             clock_jump={"injectable": False, "how": "needs the system clock changed; "
                         "covered by tests/faults/test_fault_clock.py"})
         if self.mounted and len(self.mounted) < len(self.roots):  # all or none

@@ -55,8 +55,12 @@ class ChaosConfig:
     tmpfs (node i of run r gets ``<tier0>/<r>-node<i>``), passed to the command as
     ``--tier0``; None (the default) runs without it, unless the command itself names
     ``--tier0 VALUE``, which is then taken as this setting. Without tier 0 the RAM faults
-    are left out. ``job_timeout_s`` bounds one uninterrupted run of the command (the
-    reference, the last start's training to the end); None: :data:`JOB_TIMEOUT_S` plus
+    are left out. ``preempt``: add the termination-notice kinds
+    (:data:`~tierckpt.drill.chaos_verdicts.NOTICE_KINDS`) to the catalogue; without it they
+    are left out (and a seed draws the plan it drew before they existed). The command must
+    call ``CheckpointManager.should_stop`` each step. ``job_timeout_s`` bounds one
+    uninterrupted run of the command (the reference, the last start's training to the end);
+    None: :data:`JOB_TIMEOUT_S` plus
     :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both train every step.
     ``commit_timeout_s`` bounds how long a start may take to restore and commit;
     ``max_starts`` how often a cycle starts the job again before the drill gives up."""
@@ -73,6 +77,7 @@ class ChaosConfig:
     rtol: float | None = None
     tmpfs: bool = True
     tier0: str | None = None
+    preempt: bool = False
     job_timeout_s: float | None = None
     commit_timeout_s: float = 180.0
     max_starts: int = 3

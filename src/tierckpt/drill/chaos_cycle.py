@@ -3,7 +3,8 @@
 :class:`CycleRunner` runs one :class:`tierckpt.drill.chaos_verdicts.CyclePlan` on the
 running job (``_cycle``): it waits for the cycle's commits and for what an at-rest fault
 needs, fires the live faults (``_live``: tier 2 renamed away, tier 1 filled to ENOSPC, the
-uploader, a rank or a replica's holder SIGKILLed at its moment), takes the node down for
+uploader, a rank or a replica's holder SIGKILLed at its moment, a termination notice:
+:mod:`tierckpt.drill.chaos_notice`), takes the node down for
 at-rest faults, and when the job ended waits until nothing of it is left, checks at rest,
 applies the at-rest faults (``_at_rest``: damage, a partial commit, a wiped node, a wiped
 or damaged node RAM, each skipped when it would leave a node nothing to restore from) and
@@ -27,7 +28,7 @@ from tierckpt.drill.chaos_config import (
     UPLOAD_MOMENT_S,
     CycleRecord,
 )
-from tierckpt.drill.chaos_starts import StartRunner
+from tierckpt.drill.chaos_notice import NoticeRunner
 from tierckpt.drill.inject import last_step
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
@@ -37,7 +38,7 @@ __all__ = ["CycleRunner"]
 _FAST_POLL_S = 0.002
 
 
-class CycleRunner(StartRunner):
+class CycleRunner(NoticeRunner):
     """The fault cycles of the chaos drill, each from its plan."""
 
     # -- one cycle ------------------------------------------------------------------------
@@ -72,6 +73,7 @@ class CycleRunner(StartRunner):
             for f in at_rest:
                 self._at_rest(rec, f, p)
             self._recover(rec)
+            self._judge_notices(rec)
         else:
             self._settle(rec)
         self._wait_outage_over(rec)
@@ -123,6 +125,8 @@ class CycleRunner(StartRunner):
             self._kill_uploader(rec, f)
         elif f.kind == "kill_partner":
             self._kill_partner(rec, f)
+        elif f.kind in cv.NOTICE_KINDS:
+            self._notice(rec, f)
         else:
             self._kill_rank(rec, f)
 

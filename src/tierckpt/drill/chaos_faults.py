@@ -27,7 +27,7 @@ from tierckpt.tier0.root import PEER_DIR
 
 __all__ = ["FILL_NAME", "EventTail", "Tier2Outage", "children", "damage", "fill", "find_uploader",
            "flip_shard", "kill", "mount_tmpfs", "processes", "ram_steps", "remove_step",
-           "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
+           "send", "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
 
 FILL_NAME = ".chaos-fill"
 """The file that fills a node's tier 1 (ignored by every tier-1 reader: not a step name)."""
@@ -133,8 +133,13 @@ def find_uploader(rank_pid: int) -> int | None:
 
 def kill(pid: int) -> bool:
     """SIGKILL ``pid``; False when it no longer exists."""
+    return send(pid, signal.SIGKILL)
+
+
+def send(pid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``pid`` (a notice, a kill); False when it no longer exists."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
     except ProcessLookupError:
         return False
     return True

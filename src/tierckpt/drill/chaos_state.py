@@ -355,6 +355,7 @@ class ChaosState:
         c = self.cfg
         return {"command": list(c.command), "cycles": c.cycles, "nnodes": c.nnodes,
                 "nproc": c.nproc, "world_size": c.world_size, "steps": c.total_steps,
-                "seed": c.seed, "tier2": c.tier2, "tier0": c.tier0, "kinds": list(c.kinds),
+                "seed": c.seed, "tier2": c.tier2, "tier0": c.tier0, "preempt": c.preempt,
+                "kinds": list(c.kinds),
                 "out": str(c.out),
                 "roots": [str(r) for r in self.roots]}

@@ -28,6 +28,9 @@ __all__ = [
     "KILL_MOMENTS",
     "KINDS",
     "LIVE",
+    "NOTICE_KILL_MOMENTS",
+    "NOTICE_KINDS",
+    "NOTICE_SIGNALS",
     "RAM_VARIANTS",
     "RESTART_KINDS",
     "TIER0_KINDS",
@@ -54,32 +57,50 @@ __all__ = [
 ]
 
 KINDS = ("kill_rank", "kill_uploader", "tier2_down", "tier1_full", "damage", "partial_commit",
-         "wipe_node", "wipe_ram", "damage_ram", "kill_partner")
+         "wipe_node", "wipe_ram", "damage_ram", "kill_partner", "notice_one_rank",
+         "notice_then_kill", "notice_in_save")
 """The fault catalogue (docs/drills.md, "Chaos drill"). New kinds go at the end: a plan
 drawn without them stays the plan it was for a seed."""
 TIER0_KINDS = frozenset({"wipe_ram", "damage_ram", "kill_partner"})
 """Kinds that need tier 0 (node RAM and a partner's replica); left out without it."""
-LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_partner", "kill_rank")
+NOTICE_KINDS = frozenset({"notice_one_rank", "notice_then_kill", "notice_in_save"})
+"""Termination notices (docs/preemption.md); drawn only when asked for (``--preempt``)."""
+LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_partner", "kill_rank",
+        "notice_one_rank", "notice_in_save", "notice_then_kill")
 """Kinds injected while the job runs, in this order within a cycle (a full tier 1 ends the
 job at its next save, so only a kill can follow it)."""
 AT_REST = frozenset({"damage", "partial_commit", "wipe_node", "wipe_ram", "damage_ram"})
 """Kinds applied to a node's root while no process of the job runs (then it restarts)."""
-RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full", "kill_partner"}
-"""Kinds after which the job restarts (a full tier 1 fails the next save, which ends it)."""
+RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full", "kill_partner"} | NOTICE_KINDS
+"""Kinds after which the job restarts (a full tier 1 fails the next save, which ends it; a
+notice ends it with exit status 75 after the emergency save)."""
 _KILLS = frozenset({"kill_rank", "kill_partner"})  # one ends the job: never both in a cycle
+_ENDERS = _KILLS | NOTICE_KINDS
+"""Each ends the job: never two in a cycle. A notice never meets a full tier 1 either (its
+emergency save would fail on it: no notice can keep its promise on a full disk)."""
 KILL_MOMENTS = ("between_saves", "in_save", "commit_window")
 UPLOADER_MOMENTS = ("idle", "mid_upload")
 DAMAGE_VARIANTS = ("truncate_shard", "flip_byte", "missing_file", "missing_marker")
 RAM_VARIANTS = ("own", "replica")
 """What ``damage_ram`` flips a shard byte of: the node's own newest tier-0 copy, or the
 newest replica it holds for its predecessor (``peer/``)."""
+NOTICE_SIGNALS = ("SIGUSR1", "SIGTERM")
+"""The signal ``notice_one_rank`` sends to one node's rank."""
+NOTICE_KILL_MOMENTS = ("at_once", "at_stop")
+"""When ``notice_then_kill`` SIGKILLs the workers: right after the notice, or once a rank
+logged ``preempt_stop`` (the emergency save is being taken)."""
 _VARIANTS: dict[str, tuple[str, ...]] = {"kill_rank": KILL_MOMENTS,
                                          "kill_uploader": UPLOADER_MOMENTS,
                                          "damage": DAMAGE_VARIANTS,
-                                         "damage_ram": RAM_VARIANTS}
+                                         "damage_ram": RAM_VARIANTS,
+                                         "notice_one_rank": NOTICE_SIGNALS,
+                                         "notice_then_kill": NOTICE_KILL_MOMENTS}
 INVARIANTS = ("resume", "crash_loop", "losses", "tier1_bound", "integrity", "retained",
-              "final")
-"""Every invariant a cycle (or the end of the run) can violate."""
+              "final", "lost_work")
+"""Every invariant a cycle (or the end of the run) can violate. ``lost_work``: after a
+notice that was not followed by a kill, every rank stopped at one step at or after the
+newest step logged when it was sent, saved it, exited 75, and the restart resumed there
+(:func:`tierckpt.drill.preempt_verdicts.lost_work_verdict`)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,7 @@ def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KIND
     for i in range(1, cycles + 1):
         first = rng.choice(list(kinds))
         chosen = [first]
-        others = [k for k in kinds if k != first and not {first, k} <= _KILLS]
+        others = [k for k in kinds if k != first and _compatible(first, k)]
         if others and rng.random() < compound_p:
             chosen.append(rng.choice(others))
         faults: list[Fault] = []
@@ -155,6 +176,12 @@ def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KIND
                                offset_steps=rng.randrange(max(1, save_every)),
                                outage_s=round(rng.uniform(1.0, 3.0), 2), pick=rng.random()))
     return plans
+
+
+def _compatible(a: str, b: str) -> bool:
+    """Whether two kinds may share a cycle (see :data:`_ENDERS`)."""
+    pair = {a, b}
+    return not pair <= _ENDERS and not ("tier1_full" in pair and pair & NOTICE_KINDS)
 
 
 def _order(kind: str) -> int:

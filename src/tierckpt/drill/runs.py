@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +50,14 @@ class RunResult:
                       key=lambda e: float(e["t"]))
 
 
-def run_job(spec: JobSpec, *, timeout_s: float, kill: KillPlan | None = None) -> RunResult:
-    """Run ``spec`` to the end (killing ``kill.rank`` after ``kill.step`` if given).
+def run_job(spec: JobSpec, *, timeout_s: float, kill: KillPlan | None = None,
+            act: Callable[[Job], None] | None = None) -> RunResult:
+    """Run ``spec`` to the end (killing ``kill.rank`` after ``kill.step`` if given; calling
+    ``act(job)`` once the agents are started, e.g. to send a notice).
 
     Never raises for a failed job: the result's ``rc`` and ``log_tail`` say what happened
-    (a kill that could not be placed is ``rc = -1`` with the reason in ``notes``).
+    (a kill that could not be placed, or an ``act`` that raised CheckpointError, is
+    ``rc = -1`` with the reason in ``notes["kill_error"]``).
     """
     for root in spec.roots:
         root.mkdir(parents=True, exist_ok=True)
@@ -67,6 +71,12 @@ def run_job(spec: JobSpec, *, timeout_s: float, kill: KillPlan | None = None) ->
                 record = kill_at_step(kill, losses=spec.losses,
                                       event_logs=[r / layout.EVENTS for r in spec.roots],
                                       alive=job.running, timeout_s=timeout_s)
+            except CheckpointError as e:
+                notes["kill_error"] = str(e)
+                rc = -1
+        if act is not None:
+            try:
+                act(job)
             except CheckpointError as e:
                 notes["kill_error"] = str(e)
                 rc = -1
