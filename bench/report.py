@@ -15,6 +15,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     share    {...} | {"skipped": reason}   (bench/share.py; absent in older results)
     model_state {...} | {"skipped": reason} (bench/model_state.py; absent in older results)
     tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
+    preempt  {...} | {"skipped": reason}   (bench/preempt.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
 ``render_markdown`` only reads that dict, so a results file can be re-rendered later.
@@ -197,6 +198,10 @@ def render_markdown(r: dict[str, Any]) -> str:
         from bench.tier0 import markdown as tier0_markdown
 
         body += tier0_markdown(r["tier0"])
+    if "preempt" in r:  # likewise: notice → stop → durable, and the watcher's cost
+        from bench.preempt import markdown as preempt_markdown
+
+        body += preempt_markdown(r["preempt"])
     if "model_state" in r:  # likewise: a real model's many small tensors
         from bench.model_state import markdown as model_state_markdown
 

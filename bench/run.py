@@ -23,6 +23,7 @@ from bench.dcp_peers import PeerJob, measure_dcp
 from bench.limits import measure_limits
 from bench.machine import fsync_probe, machine_facts
 from bench.model_state import measure_model_state
+from bench.preempt import measure_preempt
 from bench.report import SCHEMA, write_results
 from bench.share import measure_share
 from bench.state import build_state, make_specs
@@ -58,6 +59,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="the tier-0 section (bench/tier0.py: restore from RAM vs tier 1 vs "
                         "tier 2, C and W with tier 0 on/off, the plan); on by default, off "
                         "with --quick")
+    p.add_argument("--preempt", action=argparse.BooleanOptionalAction, default=None,
+                   help="the preemption section (bench/preempt.py: notice → stop → durable "
+                        "on tiers 0, 1, 2 at each world size, and the watcher's per-step "
+                        "cost); on by default, off with --quick")
     p.add_argument("--sweep", action="store_true",
                    help="only the cost curves (bench/sweep.py): C, durable, restore and RAM "
                         "over --sizes × --world (default 64MiB,256MiB,1GiB,4GiB × 1,2,4), "
@@ -83,12 +88,12 @@ def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> 
     return out
 
 
-def run(cfg: BenchConfig, *, share: bool | None = None,
-        tier0: bool | None = None) -> tuple[dict[str, Any], list[str]]:
+def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = None,
+        preempt: bool | None = None) -> tuple[dict[str, Any], list[str]]:
     """Every measurement of one run; the results dict (see ``report``) and section errors.
 
     ``share``: run the sharing readers' section (None: unless ``cfg.quick``); ``tier0``:
-    the tier-0 section, likewise.
+    the tier-0 section, likewise; ``preempt``: the preemption section, likewise.
     """
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     workdir = cfg.target_dir / f"bench-{os.getpid()}"
@@ -133,6 +138,13 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
         else:
             tier0_section = {"skipped": "off (--quick or --no-tier0); pass --tier0 to "
                                         "include it"}
+        if (not cfg.quick) if preempt is None else preempt:
+            preempt_section = _section("preempt", partial(
+                measure_preempt, workdir / "preempt", cfg.size_bytes,
+                worlds=tuple(cfg.worlds)), errors)
+        else:
+            preempt_section = {"skipped": "off (--quick or --no-preempt); pass --preempt to "
+                                          "include it"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     facts["loadavg_end"] = list(os.getloadavg())
@@ -145,7 +157,8 @@ def run(cfg: BenchConfig, *, share: bool | None = None,
                    "repeats": cfg.repeats, "saves": cfg.saves,
                    "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
-        "share": shared, "tier0": tier0_section, "model_state": model_state,
+        "share": shared, "tier0": tier0_section, "preempt": preempt_section,
+        "model_state": model_state,
         "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors
@@ -166,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    results, errors = run(cfg, share=args.share, tier0=args.tier0)
+    results, errors = run(cfg, share=args.share, tier0=args.tier0, preempt=args.preempt)
     stamp = results["started"].replace(":", "")
     json_path, md_path = write_results(results, cfg.out_dir, stamp)
     for t in results["targets"]:

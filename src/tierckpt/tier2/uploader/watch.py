@@ -8,6 +8,7 @@ Timing only: *what* is due comes from the source's ``next_step()`` (the pure pol
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -58,5 +59,16 @@ def run(source: Source, stop: threading.Event, *, poll_s: float, watch: bool,
             continue
         if not watch or (finish is not None and finish.is_set()):
             return not failed
-        stop.wait(backoff_s(poll_s, failures))
+        _idle(stop, finish, backoff_s(poll_s, failures))
     return False
+
+
+def _idle(stop: threading.Event, finish: threading.Event | None, seconds: float) -> None:
+    """Wait ``seconds``, or less: until ``stop`` or ``finish`` is set (``finish`` comes from
+    a signal — a job closing after a notice — and must not wait out a whole poll)."""
+    end = time.monotonic() + seconds
+    while not stop.is_set() and not (finish is not None and finish.is_set()):
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        stop.wait(min(left, 0.05))
