@@ -45,7 +45,7 @@ def test_notice_is_seeded_from_step_1_to_a_few_steps_before_the_end() -> None:
 
 @pytest.mark.parametrize("kw", [{"steps": 5}, {"rank": 2}, {"rank": -1}])
 def test_a_notice_that_cannot_be_placed_names_what_to_change(kw: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="--steps|--preempt-rank"):
+    with pytest.raises(ConfigError, match=r"--steps|--preempt-rank"):
         pv.choose_notice(0, **{"steps": 12, "world_size": 2, **kw})
 
 
@@ -89,9 +89,10 @@ def test_lost_work_is_at_most_the_step_in_progress() -> None:
     ok = pv.lost_work_verdict(stop_step=7, seen=6, logged_max=7, resumed_from=7,
                               first_resumed=8)
     assert ok.ok and ok.facts["lost_steps"] == 0 and ok.facts["steps_after_notice"] == 1
-    cases = [({"stop_step": 5}, "before step 6"), ({"logged_max": 8}, "step 8 was trained"),
-             ({"resumed_from": 4}, "resumed from 4"), ({"first_resumed": 7}, "first step"),
-             ({"stop_step": None}, "no stop step")]
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"stop_step": 5}, "before step 6"), ({"logged_max": 8}, "step 8 was trained"),
+        ({"resumed_from": 4}, "resumed from 4"), ({"first_resumed": 7}, "first step"),
+        ({"stop_step": None}, "no stop step")]
     for change, word in cases:
         kw: dict[str, Any] = {"stop_step": 7, "seen": 6, "logged_max": 7, "resumed_from": 7,
                               "first_resumed": 8, **change}
