@@ -1,4 +1,6 @@
-"""``tierckpt doctor --tier2 URL``: what a tier-2 server supports and what tierckpt does about it.
+"""``tierckpt doctor --tier2 URL``: what a tier-2 server supports and what tierckpt does about it;
+``tierckpt doctor --cluster``: whether this job's launch lets a notice end in a saved
+checkpoint (:mod:`tierckpt.cli._cluster`).
 
 Runs the same probe a job runs when it starts (:func:`tierckpt.tier2.probe.probe_url`, on
 scratch keys under the prefix, removed afterwards) and prints one row per feature: whether
@@ -10,13 +12,15 @@ configuration error (missing bucket, refused credentials, a bad URL).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tierckpt.cli._app import command
-from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._cluster import doctor_cluster
+from tierckpt.cli._render import EXIT_CONFIG, console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures
 from tierckpt.tier2.capabilities import TABLE
 from tierckpt.tier2.probe import ProbeResult, probe_url
@@ -26,17 +30,32 @@ _MARK = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not tried[/]"}
 
 @command()
 def doctor(
-    tier2: Annotated[str, typer.Option(
-        help="Tier 2 to probe: s3://bucket/prefix or file:///path.")],
+    tier2: Annotated[str | None, typer.Option(
+        help="Tier 2 to probe: s3://bucket/prefix or file:///path.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
+    cluster: Annotated[bool, typer.Option(
+        "--cluster", help="Check the launch instead: torchrun's signals and shutdown "
+        "timeout, the scheduler's lead or grace, Slurm's --requeue.")] = False,
+    tier1: Annotated[Path | None, typer.Option(
+        "--tier1", help="With --cluster: a tier-1 root whose events measure the emergency "
+        "save.")] = None,
+    script: Annotated[Path | None, typer.Option(
+        help="With --cluster: an sbatch script or Kubernetes manifest to check.")] = None,
 ) -> None:
-    """Probe the tier-2 server at --tier2: which integrity, marker and upload modes tierckpt
-    uses.
+    """Probe the tier-2 server at --tier2 (integrity, marker and upload modes), or with
+    --cluster check that this job's launch lets a notice end in a saved checkpoint.
 
-    Runs the probe a job runs at start (scratch keys under the prefix, removed afterwards).
-    Exit 0 when the server can be used, 1 when it cannot (no integrity mode), 2 for a
-    configuration error."""
+    --tier2 runs the probe a job runs at start (scratch keys under the prefix, removed
+    afterwards). Exit 0 when all is well, 1 when something must be fixed (no integrity mode;
+    a failed cluster check), 2 for a configuration error."""
+    if cluster:
+        doctor_cluster(tier1=tier1, script=script, as_json=as_json)
+        return
+    if tier2 is None:
+        typer.echo("tierckpt doctor: give --tier2 URL (probe tier 2) or --cluster (check the "
+                   "launch)", err=True)
+        raise typer.Exit(EXIT_CONFIG)
     with failures():
         result = probe_url(tier2)
     if as_json:

@@ -13,7 +13,8 @@ What the script does, in order:
    node, ``--nnodes MIN:MAX`` (the spares), ``--max-restarts`` (a rank killed inside the
    allocation restarts there), ``--signals-to-handle`` with SIGUSR1 and
    ``--shutdown-timeout`` covering the emergency save;
-4. forwards the lead's USR1 to the step, and notes a SIGTERM (a user's ``scancel``);
+4. forwards the lead's USR1 to the step once its workers have taken a first step (before,
+   it would kill them unsaved), and notes a SIGTERM (a user's ``scancel``);
 5. after the step, asks ``tierckpt launch outcome`` and requeues itself
    (``scontrol requeue``) only after an announced interruption whose emergency save was
    committed — never after ``scancel``, never after the job finished.
@@ -42,6 +43,23 @@ WAIT_STEP = (
     "done",
 )
 """Wait for the background step ``$step``; its status in ``$rc``."""
+
+FORWARD_USR1 = (
+    'events="$TIERCKPT_TIER1/events.jsonl"',
+    'offset=$(stat -c %s "$events" 2>/dev/null || echo 0)',
+    "# A worker arms its notice handlers at its first should_stop(); a USR1 before that would",
+    "# end it unsaved (the signal's default action). So pass the lead's USR1 on once this",
+    "# run's workers have taken a step (first_step in the tier-1 root's events).",
+    "first='\"event\": \"first_step\"'",
+    "forward_usr1() {",
+    '    until tail -c +$((offset + 1)) "$events" 2>/dev/null | grep -q "$first"; do',
+    '        kill -0 "$step" 2>/dev/null || return',
+    "        sleep 1",
+    "    done",
+    '    sleep 1; kill -USR1 "$step" 2>/dev/null',
+    "}",
+)
+"""Bash: pass the lead's USR1 to the step ``$step`` once its workers train."""
 
 TIERCKPT_FN = ("tierckpt() { \"$TIERCKPT_PYTHON\" -c 'import sys; from tierckpt.cli import "
                "main; sys.argv[0] = \"tierckpt\"; main()' \"$@\"; }")
@@ -161,9 +179,10 @@ def sbatch_script(s: SlurmLaunch, argv: list[str]) -> str:
         '$SLURM_JOB_NODELIST, rendezvous on $head"',
         "notices=''",
         "step=''",
+        *FORWARD_USR1,
         "# The lead's USR1 reaches only this shell (B:): pass it to the step. A SIGTERM here",
         "# is a scancel or the time limit (preemption signals the step, not this shell).",
-        "trap 'notices=\"$notices usr1\"; [ -n \"$step\" ] && kill -USR1 \"$step\"' USR1",
+        "trap 'notices=\"$notices usr1\"; [ -n \"$step\" ] && forward_usr1 &' USR1",
         "trap 'notices=\"$notices term\"' TERM",
         _torchrun(s),
         "step=$!",
