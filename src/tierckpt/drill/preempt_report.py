@@ -106,7 +106,7 @@ def render_preempt_markdown(doc: Mapping[str, Any]) -> str:
         detail = str(d.get("detail", "did not run")).replace("|", "/")
         lines.append(f"| {name} | {'pass' if doc['verdicts'][name] else 'FAIL'} | {detail} |")
     if doc.get("timings"):
-        lines += ["", "## Measured", "", "| from the notice sent | seconds |", "|---|---|"]
+        lines += ["", "## Measured", "", "| from the notice sent | time |", "|---|---|"]
         lines += [f"| {k.removeprefix('notice → ')} | {v.replace('|', '/')} |"
                   for k, v in timing_rows(doc)]
     lines += ["", f"Work lost: {doc.get('lost_steps')} step(s) redone; steps trained after "
