@@ -206,9 +206,10 @@ def test_preempt_drill_sigusr1_to_one_rank(tmp_path: Path) -> None:
     assert set(sources) == {"0", "1"}  # both ranks saved, though one was told
 
 
-CHAOS_SEED = 10
-"""With only the notice kinds: notice_then_kill at the emergency save (node 0), a notice in
-node 1's background save through its launcher, SIGUSR1 to node 1's rank alone."""
+CHAOS_SEED = 13
+"""With only the notice kinds (``--kinds`` in sorted order): SIGUSR1 to node 1's rank alone,
+a notice then SIGKILL of every rank at once, a notice in node 1's background save through
+its launcher."""
 
 
 @pytest.mark.slow
