@@ -47,11 +47,11 @@ def io_priority(pid: int = 0) -> int | None:
 def exit_with_parent(parent: int, stop: threading.Event) -> None:
     """Set ``stop`` when ``parent`` (the rank that started this process) dies — a SIGKILLed
     rank must not leave an orphan uploading behind the restarted job's back. Linux sends
-    SIGTERM on the parent's death (PR_SET_PDEATHSIG); a watcher thread covers the window
-    before prctl and other platforms."""
+    SIGINT on the parent's death (PR_SET_PDEATHSIG; SIGTERM is a notice a job's uploader
+    ignores); a watcher thread covers the window before prctl and other platforms."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGINT), 0, 0, 0)  # PR_SET_PDEATHSIG
 
     def watch() -> None:
         while not stop.wait(1.0):

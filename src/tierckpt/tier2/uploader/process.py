@@ -26,7 +26,7 @@ from tierckpt.tier2.uploader.uploader import Uploader
 class UploaderProcess:
     """An uploader in a child process (``python -m tierckpt.uploader``) at low priority.
 
-    ``start()`` launches it; ``stop()`` sends SIGTERM (the child finishes the file it is
+    ``start()`` launches it; ``stop()`` sends SIGINT (the child finishes the file it is
     sending, leaves resumable state, exits) and waits ``timeout_s``, then SIGKILLs;
     ``finish()`` first lets it upload everything due (SIGUSR1), e.g. before a job ends.
     Idempotent; a context manager. The child's output goes to
@@ -83,7 +83,7 @@ class UploaderProcess:
         return self._proc.poll() if self._proc is not None else None
 
     def stop(self, grace_s: float | None = None) -> int | None:
-        """Stop the child (SIGTERM, then SIGKILL after ``grace_s``, default ``timeout_s``);
+        """Stop the child (SIGINT, then SIGKILL after ``grace_s``, default ``timeout_s``);
         its exit code. A child stuck in a call to a server that does not answer only ends
         with the SIGKILL; it resumes from its records next time."""
         p = self._proc
@@ -92,7 +92,7 @@ class UploaderProcess:
         grace = self.timeout_s if grace_s is None else grace_s
         if p.poll() is None:
             self._wait_ready(grace)
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGINT)  # a job's uploader ignores SIGTERM: see main()
             try:
                 p.wait(grace)
             except subprocess.TimeoutExpired:
@@ -129,7 +129,13 @@ class UploaderProcess:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tierckpt.uploader TIER1 TIER2 [--watch]``: drain once (default) or
     watch until SIGTERM/SIGINT (exit 0), or until SIGUSR1 and nothing left to upload (exit 0;
-    1 if an upload failed). Without --watch: exit 0 when every attempted upload finished."""
+    1 if an upload failed). Without --watch: exit 0 when every attempted upload finished.
+
+    A job's uploader (``--parent``) ignores SIGTERM: that is the termination notice the
+    whole process tree gets (torchrun's killpg, Slurm's signal to every process of the
+    step), and the job still wants the emergency save it is about to take uploaded. Its rank
+    decides: SIGUSR1 (upload what is due, then exit) at close, SIGINT to stop, or its death
+    (PDEATHSIG SIGINT, and a watcher thread)."""
     ap = argparse.ArgumentParser(prog="python -m tierckpt.uploader")
     ap.add_argument("tier1", type=Path)
     ap.add_argument("tier2")
@@ -150,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop, finish = threading.Event(), threading.Event()
     relay_signals({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: finish})
     if a.parent:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         exit_with_parent(a.parent, stop)
     if a.ready_fd >= 0:
         os.write(a.ready_fd, b"1")

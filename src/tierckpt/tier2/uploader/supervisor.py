@@ -27,7 +27,7 @@ FIRST_RESTART_S = 5.0
 MAX_RESTART_S = 300.0
 WARN_EVERY_S = 600.0
 STOP_GRACE_S = 5.0
-"""How long a close that chose not to wait gives the uploader to exit on SIGTERM before
+"""How long a close that chose not to wait gives the uploader to exit on SIGINT before
 SIGKILL (it may be stuck in a call to a server that never answers)."""
 
 
