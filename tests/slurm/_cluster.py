@@ -183,12 +183,17 @@ class SlurmCluster:
         job's start is pulled forward (``StartTime=now``) to skip its ~2-minute wait."""
         end = time.monotonic() + timeout_s
         info: dict[str, str] = {}
+        held_since: float | None = None
         while time.monotonic() < end:
             info = self.job(job_id)
             if info.get("JobState") in states:
                 return info
-            if info.get("JobState") == "PENDING" and info.get("Reason") in (
-                    "BeginTime", "JobHeldAdmin"):
+            waiting = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+            held_since = (held_since or time.monotonic()) if waiting else None
+            # Not at once: slurmd refuses a job restarted within the second it revoked the
+            # old run's credential ("Job credential revoked"), and the job then FAILS.
+            if (held_since is not None and time.monotonic() - held_since > 2
+                    and self.node_state() == "idle"):
                 self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now",
                          check=False)
             time.sleep(0.5)

@@ -22,6 +22,7 @@ equal an uninterrupted run's bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,6 +50,7 @@ class Run:
 
     job: int
     dir: Path
+    t0: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def losses(self) -> list[dict[str, Any]]:
@@ -99,11 +101,21 @@ def wait_steps(slurm: SlurmCluster, run: Run, n: int) -> None:
 
 
 def finish(slurm: SlurmCluster, run: Run, states: set[str]) -> dict[str, str]:
-    """Wait for one of ``states`` (pulling requeued starts forward); the job's record."""
+    """Wait for one of ``states`` (pulling requeued starts forward); the job's record. With
+    ``TIERCKPT_SLURM_PATHS=FILE`` one JSON line per job goes there too (the closing table:
+    state, requeues, resumes, lost steps, wall time)."""
     try:
-        return slurm.wait_job(run.job, states, WAIT_S)
+        info = slurm.wait_job(run.job, states, WAIT_S)
     except TimeoutError as e:
         raise AssertionError(f"{e}\n--- job.out\n{run.log()}") from None
+    if table := os.environ.get("TIERCKPT_SLURM_PATHS"):
+        with open(table, "a") as f:
+            f.write(json.dumps({"dir": run.dir.name, "state": info.get("JobState"),
+                                "restarts": info.get("Restarts"), "resumes": resumes(run),
+                                "saved": [e["step"] for e in run.events(ev.PREEMPT_SAVED)
+                                          if e["rank"] == 0],
+                                "wall_s": round(time.monotonic() - run.t0, 1)}) + "\n")
+    return info
 
 
 def resumes(run: Run) -> list[tuple[int, int]]:
