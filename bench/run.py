@@ -25,6 +25,7 @@ from bench.machine import fsync_probe, machine_facts
 from bench.model_state import measure_model_state
 from bench.preempt import measure_preempt
 from bench.report import SCHEMA, write_results
+from bench.scale import run_scale
 from bench.share import measure_share
 from bench.state import build_state, make_specs
 from bench.sweep import run_sweep
@@ -68,6 +69,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "over --sizes × --world (default 64MiB,256MiB,1GiB,4GiB × 1,2,4), "
                         "and the planner at 1 to 16,384 GPUs")
     p.add_argument("--sizes", help="with --sweep: comma-separated total state sizes")
+    p.add_argument("--scale", action="store_true",
+                   help="only the scale counts (bench/scale.py): collectives, bytes and "
+                        "metadata per rank for a save and a restore in real gloo runs at "
+                        "--world (default 1,2,4,8,16), beside plain DCP, and the planning "
+                        "of a Llama-70B-shaped state at --synthetic-world ranks")
+    p.add_argument("--synthetic-world",
+                   help="with --scale: synthetic world sizes (default 16,256,1024,4096)")
+    p.add_argument("--label", help="with --scale: what the measured code is (e.g. 'before')")
     return p.parse_args(argv)
 
 
@@ -167,6 +176,12 @@ def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = Non
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run, write results; print where they are and each verdict."""
     args = _parse(argv)
+    if args.scale:
+        return run_scale(worlds=args.world, synthetic=args.synthetic_world, out=args.out,
+                         target=args.target, label=args.label)
+    if args.synthetic_world or args.label:
+        print("bench: --synthetic-world and --label are for --scale", file=sys.stderr)
+        return 2
     if args.sweep:
         return run_sweep(sizes=args.sizes, world=args.world, out=args.out, target=args.target)
     if args.sizes:

@@ -56,8 +56,10 @@ def _size(obj: Any) -> int:
         return 0
 
 
-def _sizes(objs: Any) -> list[int]:
-    return [_size(o) for o in objs] if objs is not None else []
+def _others(objs: Any, me: int) -> int:
+    """Bytes of the entries of ``objs`` other than this rank's (index ``me``); its own
+    entry is not re-measured from the copy, whose pickle can differ in size."""
+    return sum(_size(o) for i, o in enumerate(objs) if i != me) if objs is not None else 0
 
 
 @dataclasses.dataclass
@@ -96,24 +98,23 @@ def _bytes(name: str, a: dict[str, Any]) -> tuple[int, int]:
     if name in ("all_gather_object", "all_gather", "all_gather_into_tensor"):
         own = _size(a.get("obj", a.get("tensor", a.get("input_tensor"))))
         out = a.get("object_list", a.get("tensor_list"))
-        total = sum(_sizes(out)) if out is not None else _size(a["output_tensor"])
-        return own, total - own
+        if out is None:  # one flat output tensor: the others' part is the rest of it
+            return own, _size(a["output_tensor"]) - own
+        return own, _others(out, me)
     if name in ("gather_object", "gather"):
         own = _size(a.get("obj", a.get("tensor")))
         if not _is_root(a, "dst", "group_dst"):
             return own, 0
-        out = a.get("object_gather_list", a.get("gather_list"))
-        return 0, sum(_sizes(out)) - own
+        return 0, _others(a.get("object_gather_list", a.get("gather_list")), me)
     if name in ("scatter_object_list", "scatter"):
         out = a.get("scatter_object_output_list")
-        mine = sum(_sizes(out)) if out is not None else _size(a["tensor"])
+        mine = sum(_size(o) for o in out) if out is not None else _size(a["tensor"])
         if not _is_root(a, "src", "group_src"):
             return 0, mine
-        src = _sizes(a.get("scatter_object_input_list", a.get("scatter_list")))
-        return sum(src) - (src[me] if me < len(src) else 0), 0
+        return _others(a.get("scatter_object_input_list", a.get("scatter_list")), me), 0
     if name in ("broadcast_object_list", "broadcast"):
         objs = a.get("object_list")
-        n = sum(_sizes(objs)) if objs is not None else _size(a["tensor"])
+        n = sum(_size(o) for o in objs) if objs is not None else _size(a["tensor"])
         return (n, 0) if _is_root(a, "src", "group_src") else (0, n)
     if name == "all_reduce":
         n = _size(a["tensor"])

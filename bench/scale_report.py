@@ -1,0 +1,246 @@
+"""The scale results (``bench.scale``) as ``<stamp>-scale.json``, a Markdown file of tables
+and one PNG of four log-log panels: collectives per save and restore against W (real runs),
+bytes per rank against W (real runs), coordinator seconds against W (synthetic), and bytes
+at the coordinator and per rank against W (synthetic; scaled points drawn hollow).
+
+JSON layout (bytes, seconds)::
+
+    schema, started, finished, wall_seconds, machine, code {tierckpt, commit, changed, label}
+    real      {layers, width, worlds, points [{world, commit_s, wall_seconds,
+               tierckpt {save, restore, open}, dcp {save, restore}} | {world, skipped}]}
+              each operation: {collectives, by_kind, coordinator_received, coordinator_sent,
+              other_received_max (None at W=1), per_rank [{collectives, sent, received}],
+              restores also metadata_read_max, metadata_read_min, metadata_read_by_file,
+              metadata_read_rank, shard_files_max}
+    synthetic {layers, tensors, item_cap, points [{world, layers_built, scaled,
+               validate {measured, per_shape, estimate_seconds}, seconds {phase: s},
+               dcp_coordinator_seconds, tierckpt_commit_seconds, restore_rank_seconds,
+               coordinator_peak_bytes, restore_peak_bytes, metadata_bytes, manifest_bytes,
+               gathered_plan_bytes, gathered_result_bytes, file_list_bytes,
+               scatter_rank1_bytes, broadcast_payload_bytes, restore_read_bytes_per_rank,
+               save_received_bytes_per_rank, manifest_over_read_limit, wall_seconds}]}
+    errors    [str]
+
+``render_markdown`` reads only that dict, so a results file can be re-rendered later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+
+
+def _b(n: int | None) -> str:
+    """Bytes for a table: exact below 10 KiB, else KiB / MiB / GiB."""
+    if n is None:
+        return "—"
+    if n < 10 << 10:
+        return f"{n:,}"
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):,.1f} {unit}"
+    return str(n)
+
+
+def _s(x: float) -> str:
+    return f"{x:,.3g}" if x < 1000 else f"{x:,.0f}"
+
+
+def _kinds(by_kind: dict[str, int]) -> str:
+    short = {"all_gather_object": "ag", "gather_object": "g", "scatter_object_list": "sc",
+             "broadcast_object_list": "bc", "all_reduce": "ar", "barrier": "bar"}
+    return " ".join(f"{short.get(k, k)}×{v}" for k, v in sorted(by_kind.items()))
+
+
+def _real(r: dict[str, Any]) -> list[str]:
+    pts = [p for p in r["real"]["points"] if "skipped" not in p]
+    skipped = [p for p in r["real"]["points"] if "skipped" in p]
+    head = (f"## Real gloo runs (tiny FSDP2 model: {r['real']['layers']} × Linear("
+            f"{r['real']['width']}, {r['real']['width']}) + AdamW; counted, one save after "
+            "a warm-up, one restore by a fresh manager)")
+    lines = [head, "",
+             "Bytes are pickled sizes through the collectives (`tierckpt.runtime.commcount`);"
+             " *coordinator* is rank 0, *other* the most any other rank received. "
+             "tierckpt | plain DCP in each cell.", "",
+             "### Save", "",
+             "| W | collectives | coordinator received | other rank received | "
+             "commit round trip ms (noisy) |", "|---|---|---|---|---|"]
+    for p in pts:
+        t, d = p["tierckpt"]["save"], p["dcp"]["save"]
+        lines.append(f"| {p['world']} | {t['collectives']} \\| {d['collectives']} | "
+                     f"{_b(t['coordinator_received'])} \\| {_b(d['coordinator_received'])} | "
+                     f"{_b(t['other_received_max'])} \\| {_b(d['other_received_max'])} | "
+                     f"{p['commit_s'] * 1e3:.1f} |")
+    lines += ["", "### Restore", "",
+              "Metadata read per rank: every file other than shard data that a rank opened "
+              "below the checkpoint (read whole), the most over ranks; the files of that "
+              "rank; shard files: the most any rank opened.", "",
+              "| W | collectives | coordinator received | other rank received | "
+              "metadata read per rank | its files (tierckpt) | shard files |",
+              "|---|---|---|---|---|---|---|"]
+    for p in pts:
+        t, d = p["tierckpt"]["restore"], p["dcp"]["restore"]
+        files = ", ".join(f"{k} {_b(v)}" for k, v in sorted(t["metadata_read_by_file"].items()))
+        lines.append(f"| {p['world']} | {t['collectives']} \\| {d['collectives']} | "
+                     f"{_b(t['coordinator_received'])} \\| {_b(d['coordinator_received'])} | "
+                     f"{_b(t['other_received_max'])} \\| {_b(d['other_received_max'])} | "
+                     f"{_b(t['metadata_read_max'])} \\| {_b(d['metadata_read_max'])} | "
+                     f"{files} | {t['shard_files_max']} \\| {d['shard_files_max']} |")
+    lines += ["", "### Collectives by kind (ag all-gather, g gather, sc scatter, bc broadcast,"
+              " ar all-reduce)", "",
+              "| W | tierckpt save | tierckpt restore | tierckpt open | DCP save | DCP load |",
+              "|---|---|---|---|---|---|"]
+    for p in pts:
+        t, d = p["tierckpt"], p["dcp"]
+        lines.append(f"| {p['world']} | {_kinds(t['save']['by_kind'])} | "
+                     f"{_kinds(t['restore']['by_kind'])} | {_kinds(t['open']['by_kind'])} | "
+                     f"{_kinds(d['save']['by_kind'])} | {_kinds(d['restore']['by_kind'])} |")
+    lines += [f"| {p['world']} | skipped: {p['skipped']} | | | | |" for p in skipped]
+    return [*lines, ""]
+
+
+def _synthetic(r: dict[str, Any]) -> list[str]:
+    s = r["synthetic"]
+    lines = [f"## Synthetic planning (Llama-70B shape: {s['tensors']} parameters × (param, "
+             "exp_avg, exp_avg_sq) sharded W ways, in one process)", "",
+             "*Scaled*: built with fewer than 80 layers (and with 0) and scaled linearly to "
+             "80 (`bench/scale_synth.py`); *est.*: validation timed on one key per shape × "
+             "the keys of that shape. Coordinator peak: tracemalloc over DCP's path and the "
+             "manifest. Per-rank restore read = `.metadata` + `manifest.json` (every rank "
+             "reads both today).", "",
+             "| W | layers built | DCP coordinator s | of which validate s | coordinator "
+             "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
+             "restore | parse per rank s | received per rank on save |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in s["points"]:
+        val = p["seconds"]["dcp.validate"]
+        est = "" if p["validate"]["measured"] else " est."
+        over = " (over the 64 MiB read limit)" if p["manifest_over_read_limit"] else ""
+        lines.append(
+            f"| {p['world']:,} | {p['layers_built']}{' scaled' if p['scaled'] else ''} | "
+            f"{_s(p['dcp_coordinator_seconds'])} | {_s(val)}{est} | "
+            f"{_b(p['coordinator_peak_bytes'])} | {_s(p['tierckpt_commit_seconds'])} | "
+            f"{_b(p['metadata_bytes'])} | {_b(p['manifest_bytes'])}{over} | "
+            f"{_b(p['restore_read_bytes_per_rank'])} | {_s(p['restore_rank_seconds'])} | "
+            f"{_b(p['save_received_bytes_per_rank'])} |")
+    phases = list(s["points"][0]["seconds"]) if s["points"] else []
+    lines += ["", "### Seconds by phase", "",
+              "| W | " + " | ".join(phases) + " |", "|---" * (len(phases) + 1) + "|"]
+    for p in s["points"]:
+        lines.append(f"| {p['world']:,} | "
+                     + " | ".join(_s(p["seconds"].get(k, 0.0)) for k in phases) + " |")
+    lines += ["", "### Validation per shape (seconds for one key, keys in the state)", "",
+              "| W | " + " | ".join(s["points"][0]["validate"]["per_shape"]) + " |"
+              if s["points"] else "| W |",
+              "|---" * (1 + len(s["points"][0]["validate"]["per_shape"] if s["points"]
+                                else {})) + "|"]
+    for p in s["points"]:
+        ps = p["validate"]["per_shape"]
+        lines.append(f"| {p['world']:,} | " + " | ".join(
+            f"{v['seconds_per_key'] * 1e3:.3g} ms × {v['keys']}" for v in ps.values()) + " |")
+    return [*lines, ""]
+
+
+def render_markdown(r: dict[str, Any]) -> str:
+    """Every table of the results dict, as Markdown."""
+    code = r.get("code", {})
+    changed = code.get("changed") or []
+    what = (f"**{code['label']}** — " if code.get("label") else "") + \
+        f"tierckpt at {code.get('commit', '?')}" + (
+        f" with {len(changed)} changed file(s) under src/" if changed else "") + \
+        f" ({code.get('tierckpt', '?')})"
+    lines = [f"# tierckpt scale — {r['started']}", "",
+             f"Measured: {what}; {r['wall_seconds']:.0f} s; load average at start "
+             f"{r['machine'].get('loadavg_start', '?')}.", ""]
+    lines += _real(r) + _synthetic(r)
+    if r["errors"]:
+        lines += ["## Errors", "", *(f"- {e}" for e in r["errors"]), ""]
+    return "\n".join(lines)
+
+
+def _loglog(ax: Any, title: str, ylabel: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("world size W")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _plot_real(ax_calls: Any, ax_bytes: Any, r: dict[str, Any]) -> None:
+    pts = [p for p in r["real"]["points"] if "skipped" not in p]
+    ws = [p["world"] for p in pts]
+    for side, style in (("tierckpt", "-"), ("dcp", "--")):
+        for op, marker in (("save", "o"), ("restore", "s")):
+            ax_calls.plot(ws, [p[side][op]["collectives"] for p in pts], style,
+                          marker=marker, label=f"{side} {op}")
+        ax_bytes.plot(ws, [max(1, p[side]["restore"]["metadata_read_max"]) for p in pts],
+                      style, marker="s", label=f"{side} metadata read per rank (restore)")
+        ax_bytes.plot(ws, [max(1, p[side]["save"]["coordinator_received"]) for p in pts],
+                      style, marker="o", label=f"{side} coordinator received (save)")
+        multi = [p for p in pts if p["world"] > 1]
+        ax_bytes.plot([p["world"] for p in multi],
+                      [max(1, p[side]["save"]["other_received_max"]) for p in multi], style,
+                      marker="^", label=f"{side} other rank received (save)")
+    _loglog(ax_calls, "real: collectives per operation", "collectives")
+    _loglog(ax_bytes, "real: bytes per rank", "bytes")
+
+
+def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
+    pts = r["synthetic"]["points"]
+    ws = [p["world"] for p in pts]
+
+    def line(ax: Any, ys: list[float], label: str, marker: str) -> None:
+        line = ax.plot(ws, ys, "-", label=label)[0]
+        for w, y, p in zip(ws, ys, pts, strict=True):  # hollow: scaled from fewer layers
+            ax.plot([w], [y], marker, color=line.get_color(),
+                    markerfacecolor="none" if p["scaled"] else line.get_color())
+    line(ax_s, [p["dcp_coordinator_seconds"] for p in pts], "DCP coordinator (save)", "o")
+    line(ax_s, [p["seconds"]["dcp.validate"] for p in pts], "… of which validation", "v")
+    line(ax_s, [p["tierckpt_commit_seconds"] for p in pts], "tierckpt manifest (save)", "s")
+    line(ax_s, [p["restore_rank_seconds"] for p in pts], "per rank: parse (restore)", "^")
+    ax_s.axhline(1.0, color="grey", lw=0.8, ls=":", label="target: coordinator 1 s")
+    line(ax_b, [p["coordinator_peak_bytes"] for p in pts], "coordinator peak (save)", "o")
+    line(ax_b, [p["metadata_bytes"] for p in pts], ".metadata", "v")
+    line(ax_b, [p["manifest_bytes"] for p in pts], "manifest.json", "s")
+    line(ax_b, [p["restore_read_bytes_per_rank"] for p in pts], "read per rank (restore)",
+         "^")
+    line(ax_b, [p["save_received_bytes_per_rank"] for p in pts], "received per rank (save)",
+         "D")
+    ax_b.axhline(100e6, color="grey", lw=0.8, ls=":", label="target: coordinator 100 MB")
+    ax_b.axhline(1e6, color="grey", lw=0.8, ls="-.", label="target: 1 MB read per rank")
+    _loglog(ax_s, "synthetic 70B: seconds (hollow: scaled)", "seconds")
+    _loglog(ax_b, "synthetic 70B: bytes (hollow: scaled)", "bytes")
+
+
+def plot(r: dict[str, Any], path: Path) -> Path:
+    """Draw the four panels into ``path`` (PNG, matplotlib's Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 10))
+    _plot_real(axes[0][0], axes[0][1], r)
+    _plot_synthetic(axes[1][0], axes[1][1], r)
+    fig.suptitle(f"tierckpt scale — {r['started']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_scale(r: dict[str, Any], out_dir: Path, stamp: str) -> tuple[Path, Path, Path]:
+    """Write ``<stamp>-scale.json``, ``.md`` and ``.png`` into ``out_dir``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / f"{stamp}-scale"
+    json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
+    png = plot(r, base.with_suffix(".png"))
+    r["plot"] = str(png)
+    json_path.write_text(json.dumps(r, indent=2) + "\n")
+    md_path.write_text(render_markdown(r))
+    return json_path, md_path, png

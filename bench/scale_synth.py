@@ -1,0 +1,380 @@
+"""Synthetic planning at scale, in one process with no ranks: what a save's coordinator and a
+restoring rank do with a Llama-70B-shaped state sharded W ways, for W up to thousands.
+
+The state (:data:`LAYER`, 80 layers × 9 tensors = 720 parameters, fp32, each with AdamW's
+``exp_avg`` and ``exp_avg_sq`` and a scalar ``step``; one param group; the per-rank blob
+``rank_state.<r>``) is what ``tierckpt.TrainState`` hands DCP for an FSDP2 model: every
+parameter and moment sharded along dim 0 with ``torch.chunk``'s rule (ranks past the end
+hold an empty shard at offset = the dim's size, as DTensor gives them), ``step`` and the
+param group's values replicated on every rank. Each rank's ``SavePlan`` is built item by
+item as ``create_default_local_save_plan`` would (``WriteItem``, ``MetadataIndex``,
+``ChunkStorageMetadata``, the flattening's ``planner_data``), pickled as ``gather_object``
+would send it. Then, timed phase by phase (seconds, perf_counter):
+
+- the coordinator of DCP's default path: unpickle the W plans; ``dedup_save_plans``;
+  ``create_default_global_save_plan``; merge the ``planner_data`` (``DefaultSavePlanner.
+  _create_global_plan``'s body, phase by phase); ``_validate_global_plan``; pickle the W
+  global plans for the scatter; unpickle the W write-result lists; build ``storage_data``
+  and pickle the ``Metadata`` (the ``.metadata`` file; what ``ShardWriter.finish`` does);
+- tierckpt's commit at HEAD (``save/saver.py``): unpickle the W file lists (an all-gather:
+  every rank does this), build the ``Manifest`` (one ``FileEntry`` per rank file with a
+  CRC ``Chunk`` per record, the ``.metadata`` entry, one domain per 8 ranks),
+  ``to_bytes()`` and the marker;
+- a restoring rank (every rank, today): ``Manifest.from_bytes`` and tierckpt's safe
+  unpickle of ``.metadata`` (``restore.metadata.load_metadata``).
+
+Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
+received pickles themselves excluded), in a second pass so tracing does not slow the timed
+one. Bytes on the wire are pickled sizes (see ``tierckpt.runtime.commcount``).
+
+Scaling, labelled in the results: a point measures ``layers`` of the 80 (all 80 while
+W × 80 ≤ ``item_cap``; fewer above, so memory and time stay bounded) and also 0 layers
+(the param group and the W blobs alone); every quantity is then ``v(0) + (v(L) − v(0)) ×
+80 / L`` — exact for sums over tensors, which every phase is. Validation is timed per
+distinct tensor shape on one key each (``_validate_global_plan`` loops over keys
+independently) and multiplied by the count of keys of that shape in the 80-layer state;
+when that estimate is under ``validate_full_s`` and all 80 layers were built, the full
+validation runs too and is reported as measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import pickle
+import time
+import tracemalloc
+import zlib
+from collections import ChainMap
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+from torch.distributed.checkpoint.default_planner import (
+    _validate_global_plan,
+    create_default_global_save_plan,
+)
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+)
+from torch.distributed.checkpoint.planner import (
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import WriteResult
+
+from tierckpt.format import manifest as mf
+from tierckpt.restore.metadata import load_metadata
+
+LAYERS = 80
+DIM, KV, FFN = 8192, 1024, 28672
+LAYER: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("attention.wq.weight", (DIM, DIM)), ("attention.wk.weight", (KV, DIM)),
+    ("attention.wv.weight", (KV, DIM)), ("attention.wo.weight", (DIM, DIM)),
+    ("feed_forward.w1.weight", (FFN, DIM)), ("feed_forward.w2.weight", (DIM, FFN)),
+    ("feed_forward.w3.weight", (FFN, DIM)), ("attention_norm.weight", (DIM,)),
+    ("ffn_norm.weight", (DIM,)))
+"""One Llama-3-70B decoder layer (dim 8192, 8 KV heads of 128, FFN 28672)."""
+MOMENTS = ("exp_avg", "exp_avg_sq")
+PARAM_GROUP = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach",
+               "capturable", "differentiable", "fused", "decoupled_weight_decay", "params")
+BLOB_BYTES = 18_269
+"""The per-rank blob (RNG streams, step) as measured in the real runs."""
+RECORD_OVERHEAD = 1_088
+"""Bytes a shard file's record adds to its tensor's data (``torch.save``'s zip framing)."""
+RANKS_PER_DOMAIN = 8
+ITEM_CAP = 4096
+"""Default ``item_cap``: the most W × layers a point builds (W ≤ 51 builds all 80 layers;
+W = 4,096 one). About 100 s and 1.3 GB of this process per point at the cap."""
+VALIDATE_FULL_S = 30.0
+
+
+def _shard(n: int, world: int, rank: int) -> tuple[int, int]:
+    """(offset, length) of ``rank``'s dim-0 shard of ``n`` rows (``torch.chunk``'s rule)."""
+    c = -(-n // world)
+    start = min(rank * c, n)
+    length = max(0, min(n, start + c) - start)
+    return (start if length else n), length
+
+
+def _item(fqn: str, size: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...],
+          kind: WriteItemType, dtype: torch.dtype = torch.float32) -> WriteItem:
+    off = torch.Size(offsets)
+    return WriteItem(index=MetadataIndex(fqn, off), type=kind, tensor_data=TensorWriteData(
+        chunk=ChunkStorageMetadata(offsets=off, sizes=torch.Size(sizes)),
+        properties=TensorProperties(dtype=dtype), size=torch.Size(size)))
+
+
+def _layer_indices(layers: int) -> list[int]:
+    """Which of the 80 layers a point builds: spread out, so that its names have the
+    full state's mix of one- and two-digit layer numbers (their pickled sizes differ)."""
+    return [k * LAYERS // layers for k in range(layers)]
+
+
+def local_plan(rank: int, world: int, layers: int) -> SavePlan:
+    """Rank ``rank``'s ``SavePlan`` for ``layers`` layers of the 70B state, as the default
+    local planner builds it (``planner_data``: the flattening's fqn → path)."""
+    items: list[WriteItem] = []
+    paths: dict[str, tuple[str, ...]] = {}
+    for i in _layer_indices(layers):
+        for name, shape in LAYER:
+            off, length = _shard(shape[0], world, rank)
+            offsets, sizes = (off, *(0,) * (len(shape) - 1)), (length, *shape[1:])
+            key = f"layers.{i}.{name}"
+            items.append(_item(f"model.{key}", shape, offsets, sizes, WriteItemType.SHARD))
+            paths[f"model.{key}"] = ("model", key)
+            for m in MOMENTS:
+                fqn = f"optim.state.{key}.{m}"
+                items.append(_item(fqn, shape, offsets, sizes, WriteItemType.SHARD))
+                paths[fqn] = ("optim", "state", key, m)
+            fqn = f"optim.state.{key}.step"
+            items.append(_item(fqn, (), (), (), WriteItemType.TENSOR))
+            paths[fqn] = ("optim", "state", key, "step")
+    for k in PARAM_GROUP:
+        fqn = f"optim.param_groups.0.{k}"
+        items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
+        paths[fqn] = ("optim", "param_groups", "0", k)
+    blob = f"rank_state.{rank}"
+    items.append(_item(blob, (BLOB_BYTES,), (0,), (BLOB_BYTES,), WriteItemType.TENSOR,
+                       torch.uint8))
+    paths[blob] = ("rank_state", str(rank))
+    return SavePlan(items, planner_data=paths)
+
+
+def _nbytes(item: WriteItem) -> int:
+    if item.tensor_data is None:
+        return 420  # a pickled param-group value
+    return math.prod(item.tensor_data.chunk.sizes) * \
+        torch._utils._element_size(item.tensor_data.properties.dtype)
+
+
+def _written(rank: int, plan: SavePlan) -> tuple[list[WriteResult], mf.FileEntry]:
+    """What rank ``rank`` reports after writing ``plan`` into one file: DCP's write results
+    and tierckpt's ``FileEntry`` (a CRC ``Chunk`` per record)."""
+    name, offset = f"__{rank}_0.distcp", 0
+    results, chunks = [], []
+    for item in plan.items:
+        length = _nbytes(item) + RECORD_OVERHEAD
+        crc = zlib.crc32(item.index.fqn.encode())
+        results.append(WriteResult(index=item.index, size_in_bytes=length,
+                                   storage_data=_StorageInfo(name, offset, length)))
+        chunks.append(mf.Chunk(offset, length, crc))
+        offset += length
+    return results, mf.FileEntry(name=name, size=offset, crc32c=rank, rank=rank,
+                                 chunks=tuple(chunks))
+
+
+@dataclasses.dataclass
+class _Wire:
+    """What the ranks send the coordinator, pickled once and reused by both passes."""
+
+    plans: list[bytes]
+    results: list[bytes] | None = None
+    files: list[bytes] | None = None
+
+
+class _Clock:
+    """Seconds per phase, in order: ``clock(name, fn, *args)`` runs and times ``fn``."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t = time.perf_counter()
+        out = fn(*args)
+        self.s[name] = self.s.get(name, 0.0) + time.perf_counter() - t
+        return out
+
+
+def _loads(blobs: list[bytes]) -> list[Any]:
+    return [pickle.loads(b) for b in blobs]
+
+
+def _merge_planner_data(md: Metadata, plans: list[SavePlan]) -> Metadata:
+    return dataclasses.replace(md, planner_data=dict(ChainMap(*[p.planner_data
+                                                                 for p in plans])))
+
+
+def _finish(md: Metadata, results: list[list[WriteResult]]) -> bytes:
+    """``ShardWriter.finish``: the storage data of every write result, then the pickle."""
+    md.storage_data = {wr.index: wr.storage_data for rl in results for wr in rl}
+    return pickle.dumps(md)
+
+
+def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int
+              ) -> tuple[bytes, bytes]:
+    """The commit's manifest at HEAD (``save/saver.py``) and its marker."""
+    domains = tuple(tuple(range(d, min(world, d + RANKS_PER_DOMAIN)))
+                    for d in range(0, world, RANKS_PER_DOMAIN))
+    entry = mf.FileEntry(name=".metadata", size=len(md_bytes), crc32c=0, rank=None)
+    m = mf.Manifest(step=1000, world_size=world, save_id="synthetic", domains=domains,
+                    files=(*(f for fl in files for f in fl), entry), created_unix=0.0)
+    b = m.to_bytes()
+    return b, mf.marker_bytes(b, 1000, "synthetic")
+
+
+def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
+                 ) -> dict[str, Any]:
+    """DCP's default save path at the coordinator, then tierckpt's manifest; fills the
+    wire's results and files the first time. Returns the files' bytes and a scatter size."""
+    plans = clock("dcp.unpickle_plans", _loads, wire.plans)
+    deduped = clock("dcp.dedup", dedup_save_plans, plans, False)
+    global_plan, md = clock("dcp.global_plan", create_default_global_save_plan, deduped)
+    md = clock("dcp.merge_planner_data", _merge_planner_data, md, global_plan)
+    if validate:
+        errors = clock("dcp.validate", _validate_global_plan, global_plan, md)
+        assert not errors, errors[:3]
+    global_plan = [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_"))
+                   for i, p in enumerate(global_plan)]
+    scattered = clock("dcp.pickle_scatter", lambda ps: [pickle.dumps(p) for p in ps],
+                      global_plan)
+    if wire.results is None:  # the ranks write (not the coordinator's cost)
+        done = [_written(r, p) for r, p in enumerate(global_plan)]
+        wire.results = [pickle.dumps(r) for r, _ in done]
+        wire.files = [pickle.dumps([f]) for _, f in done]
+        del done
+    del plans, deduped, global_plan
+    results = clock("dcp.unpickle_results", _loads, wire.results)
+    md_bytes = clock("dcp.finish_metadata", _finish, md, results)
+    del results, md
+    assert wire.files is not None
+    files = clock("tierckpt.unpickle_files", _loads, wire.files)
+    m_bytes, marker = clock("tierckpt.manifest", _manifest, files, md_bytes, world)
+    return {"metadata": md_bytes, "manifest": m_bytes, "marker": marker,
+            "scatter_rank1": len(scattered[min(1, world - 1)])}
+
+
+def _restore_rank(sizes: dict[str, Any], clock: _Clock) -> None:
+    """What every rank does with the two files on restore today (``restore/loader.py``)."""
+    clock("restore.parse_manifest", mf.Manifest.from_bytes, sizes["manifest"])
+    clock("restore.unpickle_metadata", lambda b: load_metadata(b, source=".metadata"),
+          sizes["metadata"])
+
+
+def _validate_per_shape(world: int) -> dict[str, Any]:
+    """Seconds ``_validate_global_plan`` spends on one key of each distinct shape at
+    ``world``, and the estimate for the 80-layer state (× keys of that shape)."""
+    plans = [local_plan(r, world, 1) for r in range(world)]
+    global_plan, md = create_default_global_save_plan(dedup_save_plans(plans, False))
+    per_shape: dict[str, dict[str, Any]] = {}
+    for name, shape in LAYER:
+        label = "x".join(map(str, shape))
+        keys = LAYERS * (1 + len(MOMENTS))
+        if label in per_shape:
+            per_shape[label]["keys"] += keys
+            continue
+        one = Metadata({k: v for k, v in md.state_dict_metadata.items()
+                        if k == f"model.layers.0.{name}"})
+        t = time.perf_counter()
+        _validate_global_plan(global_plan, one)
+        per_shape[label] = {"seconds_per_key": time.perf_counter() - t, "keys": keys}
+    total = sum(v["seconds_per_key"] * v["keys"] for v in per_shape.values())
+    return {"per_shape": per_shape, "estimate_seconds": total}
+
+
+def _scaled(v0: float, vl: float, layers: int) -> float:
+    return v0 + (vl - v0) * LAYERS / layers
+
+
+def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
+    """One pass timed and one traced at ``layers``; seconds, peak and sizes."""
+    wire = _Wire([pickle.dumps(local_plan(r, world, layers)) for r in range(world)])
+    clock = _Clock()
+    sizes = _coordinator(wire, world, clock, validate)
+    _restore_rank(sizes, clock)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        _coordinator(wire, world, _Clock(), validate=False)  # allocates little; see above
+        coordinator_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        _restore_rank(sizes, _Clock())
+        restore_peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert wire.files is not None
+    own = len(pickle.dumps((sizes["manifest"], sizes["marker"], sizes["metadata"])))
+    return {
+        "seconds": clock.s,
+        "coordinator_peak_bytes": coordinator_peak, "restore_peak_bytes": restore_peak,
+        "metadata_bytes": len(sizes["metadata"]), "manifest_bytes": len(sizes["manifest"]),
+        "gathered_plan_bytes": sum(map(len, wire.plans)),
+        "gathered_result_bytes": sum(map(len, wire.results or ())),
+        "file_list_bytes": sum(map(len, wire.files)),
+        "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": own,
+    }
+
+
+def synthetic_point(world: int, item_cap: int = ITEM_CAP,
+                    validate_full_s: float = VALIDATE_FULL_S) -> dict[str, Any]:
+    """Everything the module docstring lists at ``world`` ranks, for the 80-layer state.
+
+    Runs with Python's cyclic GC off: its collections while millions of objects are
+    unpickled cost several times the work itself, by an amount that depends on everything
+    else the process holds, which would make the points incomparable."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return _point(world, item_cap, validate_full_s)
+    finally:
+        if was:
+            gc.enable()
+        gc.collect()
+
+
+def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
+    layers = max(1, min(LAYERS, item_cap // world))
+    started = time.perf_counter()
+    val = _validate_per_shape(world)
+    full = layers == LAYERS and val["estimate_seconds"] <= validate_full_s
+    at_l, at_0 = _measure(world, layers, validate=full), _measure(world, 0, validate=False)
+
+    def scale(key: str) -> float:
+        return _scaled(at_0[key], at_l[key], layers)
+    seconds = {k: _scaled(at_0["seconds"].get(k, 0.0), v, layers)
+               for k, v in at_l["seconds"].items()}
+    seconds["dcp.validate"] = seconds["dcp.validate"] if full else val["estimate_seconds"]
+    dcp = sum(v for k, v in seconds.items() if k.startswith("dcp."))
+    ours = sum(v for k, v in seconds.items() if k.startswith("tierckpt."))
+    sized = {k: round(scale(k)) for k in at_l if k.endswith("_bytes")}
+    per_rank_read = sized["metadata_bytes"] + sized["manifest_bytes"]
+    return {
+        "world": world, "layers_built": layers, "scaled": layers != LAYERS,
+        "validate": {"measured": full, **val},
+        "seconds": seconds, "dcp_coordinator_seconds": dcp,
+        "tierckpt_commit_seconds": ours,
+        "restore_rank_seconds": seconds["restore.parse_manifest"]
+        + seconds["restore.unpickle_metadata"],
+        **sized, "restore_read_bytes_per_rank": per_rank_read,
+        # a non-coordinator rank at HEAD: its scattered plan, every rank's file list
+        # (all-gather), the manifest, marker and .metadata (broadcast)
+        "save_received_bytes_per_rank": sized["scatter_rank1_bytes"]
+        + sized["file_list_bytes"] + sized["broadcast_payload_bytes"],
+        "manifest_over_read_limit": sized["manifest_bytes"] > 64 << 20,
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
+def measure_synthetic(worlds: tuple[int, ...], item_cap: int = ITEM_CAP,
+                      log: Callable[[str], None] = print) -> dict[str, Any]:
+    """:func:`synthetic_point` for each of ``worlds``, in order."""
+    points = []
+    for w in worlds:
+        p = synthetic_point(w, item_cap)
+        log(f"synthetic W={w}: {p['layers_built']} layers built, DCP coordinator "
+            f"{p['dcp_coordinator_seconds']:.2f} s (validate {p['seconds']['dcp.validate']:.2f}"
+            f" s), .metadata {p['metadata_bytes'] / 2**20:.1f} MiB, manifest "
+            f"{p['manifest_bytes'] / 2**20:.1f} MiB, {p['wall_seconds']:.0f} s")
+        points.append(p)
+        gc.collect()
+    return {"layers": LAYERS, "tensors": LAYERS * len(LAYER), "item_cap": item_cap,
+            "points": points}
