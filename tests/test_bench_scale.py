@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from bench.reads import Reads
 from bench.run import main as bench_main
-from bench.scale import SCHEMA, Reads, parse_world_list, run_scale
+from bench.scale import SCHEMA, parse_world_list, run_scale
 from bench.scale_synth import LAYER, LAYERS, local_plan, synthetic_point
 from tierckpt.errors import ConfigError
 
