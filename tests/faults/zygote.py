@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -66,9 +67,12 @@ def _child(cmd: dict) -> int:
     try:
         for i, step in enumerate(steps):
             set_weights(st.model, step)
-            ck.save(step, st)
+            handle = ck.save(step, st)
             if cmd.get("wait_each", True) or i == len(steps) - 1:
                 ck.wait()
+            else:  # let it end (done() never raises) before the next save() reports it:
+                while not handle.done():  # the next save's event writes would otherwise
+                    time.sleep(0.005)     # race this one's, and strace's write count with it
     except SaveError as e:
         errors.append(str(e))
     finally:

@@ -89,7 +89,7 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
         md, bad = reader.read_metadata(), None
     except IntegrityError as e:  # UnsafeCheckpointError too: a planted pickle, not run
         md, bad = None, f"rank {comm.rank}: {e}"
-    bad = next((b for b in comm.all_gather(bad) if b), None)  # node-local copies may differ
+    bad = comm.first_error(bad)  # node-local copies may differ
     if bad is not None:
         raise CorruptDataError(f"{ckpt_dir.name}: {bad} (nothing was loaded)")
     assert md is not None
@@ -99,23 +99,31 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
     if blob_md is None:
         raise CheckpointError(f"checkpoint {ckpt_dir} has no per-rank state for rank {src}")
     target = state.load_targets(source_rank=src, blob_bytes=int(blob_md.size[0]))
-    mismatch = [m for m in comm.all_gather(_mismatches(state.tensors(), md)) if m]
+    mismatch = comm.first_error(_mismatches(state.tensors(), md))
     if mismatch:
         raise StateMismatchError(
-            f"the state does not match checkpoint {ckpt_dir} ({mismatch[0]}); nothing was "
+            f"the state does not match checkpoint {ckpt_dir} ({mismatch}); nothing was "
             "loaded. Build the model (and optimizer) the checkpoint was saved from, or "
             "start a new tier1 directory")
+    # No central plan: DCP's global load plan changes nothing (every rank plans its reads
+    # from the metadata it read), so each rank loads alone and one flag says whether all did.
+    failure, err = None, None
     try:
-        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(),
-                 process_group=comm.group, no_dist=comm.group is None)
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
+        failure = e
         data = _data_error(e)
-        if data is not None:
-            raise CorruptDataError(f"{ckpt_dir.name}: {data} (the state was partly "
-                                   "overwritten and must be loaded again)") from e
-        raise CheckpointError(f"rank {comm.rank}: loading {ckpt_dir} failed: {e}") from e
+        err = f"data|rank {comm.rank}: {data}" if data is not None else \
+            f"other|rank {comm.rank}: loading {ckpt_dir} failed: {e}"
+    agreed = comm.first_error(err)
+    if agreed is not None:
+        kind, _, why = agreed.partition("|")
+        if kind == "data":
+            raise CorruptDataError(f"{ckpt_dir.name}: {why} (the state was partly "
+                                   "overwritten and must be loaded again)") from failure
+        raise CheckpointError(why) from failure
     try:
         state.load_state_dict(target)
     except (RuntimeError, KeyError, ValueError) as e:  # set_state_dict's strict checks

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from tierckpt.errors import LockError
@@ -30,13 +31,59 @@ class Comm:
     rank: int = 0
     world_size: int = 1
     group: Any = None
+    timeout_s: float = 300.0
 
     @classmethod
     def create(cls, timeout_s: float) -> Comm:
         if not (dist.is_available() and dist.is_initialized()):
             return cls()
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(dist.get_rank(), dist.get_world_size(), group)
+        return cls(dist.get_rank(), dist.get_world_size(), group, timeout_s)
+
+    def subgroup(self, ranks: tuple[int, ...]) -> Comm | None:
+        """Collective (every rank calls it with the same ``ranks``): a Comm over ``ranks``
+        (sorted global ranks; its collectives take global ranks as ``src``), or None on a
+        rank outside them — and everywhere when not distributed or ``ranks`` is one rank."""
+        if self.group is None or len(ranks) < 2:
+            return None
+        group = dist.new_group(ranks=sorted(ranks), backend="gloo",
+                               timeout=datetime.timedelta(seconds=self.timeout_s))
+        if self.rank not in ranks:
+            return None
+        return Comm(self.rank, len(ranks), group, self.timeout_s)
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` at ``dst`` (in rank order); None elsewhere. O(1) sent per
+        rank, O(W) received at ``dst`` only."""
+        if self.group is None:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object(obj, out, dst=dst, group=self.group)
+        return out
+
+    def scatter(self, objs: list[Any] | None, src: int = 0) -> Any:
+        """``objs[r]`` (given on ``src``) to rank r."""
+        if self.group is None:
+            assert objs is not None
+            return objs[0]
+        box: list[Any] = [None]
+        dist.scatter_object_list(box, objs if self.rank == src else None, src=src,
+                                 group=self.group)
+        return box[0]
+
+    def first_error(self, error: str | None) -> str | None:
+        """Collective: some rank's ``error`` if any rank has one, else None, on every rank.
+        One all-reduce of a flag when nobody failed (O(1) per rank); the messages are
+        gathered only when one did."""
+        if self.group is None:
+            return error
+        flag = torch.tensor([1 if error else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if not flag.item():
+            return None
+        errors = self.gather(error)
+        first = next((e for e in errors if e), None) if errors is not None else None
+        return self.broadcast(first)
 
     def all_gather(self, obj: Any) -> list[Any]:
         if self.group is None:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from tierckpt._version import __version__
 from tierckpt.errors import DiskFullError, SaveError
@@ -37,6 +36,7 @@ from tierckpt.format import manifest as mf
 from tierckpt.policy.units import format_bytes
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
+from tierckpt.save import coordinate
 from tierckpt.save.config import Writes
 from tierckpt.save.writer import ShardWriter
 from tierckpt.tier0.config import Tier0
@@ -71,7 +71,9 @@ class SaveResult:
     bytes_total: int
     seconds: float
     write_seconds: float
-    manifest: mf.Manifest
+    manifest: mf.Manifest | None
+    """The committed manifest on domain owners (it lists every rank's files: O(W), so it
+    goes to the ranks that write it only); None on the other ranks."""
     tier: str = "tier1"
     """Where ``path`` is: ``tier1``, or ``tier0`` for a save kept in RAM only (with tier 0,
     every ``tier1_every``-th save is also committed on tier 1)."""
@@ -139,6 +141,8 @@ class AsyncSaver:
         self.domain = next(d for d in domains if comm.rank in d)
         self.tier0 = tier0
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
+        self._plans = coordinate.PlanCache()
+        self._owners = comm.subgroup(tuple(d[0] for d in domains))  # collective
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
                                         initargs=(writes.background_nice,))
@@ -225,42 +229,50 @@ class AsyncSaver:
         writer = ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                              fsync=w.fsync and not in_ram,
                              direct_io=w.direct_io and not in_ram)
-        dcp.save(job.staged, storage_writer=writer, process_group=comm.group,
-                 no_dist=comm.group is None)
+        written = coordinate.save(job.staged, writer, comm, self._plans)
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
-        self.log.emit(events.SAVE_DURABLE, step=job.step,
-                      seconds=durable_at - staged_at, bytes=my_bytes,
-                      tier="tier0" if in_ram else "tier1")
-
-        per_rank = comm.all_gather(writer.files)
-        payload = None
+        if written.error is None:
+            self.log.emit(events.SAVE_DURABLE, step=job.step,
+                          seconds=durable_at - staged_at, bytes=my_bytes,
+                          tier="tier0" if in_ram else "tier1")
+        payload, status = None, None
         if comm.rank == 0:
-            assert writer.metadata_entry is not None and writer.metadata_bytes is not None
-            files = (*(f for fl in per_rank for f in fl), writer.metadata_entry)
-            manifest = mf.Manifest(step=job.step, world_size=comm.world_size,
-                                   save_id=job.save_id, files=files, domains=self.domains,
-                                   created_unix=time.time(), torch_version=torch.__version__,
-                                   tierckpt_version=__version__)
-            mbytes = manifest.to_bytes()
-            payload = (mbytes, mf.marker_bytes(mbytes, job.step, job.save_id, mf.signing_key()),
-                       writer.metadata_bytes)
-        mbytes, marker, meta_bytes = comm.broadcast(payload)
-
+            assert written.all_files is not None and written.all_errors is not None
+            status = (next((e for e in written.all_errors if e), None), 0)
+            if status[0] is None:
+                assert writer.metadata_entry is not None and writer.metadata_bytes is not None
+                files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
+                built = mf.Manifest(step=job.step, world_size=comm.world_size,
+                                    save_id=job.save_id, files=files, domains=self.domains,
+                                    created_unix=time.time(), torch_version=torch.__version__,
+                                    tierckpt_version=__version__)
+                mbytes = built.to_bytes()
+                payload = (mbytes, mf.marker_bytes(mbytes, job.step, job.save_id,
+                                                   mf.signing_key()), writer.metadata_bytes)
+                status = (None, built.total_bytes)
+        failed, total = comm.broadcast(status)  # O(1): the error, or the checkpoint's bytes
+        if failed is not None:
+            raise SaveError(f"save of step {job.step} failed: {failed}") from written.exception
+        if self._owners is not None:  # the manifest goes to domain owners only (O(W) each)
+            payload = self._owners.broadcast(payload)
         error = None
         if self.is_owner:
+            assert payload is not None
+            mbytes, marker, meta_bytes = payload
             try:
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
                               metadata_bytes=meta_bytes, file_mode=w.file_mode)
             except Exception as e:
                 error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
-        errors = [e for e in comm.all_gather(error) if e]
-        if errors:
-            raise SaveError("; ".join(errors))
-        manifest = mf.Manifest.from_bytes(mbytes)
+        failed = comm.first_error(error)
+        if failed is not None:
+            raise SaveError(failed)
+        manifest = mf.Manifest.from_bytes(payload[0]) if payload is not None else None
         tier = "tier1"
         if self.tier0 is not None:
-            committed = mf.Committed(manifest, mbytes, marker)
+            committed = mf.Committed(manifest, payload[0], payload[1]) \
+                if manifest is not None and payload is not None else None
             self.log.emit(events.TIER0_SAVED, step=job.step, bytes=my_bytes,
                           seconds=time.monotonic() - staged_at)
             self._replicate(committed)
@@ -274,20 +286,20 @@ class AsyncSaver:
                 keep_newest(self.tier0.peer, self.tier0_config.keep)
                 self.tier0.touch()
         now = time.monotonic()
-        result = SaveResult(step=job.step, path=final, bytes_total=manifest.total_bytes,
+        result = SaveResult(step=job.step, path=final, bytes_total=total,
                             seconds=now - job.started, write_seconds=now - staged_at,
                             manifest=manifest, tier=tier)
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
                       write_seconds=result.write_seconds, bytes=result.bytes_total, tier=tier)
         return result
 
-    def _replicate(self, committed: mf.Committed) -> None:
+    def _replicate(self, committed: mf.Committed | None) -> None:
         """Owners: the ring exchange of tier-0 replicas. A failure is an event and a
         warning, never a failed save (tier 1 and tier 2 still hold the job)."""
-        w, comm, step = self.writes, self.comm, committed.manifest.step
-        if self.tier0 is None or not self.tier0_config.replicate or len(self.domains) < 2 \
-                or not self.is_owner:
+        if committed is None or self.tier0 is None or not self.tier0_config.replicate \
+                or len(self.domains) < 2 or not self.is_owner:
             return
+        w, comm, step = self.writes, self.comm, committed.manifest.step
         t0 = time.monotonic()
         try:
             got = replicate(comm, self.domains, self.domain, self.tier0, committed,
@@ -337,6 +349,9 @@ def _is_enospc(e: BaseException, depth: int = 0) -> bool:
         return False
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return True
+    if isinstance(e, SaveError) and ("[Errno 28]" in str(e) or "No space left on device"
+                                     in str(e)):
+        return True  # a remote rank's failure, as its text
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict):
         if any(isinstance(f, BaseException) and _is_enospc(f, depth + 1)

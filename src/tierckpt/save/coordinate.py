@@ -1,0 +1,126 @@
+"""DCP's save protocol, run so that a rank's cost does not grow with the number of ranks.
+
+``dcp.save`` does four collectives per save, two of them O(W) on *every* rank: it gathers
+every rank's local plan to the coordinator and scatters the global plans back (the central
+plan, rebuilt and re-validated at every save), and after the write it gathers the write
+results and **broadcasts the whole global** ``Metadata`` **to every rank**. This module runs
+the same protocol (``StorageWriter``/``SavePlanner`` calls in DCP's order, the files
+byte-for-byte the same, ``dcp.load`` reads them) with:
+
+- **a cached plan.** The state's layout does not change between saves, so each rank
+  fingerprints its local plan; one all-reduce of a flag says whether any rank's changed.
+  Only then are plans gathered and the global plan rebuilt (the first save, or a new
+  layout). Otherwise each rank reuses its cached central plan, and the coordinator its
+  cached metadata skeleton (``storage_data`` is filled from this save's results).
+- **results to the coordinator only.** Write results and this rank's file list go to the
+  coordinator (a gather: O(1) sent per rank). Nothing O(W) comes back: the caller decides
+  what the others need (the saver sends the manifest to the domain owners only).
+
+Collectives per save, every rank: 1 all-reduce (the plan check), 1 gather (results), and
+with a changed layout 1 gather + 1 scatter more. A failed write on any rank fails the save
+on every rank (:func:`first_error` of the caller).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.storage import WriteResult
+
+from tierckpt.format.manifest import FileEntry
+from tierckpt.runtime.topology import Comm
+from tierckpt.save.writer import ShardWriter
+
+
+@dataclasses.dataclass
+class PlanCache:
+    """One rank's cached plan: its local plan's fingerprint, its central plan, and (on
+    the coordinator) the global metadata skeleton. ``plans``: how many times the global
+    plan was built (1 while the layout stays the same)."""
+
+    fingerprint: bytes = b""
+    central: SavePlan | None = None
+    metadata: Metadata | None = None
+    plans: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """What a rank wrote (``files``, ``error``); on the coordinator also every rank's files
+    and errors in rank order, and whether the global plan was rebuilt."""
+
+    files: list[FileEntry]
+    error: str | None
+    exception: BaseException | None = None
+    all_files: list[list[FileEntry]] | None = None
+    all_errors: list[str | None] | None = None
+    replanned: bool = False
+
+
+def _fingerprint(plan: SavePlan) -> bytes:
+    return hashlib.sha256(pickle.dumps(plan.items, protocol=5)).digest()
+
+
+def _changed_anywhere(comm: Comm, changed: bool) -> bool:
+    if comm.group is None:
+        return changed
+    flag = torch.tensor([1 if changed else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=comm.group)
+    return bool(flag.item())
+
+
+def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
+         cache: PlanCache) -> Written:
+    """Collective: write ``state_dict`` through ``writer`` (see the module docstring).
+    The coordinator also writes ``.metadata`` (``writer.finish``) when every rank wrote its
+    shards. Errors are returned, not raised, so every rank reaches the same collectives."""
+    coordinator = comm.rank == 0
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state_dict=state_dict, storage_meta=writer.storage_meta(),
+                           is_coordinator=coordinator)
+    writer.set_up_storage_writer(coordinator, rank=comm.rank, use_collectives=True)
+    local = writer.prepare_local_plan(planner.create_local_plan())
+    fp = _fingerprint(local)
+    replan = _changed_anywhere(comm, cache.central is None or fp != cache.fingerprint)
+    if replan:
+        plans = comm.gather(local)
+        scattered: list[SavePlan] | None = None
+        if coordinator:
+            assert plans is not None
+            global_plans, metadata = planner.create_global_plan(plans)
+            scattered = writer.prepare_global_plan(global_plans)
+            cache.metadata = metadata
+        central = comm.scatter(scattered)
+        cache.fingerprint, cache.central = fp, central
+        cache.plans += 1
+    assert cache.central is not None
+    results: list[WriteResult] = []
+    error: str | None = None
+    exc: BaseException | None = None
+    try:
+        fut = writer.write_data(planner.finish_plan(cache.central), planner)
+        fut.wait()
+        results = fut.value()
+    except Exception as e:  # reported through the gather: every rank fails together
+        error, exc = f"rank {comm.rank}: {type(e).__name__}: {e}", e
+    gathered = comm.gather((results, writer.files, error))
+    if not coordinator:
+        return Written(files=writer.files, error=error, exception=exc, replanned=replan)
+    assert gathered is not None and cache.metadata is not None
+    errors = [g[2] for g in gathered]
+    if not any(errors):
+        try:
+            writer.finish(metadata=cache.metadata, results=[g[0] for g in gathered])
+        except Exception as e:
+            errors[0] = f"rank 0: writing .metadata: {type(e).__name__}: {e}"
+            exc = exc or e
+    return Written(files=writer.files, error=error or errors[0], exception=exc,
+                   all_files=[g[1] for g in gathered], all_errors=errors, replanned=replan)
