@@ -205,13 +205,15 @@ def measure_cost(work: Path, world: int, *, blocks: int = 3, steps: int = 200
 
 
 def measure_preempt(work: Path, total_bytes: int, *, worlds: tuple[int, ...] = WORLDS,
-                    url: str | None = None) -> dict[str, Any]:
-    """The section: ``notice`` and ``cost`` per world size (see the module docstring)."""
+                    url: str | None = None, blocks: int = 3, steps: int = 200
+                    ) -> dict[str, Any]:
+    """The section: ``notice`` and ``cost`` per world size (see the module docstring);
+    ``blocks``/``steps``: the cost's alternating blocks and steps per block."""
     work.mkdir(parents=True, exist_ok=True)
     with tier2_url(work, url) as (remote, server):
         notice = [measure_notice(work, total_bytes, w, f"{remote.rstrip('/')}/w{w}")
                   for w in worlds]
-    cost = [measure_cost(work, w) for w in worlds]
+    cost = [measure_cost(work, w, blocks=blocks, steps=steps) for w in worlds]
     return {"bytes": total_bytes, "server": server, "notice": notice, "cost": cost}
 
 

@@ -20,7 +20,8 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def section(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> dict[str, Any]:
     with server_env(s3_server, "t-preempt") as url:
-        return measure_preempt(tmp_path_factory.mktemp("preempt"), 8 * MiB, url=url)
+        return measure_preempt(tmp_path_factory.mktemp("preempt"), 8 * MiB, url=url,
+                               blocks=1, steps=20)
 
 
 def test_the_notice_chain_reaches_every_tier_in_order(section: dict[str, Any]) -> None:
