@@ -38,7 +38,7 @@ TORCH_FREE = ("format", "policy", "tier1", "tier2", "launch")  # every module of
 TORCH_FREE_MODULES = ("tierckpt", "tierckpt.uploader", "tierckpt.config",
                       "tierckpt.save.config", "tierckpt.tier0.config",
                       "tierckpt.preempt.config", "tierckpt.preempt.notice",
-                      "tierckpt.preempt.pollers")
+                      "tierckpt.preempt.pollers", "tierckpt.runtime.scheduler")
 
 # Outermost first. A part imports only parts of its own layer or a lower one.
 LAYERS = (
@@ -78,8 +78,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "save/": ("tier0/", "tier1/", "runtime/", "policy/", "format/", "errors.py",
               "_version.py", "_runs.py"),
     "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
-    "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py", "policy/",
-                "format/", "errors.py", "_version.py"),
+    "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py",
+                "runtime/scheduler.py", "policy/", "format/", "errors.py", "_version.py"),
     "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
     "model_state.py": ("state_capture.py",),
     "state_capture.py": (),

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tierckpt.launch.outcome import parse_scontrol
 from tierckpt.launch.timing import SaveTime
+from tierckpt.runtime.scheduler import sbatch_signal
 
 TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30.0
@@ -86,9 +87,8 @@ def parse_sbatch(text: str) -> tuple[str | None, float | None, bool | None]:
     ``--requeue``/``--no-requeue`` (None: neither) from a batch script."""
     opts = " ".join(line[len("#SBATCH"):] for line in text.splitlines()
                     if line.startswith("#SBATCH"))
-    name = lead = None
-    if m := re.search(r"--signal[=\s]+(?:[RB]+:)?([A-Za-z0-9]+)(?:@(\d+))?", opts):
-        name, lead = _signal_name(m.group(1)), float(m.group(2) or 60)
+    found = sbatch_signal(text)
+    name, lead = (signal.Signals(found[0]).name, found[1]) if found else (None, None)
     requeue = (False if "--no-requeue" in opts else True if "--requeue" in opts else None)
     return name, lead, requeue
 

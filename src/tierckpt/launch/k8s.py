@@ -14,6 +14,13 @@ waits, and exits with ``tierckpt launch outcome``'s status: 75 after an emergenc
   ``RestartJobSetAndIgnoreMaxRestarts`` (a preemption is not a failure), 2 → ``FailJobSet``;
   any other failure → ``RestartJobSet``, counted against ``maxRestarts``.
 
+The container's environment tells the library where it runs
+(:mod:`tierckpt.runtime.scheduler`): ``TIERCKPT_GRACE_S`` is the workers' grace — torchrun's
+``--shutdown-timeout``, ``terminationGracePeriodSeconds`` less the teardown — so a SIGTERM's
+emergency save plans its copies against the real deadline; ``TIERCKPT_JOB_ID`` (the
+JobSet's name), ``RESTART_ATTEMPT`` (the JobSet's restart count) and ``POD_NAME`` go into
+each ``process_start`` event.
+
 Tier 0 is an ``emptyDir`` of medium Memory with a ``sizeLimit``; tier 1 a node-local
 ``hostPath`` (or a PersistentVolumeClaim); tier-2 credentials come from a Secret
 (``envFrom``), never from the manifest.
@@ -32,12 +39,14 @@ from tierckpt.launch.outcome import EXIT_CONFIG
 from tierckpt.launch.slurm import SIGNALS, TIERCKPT_FN, WAIT_STEP
 from tierckpt.launch.timing import Lead
 from tierckpt.preempt.config import EXIT_PREEMPTED
+from tierckpt.runtime.scheduler import GRACE_ENV, JOB_ID_ENV, POD_ENV, RESTARTS_ENV
 
 CONTAINER = "node"
 """The container's name (Kubeflow Trainer's torch runtime calls its container ``node``)."""
 REPLICATED_JOB = "node"
 TIER0_MOUNT, TIER1_MOUNT = "/tierckpt/tier0", "/tierckpt/tier1"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """The tier-2 Secret's keys a TrainJob reads (a JobSet takes every key, ``envFrom``)."""
 
@@ -92,7 +101,7 @@ def launcher(k: K8sLaunch, *, head: str) -> str:
         f"{shlex.quote(py)} -m torch.distributed.run",
         f"--nnodes {nnodes}", f"--nproc-per-node {shlex.quote(k.nproc_per_node)}",
         "--rdzv-backend c10d", f'--rdzv-endpoint "{head}:{k.port}"',
-        f'--rdzv-id "{k.name}-${{RESTART_ATTEMPT:-0}}"',
+        f'--rdzv-id "{k.name}-${{{RESTARTS_ENV}:-0}}"',
         f"--max-restarts {k.max_restarts}", f"--signals-to-handle {SIGNALS}",
         f"--shutdown-timeout {k.lead.seconds}", shell_line(k.command.argv)]) + " &"
     return "\n".join([
@@ -112,13 +121,17 @@ def launcher(k: K8sLaunch, *, head: str) -> str:
 
 
 def _env(k: K8sLaunch) -> list[dict[str, Any]]:
+    """The tier paths, the workers' grace, and the pod's place in the JobSet (downward API)."""
     env: list[dict[str, Any]] = [{"name": "TIERCKPT_TIER1", "value": TIER1_MOUNT}]
     if k.tier0_size:
         env.append({"name": "TIERCKPT_TIER0", "value": TIER0_MOUNT})
     if k.tier2:
         env.append({"name": "TIERCKPT_TIER2", "value": k.tier2})
-    env.append({"name": "RESTART_ATTEMPT", "valueFrom": {"fieldRef": {
-        "fieldPath": f"metadata.annotations['{RESTART_ATTEMPT}']"}}})
+    env.append({"name": GRACE_ENV, "value": str(k.lead.seconds)})
+    for name, path in ((RESTARTS_ENV, f"metadata.annotations['{RESTART_ATTEMPT}']"),
+                       (JOB_ID_ENV, f"metadata.labels['{JOBSET_NAME}']"),
+                       (POD_ENV, "metadata.name")):
+        env.append({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
     return env
 
 

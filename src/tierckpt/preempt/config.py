@@ -18,6 +18,10 @@ EXIT_PREEMPTED = 75
 committed: "preempted, checkpoint saved — run me again" (sysexits' ``EX_TEMPFAIL``).
 Distinct from 0 (finished), 1 (a failure) and 128+N (killed by signal N)."""
 
+DEFAULT_GRACE_S = 30.0
+"""The grace when neither :attr:`Preemption.grace_s` nor the job's launcher or scheduler
+says (Kubernetes' default ``terminationGracePeriodSeconds``)."""
+
 TRIGGER_FILE_ENV = "TIERCKPT_STOP_FILE"
 """Environment variable naming a trigger file when :attr:`Preemption.trigger_file` is unset."""
 
@@ -64,9 +68,12 @@ class Preemption:
 
     signals: tuple[int, ...] = (int(signal.SIGTERM), int(signal.SIGUSR1))
     """Signals that announce a termination (names or numbers); () for none."""
-    grace_s: float = 30.0
-    """Seconds from a notice to the expected kill when its source does not say
-    (Kubernetes' default ``terminationGracePeriodSeconds``; set it to your scheduler's)."""
+    grace_s: float | None = None
+    """Seconds from a notice to the expected kill when its source does not say. None: what
+    the job's launcher or scheduler says (``$TIERCKPT_GRACE_S``; under Slurm the
+    ``--signal`` lead for its signal and the partition's ``GraceTime`` for SIGTERM:
+    :mod:`tierckpt.runtime.scheduler`), else :data:`DEFAULT_GRACE_S`. A number wins over
+    all of them."""
     trigger_file: Path | None = None
     """A file whose appearance is a notice (a sidecar or preStop hook writes it); None: the
     ``TIERCKPT_STOP_FILE`` environment variable, if set. A number in it is the seconds of
@@ -91,7 +98,8 @@ class Preemption:
             if int(bad) in sigs:
                 raise ConfigError(f"Preemption.signals: {bad.name} cannot be caught")
         object.__setattr__(self, "signals", sigs)
-        check_seconds("Preemption.grace_s", self.grace_s)
+        if self.grace_s is not None:
+            check_seconds("Preemption.grace_s", self.grace_s)
         check_seconds("Preemption.margin_s", self.margin_s, allow_zero=True)
         check_seconds("Preemption.watch_s", self.watch_s)
         if self.trigger_file is not None:

@@ -13,24 +13,32 @@ The carry (after the save at the agreed step is committed on the fastest tier):
   partial copy is never trusted.
 
 ``preempt_saved`` names what was reached and what was abandoned, and why.
+
+The grace a notice without a deadline of its own gets (a signal, a trigger file without a
+number) is resolved once, at start-up (:func:`resolve_grace`): ``Preemption.grace_s`` when
+set, else what the launcher or scheduler says (:func:`tierckpt.runtime.scheduler.notice_grace`:
+``$TIERCKPT_GRACE_S``, or Slurm's ``--signal`` lead and ``GraceTime``, per signal), else
+:data:`~tierckpt.preempt.config.DEFAULT_GRACE_S`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tierckpt.errors import CheckpointError
 from tierckpt.policy import notice as notice_plan
-from tierckpt.preempt.config import Poller, Preemption
+from tierckpt.preempt.config import DEFAULT_GRACE_S, Poller, Preemption
 from tierckpt.preempt.notice import NoticeBox
 from tierckpt.preempt.signals import SignalNotices
 from tierckpt.preempt.watch import StopWatch, Store
 from tierckpt.runtime import events, rates
 from tierckpt.runtime.distributed import process_started_at
+from tierckpt.runtime.scheduler import Grace, notice_grace
 
 _log = logging.getLogger("tierckpt")
 
@@ -55,12 +63,14 @@ class PreemptSession:
                  events_path: Path) -> None:
         self.config, self.log, self.events_path = config, log, events_path
         self.box = NoticeBox()
-        self.signals = SignalNotices(self.box, config.signals, grace_s=config.grace_s)
-        self.signals.install()
+        self.grace = resolve_grace(config)
+        self.signals = _signal_notices(self.box, config.signals, self.grace)
+        for s in self.signals:
+            s.install()
         self.watch = StopWatch(self.box, store=store, rank=rank, world_size=world_size,
                                key=f"tierckpt/preempt/{run_id}", poll_s=config.watch_s,
-                               pollers=(*config.pollers, *_trigger(config)), log=log,
-                               margin_s=config.margin_s).start()
+                               pollers=(*config.pollers, *_trigger(config, self.grace)),
+                               log=log, margin_s=config.margin_s).start()
         self.stopped_at: int | None = None
         self.carry: Carry | None = None
         self._t_check = 0.0
@@ -87,7 +97,8 @@ class PreemptSession:
     def at_stop(self, step: int) -> bool:
         """``should_stop``'s decision: arms the signals (the opt-in); True at the agreed
         step (or after it was taken)."""
-        self.signals.armed = True
+        for s in self.signals:
+            s.armed = True
         if self.stopped_at is not None:
             return True
         target = self.target(step)
@@ -176,16 +187,46 @@ class PreemptSession:
 
     def close(self) -> None:
         self.watch.close()
-        self.signals.uninstall()
+        for s in self.signals:
+            s.uninstall()
 
 
-def _trigger(config: Preemption) -> tuple[Poller, ...]:
+def resolve_grace(config: Preemption, env: Mapping[str, str] | None = None) -> Grace:
+    """The grace of each notice source without a deadline of its own: ``config.grace_s``
+    for all when set; else the launcher's or scheduler's
+    (:func:`~tierckpt.runtime.scheduler.notice_grace` over ``env``, default
+    ``os.environ``: at most about a second under Slurm), each signal it does not name
+    getting :data:`~tierckpt.preempt.config.DEFAULT_GRACE_S`. ConfigError for a malformed
+    ``$TIERCKPT_GRACE_S``."""
+    if config.grace_s is not None:
+        return Grace(seconds=config.grace_s, source=f"Preemption(grace_s={config.grace_s:g})")
+    found = notice_grace(os.environ if env is None else env)
+    if found is None:
+        return Grace(seconds=DEFAULT_GRACE_S, source=f"the default {DEFAULT_GRACE_S:g} s")
+    _log.info("preemption: grace from %s", found.source)
+    if found.seconds is None:
+        return dataclasses.replace(found, seconds=DEFAULT_GRACE_S,
+                                   source=f"{found.source}; else {DEFAULT_GRACE_S:g} s")
+    return found
+
+
+def _signal_notices(box: NoticeBox, signals: tuple[int, ...], grace: Grace
+                    ) -> list[SignalNotices]:
+    """One handler set per distinct grace (Slurm's SIGUSR1 and SIGTERM may differ)."""
+    by_grace: dict[float, list[int]] = {}
+    for s in signals:
+        by_grace.setdefault(grace.for_signal(s) or DEFAULT_GRACE_S, []).append(s)
+    return [SignalNotices(box, tuple(sigs), grace_s=g) for g, sigs in by_grace.items()]
+
+
+def _trigger(config: Preemption, grace: Grace) -> tuple[Poller, ...]:
     path = config.trigger_path()
     if path is None:
         return ()
     from tierckpt.preempt.pollers import FileTrigger
     # a file older than this process is a notice an earlier incarnation already acted on
-    return (FileTrigger(path, grace_s=config.grace_s, since_unix=process_started_at()),)
+    return (FileTrigger(path, grace_s=grace.seconds or DEFAULT_GRACE_S,
+                        since_unix=process_started_at()),)
 
 
 def measured_rates(events_path: Path) -> tuple[dict[str, float | None], float | None]:

@@ -78,6 +78,7 @@ import torch.distributed as dist
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.runtime.events import PG_READY, PROCESS_START, EventLog
 from tierckpt.runtime.orphan import watch_launcher
+from tierckpt.runtime.scheduler import Scheduler, detect
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -101,7 +102,9 @@ class DistInfo:
 
     ``incarnation`` is the id all ranks of this start of the job agreed on (fresh on every
     restart); ``pg_seconds`` is how long the process group took to become ready;
-    ``process_started_at`` is this process's start in wall-clock seconds (None off Linux).
+    ``process_started_at`` is this process's start in wall-clock seconds (None off Linux);
+    ``scheduler`` is the Slurm job or Kubernetes pod this process runs in, with the
+    scheduler's restart count (None: neither; :mod:`tierckpt.runtime.scheduler`).
     """
 
     rank: int
@@ -115,6 +118,7 @@ class DistInfo:
     incarnation: str
     pg_seconds: float
     process_started_at: float | None
+    scheduler: Scheduler | None = None
 
     @property
     def is_coordinator(self) -> bool:
@@ -166,8 +170,10 @@ def init_distributed(
     ``timeout`` bounds the store handshake, gloo's connection set-up and every collective.
 
     ``event_log``: a path (one JSONL file for all ranks is fine) or an open ``EventLog``;
-    receives ``process_start`` (restart_count, process_started_at) before anything can block
-    and ``pg_ready`` (seconds, incarnation, backend, world_size) once the group is up.
+    receives ``process_start`` (restart_count, process_started_at, and ``scheduler`` under
+    Slurm or Kubernetes: its name, job id and restart count — the requeue this run is) before
+    anything can block and ``pg_ready`` (seconds, incarnation, backend, world_size) once the
+    group is up.
 
     Raises ConfigError for bad arguments or environment, CheckpointError when the ranks of
     this incarnation do not all show up within ``timeout``; torch's own errors from the store
@@ -186,11 +192,13 @@ def init_distributed(
                           "initialised; call init_distributed once per process")
     env = _read_env()
     rank, world_size = env["rank"], env["world_size"]
+    scheduler = detect(os.environ)
     log, owns_log = _open_log(event_log, rank)
     try:
         if log is not None:
+            extra: dict[str, Any] = {"scheduler": scheduler.to_json()} if scheduler else {}
             log.emit(PROCESS_START, restart_count=env["restart_count"],
-                     process_started_at=process_started_at())
+                     process_started_at=process_started_at(), **extra)
         chosen = _choose_backend(backend)
         device = _choose_device(chosen, env["local_rank"])
         if "nccl" in chosen:
@@ -218,6 +226,7 @@ def init_distributed(
         local_world_size=env["local_world_size"], node_rank=env["node_rank"],
         restart_count=env["restart_count"], backend=chosen, device=device,
         incarnation=incarnation, pg_seconds=seconds, process_started_at=process_started_at(),
+        scheduler=scheduler,
     )
 
 
