@@ -35,7 +35,8 @@ TERM, USR1 = int(signal.SIGTERM), int(signal.SIGUSR1)
 FAKE_SCONTROL = """#!/bin/bash
 # A stand-in for Slurm's scontrol: the batch script and the partition of a running job.
 case "$1 $2" in
-  "write batch_script") printf '#!/bin/bash\\n#SBATCH --requeue\\n#SBATCH --signal=B:USR1@45\\nsrun x\\n';;
+  "write batch_script")
+    printf '#!/bin/bash\\n#SBATCH --requeue\\n#SBATCH --signal=B:USR1@45\\nsrun x\\n';;
   "-o show") echo "PartitionName=$4 AllowGroups=ALL GraceTime=20 PreemptMode=REQUEUE State=UP";;
   *) exit 1;;
 esac
