@@ -18,7 +18,8 @@ JSON layout (bytes, seconds)::
                coordinator_peak_bytes, restore_peak_bytes, metadata_bytes, manifest_bytes,
                gathered_plan_bytes, gathered_result_bytes, file_list_bytes,
                scatter_rank1_bytes, broadcast_payload_bytes, restore_read_bytes_per_rank,
-               save_received_bytes_per_rank, manifest_over_read_limit, wall_seconds}]}
+               save_received_bytes_per_rank, manifest_over_read_limit, wall_seconds,
+               raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
 
 ``render_markdown`` reads only that dict, so a results file can be re-rendered later.
@@ -107,10 +108,14 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
     lines = [f"## Synthetic planning (Llama-70B shape: {s['tensors']} parameters × (param, "
              "exp_avg, exp_avg_sq) sharded W ways, in one process)", "",
              "*Scaled*: built with fewer than 80 layers (and with 0) and scaled linearly to "
-             "80 (`bench/scale_synth.py`); *est.*: validation timed on one key per shape × "
-             "the keys of that shape. Coordinator peak: tracemalloc over DCP's path and the "
-             "manifest. Per-rank restore read = `.metadata` + `manifest.json` (every rank "
-             "reads both today).", "",
+             "80 (`bench/scale_synth.py`; the `planner_data` merge is measured on full-size "
+             "maps instead); *est.*: validation timed on one key per shape × the keys of "
+             "that shape. Coordinator peak: tracemalloc over DCP's path and the manifest. "
+             "Per-rank restore read = `.metadata` + `manifest.json` (every rank reads both "
+             "today); received per rank on save: a non-coordinator's scattered plan, every "
+             "rank's file list (all-gather) and the manifest, marker and `.metadata` "
+             "(broadcast), as `save/saver.py` sends them at HEAD. Cyclic GC off while "
+             "timing.", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
              "restore | parse per rank s | received per rank on save |",
