@@ -75,3 +75,20 @@ def test_table_shows_each_kind(preempted_root: Path, tmp_path: Path) -> None:
                      "emergency save committed"):
         assert fragment in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_under_a_scheduler_the_table_names_each_requeue(tmp_path: Path) -> None:
+    from tests.policy.test_goodput import _slurm_run
+
+    root = tmp_path / "t1"
+    root.mkdir()
+    (root / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _slurm_run()))
+    r = invoke("report", "--tier1", str(root))
+    assert r.exit_code == 0, r.output
+    rows = [" ".join(line.replace("│", " ").split()) for line in r.stdout.splitlines()]
+    assert "+0.0 s slurm 812 0 0 fresh 0–24 unannounced" in rows
+    assert "+50.0 s slurm 812 0 1 19 20–35 announced" in rows
+    assert "+100.0 s slurm 812 1 0 35 36–45 —" in rows
+    doc = invoke_json("report", "--tier1", str(root))
+    assert [(i["requeue"], i["restart_count"]) for i in doc["incarnations"]] == [
+        (0, 0), (0, 1), (1, 0)]

@@ -167,3 +167,29 @@ def test_a_run_without_notices_has_only_unannounced_interruptions() -> None:
     g = goodput.account(_run())
     assert [i.kind for i in g.interruptions] == ["unannounced"]
     assert g.by_kind()["announced"]["count"] == 0
+
+
+def _slurm_run() -> list[dict[str, Any]]:
+    """_preempted_run() under Slurm job 812: the kill is restarted by torchrun inside the
+    job's first run; the preemption is requeued (SLURM_RESTART_COUNT 1) and torchrun's count
+    starts again at 0."""
+    where = {1: (0, 0), 2: (0, 1), 3: (1, 0)}  # pid: (requeue, torchrun restart)
+    out = []
+    for r in _preempted_run():
+        if r["event"] == "process_start":
+            requeue, restart = where[r["pid"]]
+            r = {**r, "restart_count": restart,
+                 "scheduler": {"name": "slurm", "job_id": "812", "restarts": requeue}}
+        out.append(r)
+    return out
+
+
+def test_each_incarnation_says_which_run_of_the_job_it_was() -> None:
+    incs = goodput.account(_slurm_run()).incarnations
+    assert [(i.scheduler, i.job_id, i.requeue, i.restart_count) for i in incs] == [
+        ("slurm", "812", 0, 0), ("slurm", "812", 0, 1), ("slurm", "812", 1, 0)]
+    assert [(i.resumed_from, i.announced) for i in incs] == [(None, False), (19, True),
+                                                             (35, False)]
+    plain = goodput.account(_run()).incarnations
+    assert [(i.scheduler, i.requeue, i.restart_count) for i in plain] == [(None, None, 0),
+                                                                          (None, None, 1)]

@@ -5,7 +5,9 @@ Wall time split into productive training, blocked by saves (C), waiting for a pr
 save, lost work, restart and start-up (:mod:`tierckpt.policy.goodput`); the failures, saves
 and interval; the interruptions split into announced (a notice, and the emergency save
 committed) and unannounced (failures), with the lost work and restart time of each kind;
-the measured waste beside the model's prediction for the same C, R, τ, M.
+the measured waste beside the model's prediction for the same C, R, τ, M. Under a scheduler
+(Slurm, Kubernetes: ``process_start`` names the job) a table of the incarnations says which
+requeue or restart of the job each one was, where it resumed and how it ended.
 ``--plot FILE`` draws the split as a stacked bar and the run's steps over time with its
 failures and resumes.
 """
@@ -89,6 +91,8 @@ def render(g: goodput.Goodput, title: str) -> None:
               + (f", interval {format_duration(g.interval_s)}" if g.interval_s else ""))
     if g.interruptions:
         out.print(_interruptions(g))
+    if any(i.scheduler for i in g.incarnations):
+        out.print(_incarnations(g))
     if g.predicted_waste is not None:
         out.print(f"waste measured {pct(g.waste)}, the model predicts "
                   f"{pct(g.predicted_waste)} for C {format_duration(g.C_s or 0)}, R "
@@ -110,6 +114,36 @@ def _interruptions(g: goodput.Goodput) -> Table:
                   format_duration(row["restart_s"]),
                   format_duration(row["restart_s"] / n) if n else "—")
     return t
+
+
+def _incarnations(g: goodput.Goodput) -> Table:
+    """One row per incarnation: its job and requeue under the scheduler, torchrun's restart,
+    the step it resumed from, the steps it trained and how it ended (the kinds of the
+    interruptions table; "—" for the last, which did not end in an interruption)."""
+    t = Table(title="incarnations", title_justify="left", caption_justify="left",
+              caption="requeue: the scheduler's runs of the job before this one (Slurm "
+                      "requeues, JobSet restarts); restart: torchrun's inside one run; "
+                      "resumed: the step restored")
+    for col, just in (("started", "right"), ("job", "left"), ("requeue", "right"),
+                      ("restart", "right"), ("resumed", "right"), ("steps", "right"),
+                      ("ended", "left")):
+        t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    t0 = g.incarnations[0].start
+    for n, inc in enumerate(g.incarnations):
+        last = n + 1 == len(g.incarnations)
+        ended = "announced" if inc.announced else "—" if last else "unannounced"
+        steps = ("—" if inc.first_step is None
+                 else f"{inc.first_step}–{inc.last_step}")
+        t.add_row("+" + format_duration(inc.start - t0),
+                  f"{inc.scheduler} {inc.job_id or '?'}" if inc.scheduler else "—",
+                  _opt(inc.requeue), _opt(inc.restart_count),
+                  "fresh" if inc.resumed_from is None else str(inc.resumed_from),
+                  steps, ended)
+    return t
+
+
+def _opt(x: int | None) -> str:
+    return "—" if x is None else str(x)
 
 
 def _plot(g: goodput.Goodput, path: Path) -> None:

@@ -18,6 +18,10 @@ The run is cut into incarnations (one per rank-0 process, in start order). For e
   from (``restore_done``), at that incarnation's measured seconds per step;
 - **productive**: the rest of its training time.
 
+Each incarnation also says which run of the job it was: torchrun's restart count and, under
+a scheduler, the job's id and the scheduler's requeue (or JobSet restart) count, from its
+``process_start``.
+
 An incarnation that ends with ``preempt_saved`` (rank 0's, naming at least one tier reached)
 was *announced*: a notice came, every rank stopped at the agreed step and the emergency save
 committed. Its training ends at ``preempt_stop``; the emergency save's carry after it counts
@@ -67,6 +71,10 @@ class Incarnation:
     failure_t: float | None
     stop_t: float | None = None  # its preempt_stop: training ended at the agreed step
     announced: bool = False  # it ended with a committed emergency save (saved_preemption)
+    restart_count: int | None = None  # torchrun's restarts before it (process_start)
+    scheduler: str | None = None  # slurm | kubernetes (process_start.scheduler), else None
+    job_id: str | None = None  # the scheduler's job id
+    requeue: int | None = None  # the scheduler's runs of the job before this one (requeues)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +154,14 @@ def _num(x: object) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
+def _int(x: object) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _str(x: object) -> str | None:
+    return x if isinstance(x, str) and x else None
+
+
 TRAINING_EVENTS = frozenset({"process_start", "first_step", "progress", "save_staged",
                              "restore_started"})
 """Events only a training process writes: a pid without any is another process (the uploader,
@@ -179,12 +195,17 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
         outside = [f for f in failures_from_outside if start <= f <= end]
         if outside and (failure_t is None or outside[0] < failure_t):
             failure_t = outside[0]
+        began: Mapping[str, Any] = kinds.get("process_start") or {}
+        raw = began.get("scheduler")
+        sched: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
         out.append(Incarnation(
             pid=pid, start=start, first_step_t=None if first is None else float(first["t"]),
             end=end, first_step=min(steps, default=None), last_step=max(steps, default=None),
             resumed_from=None if restored is None else int(restored.get("step", -1)),
             failure_t=failure_t, stop_t=None if stop is None else float(stop["t"]),
-            announced=any(saved_preemption(r) for r in recs)))
+            announced=any(saved_preemption(r) for r in recs),
+            restart_count=_int(began.get("restart_count")), scheduler=_str(sched.get("name")),
+            job_id=_str(sched.get("job_id")), requeue=_int(sched.get("restarts"))))
     return sorted(out, key=lambda i: i.start)
 
 
