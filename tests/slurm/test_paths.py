@@ -17,7 +17,9 @@ a rank killed        torchrun restarts it inside the allocation   COMPLETED, 0 r
 Each check reads the final state from ``scontrol show job`` (JobState, Restarts), the
 per-step losses (rank 0 appends one line per step, across every run) and the tier-1 root's
 events. Lost work after an announced interruption is at most one step, and the losses
-equal an uninterrupted run's bit for bit.
+equal an uninterrupted run's bit for bit. A requeued job's runs name the job and their
+requeue count in ``process_start``, and each notice's grace is Slurm's: the partition's
+GraceTime after a preemption's SIGTERM, the ``--signal`` lead after its USR1.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import pytest
 from tierckpt.runtime import events as ev
 
 from ._cluster import SlurmCluster, _free_ports
+from .conftest import GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train.py"
@@ -130,6 +133,21 @@ def resumes(run: Run) -> list[tuple[int, int]]:
     return out
 
 
+def requeues_started(run: Run) -> list[int]:
+    """The requeue count (``SLURM_RESTART_COUNT``) of each run that started training, in
+    order, from rank 0's ``process_start`` events; each must name this job."""
+    starts = [e for e in run.events(ev.PROCESS_START) if e["rank"] == 0]
+    assert all(e["scheduler"]["name"] == "slurm" and e["scheduler"]["job_id"] == str(run.job)
+               and e["scheduler"]["partition"] == "low" for e in starts), starts
+    return [e["scheduler"]["restarts"] for e in starts]
+
+
+def graces(run: Run) -> list[tuple[str, float]]:
+    """(source, deadline - receipt) of every notice a rank received itself."""
+    return [(e["source"], round(e["deadline_unix"] - e["received_unix"], 3))
+            for e in run.events(ev.PREEMPT_NOTICE) if e["source"].startswith("signal:")]
+
+
 def lost_steps(pairs: list[tuple[int, int]]) -> list[int]:
     """Steps trained again at each resume (0: it resumed right after the last one)."""
     return [last - restored for last, restored in pairs]
@@ -175,6 +193,10 @@ def test_preempted_is_requeued_and_resumes_from_the_emergency_save(
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
     assert pairs[0][1] == saved[0]["step"]  # resumed from the emergency save
     same_losses(run.losses, reference["hex"])
+    # The library knew the job: each run's process_start names it and its requeue, and
+    # Slurm's SIGTERM got the partition's GraceTime as its grace.
+    assert requeues_started(run) == list(range(int(info["Restarts"]) + 1))
+    assert set(graces(run)) == {("signal:SIGTERM", float(GRACE_S))}
 
 
 @pytest.mark.slow
@@ -190,6 +212,8 @@ def test_time_limit_with_signal_is_requeued_and_resumes(
     pairs = resumes(run)
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
     assert sorted({r["step"] for r in run.losses}) == list(range(600))
+    assert requeues_started(run) == list(range(int(info["Restarts"]) + 1))
+    assert set(graces(run)) == {("signal:SIGUSR1", 20.0)}  # the --signal lead
 
 
 @pytest.mark.slow
