@@ -193,6 +193,12 @@ def test_the_jobset_carries_grace_rendezvous_policy_and_tiers(
     assert c["envFrom"] == [{"secretRef": {"name": "tier2-creds"}}]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["TIERCKPT_TIER0"] == k8s.TIER0_MOUNT and env["TIERCKPT_TIER2"] == "s3://b/p"
+    assert env["TIERCKPT_GRACE_S"] == "63"  # the workers' window: torchrun's shutdown timeout
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]
+              if "valueFrom" in e}
+    assert fields == {"RESTART_ATTEMPT": f"metadata.annotations['{k8s.RESTART_ATTEMPT}']",
+                      "TIERCKPT_JOB_ID": f"metadata.labels['{k8s.JOBSET_NAME}']",
+                      "POD_NAME": "metadata.name"}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
 

@@ -21,7 +21,9 @@ checkpoint_chosen   step, source, skipped (list of {step, reason})
 checkpoint_skipped  step, reason, moved_to
 restore_done        seconds, bytes, source, bytes_by_source, world_size, saved_world_size
 state_loaded        seconds
-process_start       restart_count
+process_start       restart_count (torchrun's), process_started_at, scheduler (under Slurm or
+                    Kubernetes: name, job_id, restarts — the requeue or JobSet restart this
+                    run is —, partition, node or pod; runtime.scheduler)
 pg_ready            seconds
 first_step          seconds_since_process_start
 failure_detected    how (watchdog | kill | ...), detail
