@@ -114,7 +114,7 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "Per-rank restore read = `.metadata` + `manifest.json` (every rank reads both "
              "today); received per rank on save: a non-coordinator's scattered plan, every "
              "rank's file list (all-gather) and the manifest, marker and `.metadata` "
-             "(broadcast), as `save/saver.py` sends them at HEAD. Cyclic GC off while "
+             "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
              "timing.", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "

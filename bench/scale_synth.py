@@ -16,9 +16,9 @@ would send it. Then, timed phase by phase (seconds, perf_counter):
   _create_global_plan``'s body, phase by phase); ``_validate_global_plan``; pickle the W
   global plans for the scatter; unpickle the W write-result lists; build ``storage_data``
   and pickle the ``Metadata`` (the ``.metadata`` file; what ``ShardWriter.finish`` does);
-- tierckpt's commit at HEAD (``save/saver.py``): unpickle the W file lists (an all-gather:
-  every rank does this), build the ``Manifest`` (one ``FileEntry`` per rank file with a
-  CRC ``Chunk`` per record, the ``.metadata`` entry, one domain per 8 ranks),
+- tierckpt's commit as ``save/saver.py`` did it up to fd5185e: unpickle the W file lists
+  (an all-gather: every rank did this), build the ``Manifest`` (one ``FileEntry`` per rank
+  file with a CRC ``Chunk`` per record, the ``.metadata`` entry, one domain per 8 ranks),
   ``to_bytes()`` and the marker;
 - a restoring rank (every rank, today): ``Manifest.from_bytes`` and tierckpt's safe
   unpickle of ``.metadata`` (``restore.metadata.load_metadata``).
@@ -216,7 +216,7 @@ def _finish(md: Metadata, results: list[list[WriteResult]]) -> bytes:
 
 def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int
               ) -> tuple[bytes, bytes]:
-    """The commit's manifest at HEAD (``save/saver.py``) and its marker."""
+    """The commit's manifest (``save/saver.py``) and its marker."""
     domains = tuple(tuple(range(d, min(world, d + RANKS_PER_DOMAIN)))
                     for d in range(0, world, RANKS_PER_DOMAIN))
     entry = mf.FileEntry(name=".metadata", size=len(md_bytes), crc32c=0, rank=None)
@@ -278,9 +278,12 @@ def _validate_per_shape(world: int) -> dict[str, Any]:
             continue
         one = Metadata({k: v for k, v in md.state_dict_metadata.items()
                         if k == f"model.layers.0.{name}"})
-        t = time.perf_counter()
-        _validate_global_plan(global_plan, one)
-        per_shape[label] = {"seconds_per_key": time.perf_counter() - t, "keys": keys}
+        runs: list[float] = []
+        while len(runs) < 3 and sum(runs) < 1.0:  # best of 3 (noise only slows) under 1 s
+            t = time.perf_counter()
+            _validate_global_plan(global_plan, one)
+            runs.append(time.perf_counter() - t)
+        per_shape[label] = {"seconds_per_key": min(runs), "keys": keys}
     total = sum(v["seconds_per_key"] * v["keys"] for v in per_shape.values())
     return {"per_shape": per_shape, "estimate_seconds": total}
 
@@ -379,8 +382,8 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         "restore_rank_seconds": seconds["restore.parse_manifest"]
         + seconds["restore.unpickle_metadata"],
         **sized, "restore_read_bytes_per_rank": per_rank_read,
-        # a non-coordinator rank at HEAD: its scattered plan, every rank's file list
-        # (all-gather), the manifest, marker and .metadata (broadcast)
+        # a non-coordinator rank up to fd5185e: its scattered plan, every rank's file
+        # list (all-gather), the manifest, marker and .metadata (broadcast)
         "save_received_bytes_per_rank": sized["scatter_rank1_bytes"]
         + sized["file_list_bytes"] + sized["broadcast_payload_bytes"],
         "manifest_over_read_limit": sized["manifest_bytes"] > 64 << 20,
