@@ -18,14 +18,18 @@ notice until the target is known (:meth:`StopWatch.wait_target`). A rank that re
 has passed at most the check of step ``r``; the target is at least ``r + 1``. The wait is
 short (every watcher reports within a poll), and it costs the loop nothing before a notice.
 
-Cost before a notice: one ``check`` of one key per ``poll_s`` from a thread that holds its
-own store connection; the training thread reads two attributes per check. Torch-free: the
-store is any object with ``check``, ``get``, ``compare_set`` and ``add`` (a
-``torch.distributed.Store`` clone).
+Cost before a notice: the watcher thread blocks in the store's ``wait`` on the notice key
+(its own connection; the server holds the waiter, so W ranks add no polling load — a
+``wait_s`` timeout, 1 s, lets it ask the pollers and notice a local notice), and the
+training thread reads two attributes per check. A local notice is published by the training
+thread at its next check (through a second connection), which wakes every watcher at once.
+Torch-free: the store is any object with ``check``, ``get``, ``compare_set``, ``add``,
+``wait`` and ``clone`` (a ``torch.distributed.Store`` clone).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
@@ -45,6 +49,8 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
     def add(self, key: str, value: int) -> int: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
+    def clone(self) -> Store: ...
 
 
 class StopWatch:
@@ -56,10 +62,15 @@ class StopWatch:
     def __init__(self, box: NoticeBox, *, store: Store | None, rank: int, world_size: int,
                  key: str, poll_s: float, pollers: Sequence[Poller] = (),
                  log: events.EventLog | None = None, margin_s: float = 0.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, wait_s: float = 1.0) -> None:
         self.box, self.store, self.rank, self.world_size = box, store, rank, world_size
         self.key, self.poll_s, self.pollers, self.log = key, poll_s, tuple(pollers), log
-        self.margin_s, self.clock = margin_s, clock
+        self.margin_s, self.clock, self.wait_s = margin_s, clock, wait_s
+        multi = store is not None and world_size > 1
+        self._publisher = store.clone() if multi and store is not None else None
+        """The training thread's own connection: it publishes a local notice at once."""
+        self._published = False
+        self._lock = threading.Lock()  # adopting a notice: the watcher or the loop
         self.progress = -1
         """The highest step the loop reached a check at (written by the training thread)."""
         self.notice: Notice | None = None
@@ -85,6 +96,15 @@ class StopWatch:
         """A notice is known here (cheap: the loop's per-step test)."""
         return self.notice is not None or self.box.first is not None
 
+    def _publish_from_loop(self) -> None:
+        """The training thread: a local notice is published now (its watcher may be
+        blocked in ``wait`` for up to ``wait_s``); the watchers of every rank wake."""
+        if self._publisher is None or self._published or self.box.first is None:
+            return
+        with self._lock:
+            if self.notice is None:
+                self._adopt_local(self._publisher)
+
     def wait_target(self, step: int) -> int | None:
         """The agreed step, waiting for it when a notice is known; None: no notice, or the
         agreement failed (:attr:`error`). A single process stops at ``step``."""
@@ -97,6 +117,7 @@ class StopWatch:
                 self.target = step
                 self._settled.set()
             return self.target
+        self._publish_from_loop()
         while not self._settled.wait(self.poll_s):
             if self._thread is None or not self._thread.is_alive():
                 self._tick()  # no thread (tests, or it died): do its work here
@@ -113,19 +134,38 @@ class StopWatch:
         while not self._stop.is_set() and not self._settled.is_set():
             try:
                 self._tick()
+                if not self._idle_wait():
+                    self._stop.wait(self.poll_s)
             except Exception as e:
                 self._warn("store", e)
                 if self.notice is not None and self.store is not None:
                     self._fail(f"the job's store failed during the agreement: {e}")
-            self._stop.wait(self.poll_s)
+                self._stop.wait(self.poll_s)
+
+    def _idle_wait(self) -> bool:
+        """Before any notice, with other ranks: block in the store until the notice key
+        exists or ``wait_s`` (shorter when a poller is due) passed. False: nothing to
+        wait on here (poll instead)."""
+        if self.store is None or self.world_size == 1 or self.notice is not None \
+                or self.box.first is not None:
+            return False
+        due = min((t - time.monotonic() for t in self._next_poll), default=self.wait_s)
+        timeout = max(self.poll_s, min(self.wait_s, due))
+        try:
+            self.store.wait([self._k("notice")], datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:  # DistStoreError: the timeout (anything else re-raises)
+            if "timeout" not in str(e).lower():
+                raise
+        return True
 
     def _tick(self) -> None:
         self._ask_pollers()
-        if self.notice is None:
-            if self.box.first is not None:
-                self._adopt_local()
-            elif self.store is not None and self.store.check([self._k("notice")]):
-                self._adopt_remote()
+        with self._lock:
+            if self.notice is None:
+                if self.box.first is not None:
+                    self._adopt_local()
+                elif self.store is not None and self.store.check([self._k("notice")]):
+                    self._adopt_remote()
         if self.notice is None or self.store is None or self.world_size == 1:
             return
         if self.reported is None:
@@ -152,14 +192,16 @@ class StopWatch:
             if notice is not None:
                 self.box.post(notice)
 
-    def _adopt_local(self) -> None:
+    def _adopt_local(self, store: Store | None = None) -> None:
         notice = self.box.first
         assert notice is not None
         self.notice = notice
         self._emit(notice)
-        if self.store is not None and self.world_size > 1:
+        store = store or self.store
+        if store is not None and self.world_size > 1:
             body = json.dumps({**notice.to_json(), "rank": self.rank})
-            self.store.compare_set(self._k("notice"), "", body)  # the first writer wins
+            store.compare_set(self._k("notice"), "", body)  # the first writer wins
+            self._published = True
 
     def _adopt_remote(self) -> None:
         assert self.store is not None
