@@ -65,9 +65,12 @@ class Run:
         p = self.dir / "t1" / "events.jsonl"
         return [e for e in ev.read_events(p) if e["event"] == kind] if p.is_file() else []
 
-    def log(self) -> str:
+    def log(self, tail: int | None = 6000) -> str:
+        """The job's output (every run appends to it): its last ``tail`` characters, for a
+        failure message, or all of it (None) to look for a line."""
         p = self.dir / "job.out"
-        return p.read_text(errors="replace")[-6000:] if p.is_file() else ""
+        text = p.read_text(errors="replace") if p.is_file() else ""
+        return text if tail is None else text[-tail:]
 
 
 def submit(slurm: SlurmCluster, d: Path, *, steps: int = STEPS, lead: int = 30,
@@ -175,7 +178,7 @@ def test_all_steps_done_is_completed_not_requeued(reference: dict[str, Any]) -> 
     info, run = reference["info"], reference["run"]
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0"), run.log()
     assert [r["step"] for r in run.losses] == list(range(STEPS))
-    assert "no notice: the job finished" in run.log()
+    assert "no notice: the job finished" in run.log(None)
     assert run.events(ev.PREEMPT_NOTICE) == []
 
 
@@ -188,7 +191,7 @@ def test_preempted_is_requeued_and_resumes_from_the_emergency_save(
     info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, run.log()
     saved = run.events(ev.PREEMPT_SAVED)
-    assert saved and "preempted; emergency save" in run.log()
+    assert saved and "preempted; emergency save" in run.log(None)
     pairs = resumes(run)
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
     assert pairs[0][1] == saved[0]["step"]  # resumed from the emergency save
@@ -207,7 +210,7 @@ def test_time_limit_with_signal_is_requeued_and_resumes(
     run = submit(slurm, tmp_path, steps=600, lead=20, sbatch=("--time=1",))
     info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, run.log()
-    assert "time limit ahead (--signal); emergency save" in run.log()
+    assert "time limit ahead (--signal); emergency save" in run.log(None)
     assert all(e["source"] == "signal:SIGUSR1" for e in run.events(ev.PREEMPT_NOTICE))
     pairs = resumes(run)
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
