@@ -176,21 +176,27 @@ def _loglog(ax: Any, title: str, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
+def _positive(ax: Any, pts: list[dict[str, Any]], value: Any, style: str, marker: str,
+              label: str) -> None:
+    """Plot ``value(p)`` against W where it is a positive number (log axes; a coordinator
+    receives nothing at W = 1, another rank does not exist)."""
+    xy = [(p["world"], value(p)) for p in pts]
+    xy = [(w, v) for w, v in xy if v]
+    ax.plot([w for w, _ in xy], [v for _, v in xy], style, marker=marker, label=label)
+
+
 def _plot_real(ax_calls: Any, ax_bytes: Any, r: dict[str, Any]) -> None:
     pts = [p for p in r["real"]["points"] if "skipped" not in p]
-    ws = [p["world"] for p in pts]
     for side, style in (("tierckpt", "-"), ("dcp", "--")):
         for op, marker in (("save", "o"), ("restore", "s")):
-            ax_calls.plot(ws, [p[side][op]["collectives"] for p in pts], style,
-                          marker=marker, label=f"{side} {op}")
-        ax_bytes.plot(ws, [max(1, p[side]["restore"]["metadata_read_max"]) for p in pts],
-                      style, marker="s", label=f"{side} metadata read per rank (restore)")
-        ax_bytes.plot(ws, [max(1, p[side]["save"]["coordinator_received"]) for p in pts],
-                      style, marker="o", label=f"{side} coordinator received (save)")
-        multi = [p for p in pts if p["world"] > 1]
-        ax_bytes.plot([p["world"] for p in multi],
-                      [max(1, p[side]["save"]["other_received_max"]) for p in multi], style,
-                      marker="^", label=f"{side} other rank received (save)")
+            _positive(ax_calls, pts, lambda p, s=side, o=op: p[s][o]["collectives"], style,
+                      marker, f"{side} {op}")
+        _positive(ax_bytes, pts, lambda p, s=side: p[s]["restore"]["metadata_read_max"],
+                  style, "s", f"{side} metadata read per rank (restore)")
+        _positive(ax_bytes, pts, lambda p, s=side: p[s]["save"]["coordinator_received"],
+                  style, "o", f"{side} coordinator received (save)")
+        _positive(ax_bytes, pts, lambda p, s=side: p[s]["save"]["other_received_max"],
+                  style, "^", f"{side} other rank received (save)")
     _loglog(ax_calls, "real: collectives per operation", "collectives")
     _loglog(ax_bytes, "real: bytes per rank", "bytes")
 
