@@ -18,18 +18,19 @@ notice until the target is known (:meth:`StopWatch.wait_target`). A rank that re
 has passed at most the check of step ``r``; the target is at least ``r + 1``. The wait is
 short (every watcher reports within a poll), and it costs the loop nothing before a notice.
 
-Cost before a notice: the watcher thread blocks in the store's ``wait`` on the notice key
-(its own connection; the server holds the waiter, so W ranks add no polling load — a
-``wait_s`` timeout, 1 s, lets it ask the pollers and notice a local notice), and the
-training thread reads two attributes per check. A local notice is published by the training
-thread at its next check (through a second connection), which wakes every watcher at once.
-Torch-free: the store is any object with ``check``, ``get``, ``compare_set``, ``add``,
-``wait`` and ``clone`` (a ``torch.distributed.Store`` clone).
+Cost before a notice: the watcher thread checks the notice key every
+``max(poll_s, world_size / STORE_OPS_PER_S)`` seconds on its own connection — the store
+server sees at most :data:`STORE_OPS_PER_S` checks per second from the whole job, whatever
+its size (50 ms at 2 ranks, 2 s at 4,096) — and the training thread reads two attributes per
+check. A local notice is published by the training thread at its next check (through a
+second connection). (A blocking ``wait`` on the key would cost the server nothing, but each
+timeout of it logs a c10d warning: one per rank per second.) Torch-free: the store is any
+object with ``check``, ``get``, ``compare_set``, ``add`` and ``clone`` (a
+``torch.distributed.Store`` clone).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import threading
@@ -43,13 +44,15 @@ from tierckpt.runtime import events
 
 _log = logging.getLogger("tierckpt")
 
+STORE_OPS_PER_S = 2000
+"""The most notice-key checks per second the whole job sends the store before a notice."""
+
 
 class Store(Protocol):
     def check(self, keys: list[str]) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
     def add(self, key: str, value: int) -> int: ...
-    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
     def clone(self) -> Store: ...
 
 
@@ -62,10 +65,12 @@ class StopWatch:
     def __init__(self, box: NoticeBox, *, store: Store | None, rank: int, world_size: int,
                  key: str, poll_s: float, pollers: Sequence[Poller] = (),
                  log: events.EventLog | None = None, margin_s: float = 0.0,
-                 clock: Callable[[], float] = time.time, wait_s: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self.box, self.store, self.rank, self.world_size = box, store, rank, world_size
         self.key, self.poll_s, self.pollers, self.log = key, poll_s, tuple(pollers), log
-        self.margin_s, self.clock, self.wait_s = margin_s, clock, wait_s
+        self.margin_s, self.clock = margin_s, clock
+        self.idle_s = max(poll_s, world_size / STORE_OPS_PER_S)
+        """Seconds between checks of the notice key before a notice."""
         multi = store is not None and world_size > 1
         self._publisher = store.clone() if multi and store is not None else None
         """The training thread's own connection: it publishes a local notice at once."""
@@ -98,7 +103,7 @@ class StopWatch:
 
     def _publish_from_loop(self) -> None:
         """The training thread: a local notice is published now (its watcher may be
-        blocked in ``wait`` for up to ``wait_s``); the watchers of every rank wake."""
+        checking only every ``idle_s``); the other watchers see it at their next check."""
         if self._publisher is None or self._published or self.box.first is None:
             return
         with self._lock:
@@ -134,29 +139,17 @@ class StopWatch:
         while not self._stop.is_set() and not self._settled.is_set():
             try:
                 self._tick()
-                if not self._idle_wait():
-                    self._stop.wait(self.poll_s)
+                self._stop.wait(self.poll_s if self.noticed else self._idle())
             except Exception as e:
                 self._warn("store", e)
                 if self.notice is not None and self.store is not None:
                     self._fail(f"the job's store failed during the agreement: {e}")
                 self._stop.wait(self.poll_s)
 
-    def _idle_wait(self) -> bool:
-        """Before any notice, with other ranks: block in the store until the notice key
-        exists or ``wait_s`` (shorter when a poller is due) passed. False: nothing to
-        wait on here (poll instead)."""
-        if self.store is None or self.world_size == 1 or self.notice is not None \
-                or self.box.first is not None:
-            return False
-        due = min((t - time.monotonic() for t in self._next_poll), default=self.wait_s)
-        timeout = max(self.poll_s, min(self.wait_s, due))
-        try:
-            self.store.wait([self._k("notice")], datetime.timedelta(seconds=timeout))
-        except RuntimeError as e:  # DistStoreError: the timeout (anything else re-raises)
-            if "timeout" not in str(e).lower():
-                raise
-        return True
+    def _idle(self) -> float:
+        """The wait before the next look: ``idle_s``, or less when a poller is due."""
+        due = min((t - time.monotonic() for t in self._next_poll), default=self.idle_s)
+        return max(self.poll_s, min(self.idle_s, due))
 
     def _tick(self) -> None:
         self._ask_pollers()
