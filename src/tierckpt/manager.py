@@ -26,7 +26,7 @@ from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.preempt.config import Preemption
-from tierckpt.preempt.session import PreemptSession
+from tierckpt.preempt.session import PreemptSession, resolve_grace
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.restore.verify import Verify
@@ -130,10 +130,11 @@ class CheckpointManager:
                                  tier0_config=cfg.tier0)
         self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
         if cfg.preemption is not None:
+            grace = comm.broadcast(resolve_grace(cfg.preemption) if comm.rank == 0 else None)
             self._preempt = PreemptSession(
                 cfg.preemption, store=comm.store(), rank=comm.rank,
                 world_size=comm.world_size, run_id=self.run_id, log=self._events,
-                events_path=cfg.tier1 / layout.EVENTS)
+                events_path=cfg.tier1 / layout.EVENTS, grace=grace)
 
     @property
     def tier0(self) -> Tier0Root | None:

@@ -56,14 +56,17 @@ class Carry:
 
 class PreemptSession:
     """Built at the manager's start (collective only in that every rank builds one).
-    ``store``: a private connection to the job's store (None: a single process)."""
+    ``store``: a private connection to the job's store (None: a single process).
+    ``grace``: :func:`resolve_grace`'s answer, resolved once for the job (rank 0 asks the
+    scheduler and broadcasts it, so ranks agree and slurmctld gets one request); None:
+    resolved here."""
 
     def __init__(self, config: Preemption, *, store: Store | None, rank: int,
                  world_size: int, run_id: str, log: events.EventLog,
-                 events_path: Path) -> None:
+                 events_path: Path, grace: Grace | None = None) -> None:
         self.config, self.log, self.events_path = config, log, events_path
         self.box = NoticeBox()
-        self.grace = resolve_grace(config)
+        self.grace = grace if grace is not None else resolve_grace(config)
         self.signals = _signal_notices(self.box, config.signals, self.grace)
         for s in self.signals:
             s.install()

@@ -11,7 +11,8 @@ within ``hang_timeout`` seconds (counted from ``start()`` for the first step), t
 2. emits ``hang_detected`` (seconds_without_step, step = last completed step or None) and
    ``failure_detected`` (how="watchdog", detail);
 3. calls ``on_hang(info)`` if given (for tests and custom reporting; its errors are ignored);
-4. ends the process with ``os._exit(exit_code)`` (default ``EXIT_CODE`` = 124, as ``timeout(1)``: distinct from 75, "preempted, saved") - no cleanup
+4. ends the process with ``os._exit(exit_code)`` (default ``EXIT_CODE`` = 124, as
+   ``timeout(1)``: distinct from 75, "preempted, saved") - no cleanup
    handlers run, because a hung process may never get through them - so the torchrun agent
    sees a failed worker and restarts the group.
 
