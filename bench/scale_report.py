@@ -27,9 +27,10 @@ JSON layout (bytes, seconds)::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from bench.sweep_report import write_results
 
 MiB = 1 << 20
 
@@ -247,11 +248,4 @@ def plot(r: dict[str, Any], path: Path) -> Path:
 
 def write_scale(r: dict[str, Any], out_dir: Path, stamp: str) -> tuple[Path, Path, Path]:
     """Write ``<stamp>-scale.json``, ``.md`` and ``.png`` into ``out_dir``; return the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = out_dir / f"{stamp}-scale"
-    json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
-    png = plot(r, base.with_suffix(".png"))
-    r["plot"] = str(png)
-    json_path.write_text(json.dumps(r, indent=2) + "\n")
-    md_path.write_text(render_markdown(r))
-    return json_path, md_path, png
+    return write_results(r, out_dir / f"{stamp}-scale", plot, render_markdown)

@@ -25,6 +25,7 @@ JSON layout (seconds, bytes, decimal GB/s)::
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,11 +237,18 @@ def plot(r: dict[str, Any], path: Path) -> Path:
 
 def write_sweep(r: dict[str, Any], out_dir: Path, stamp: str) -> tuple[Path, Path, Path]:
     """Write ``<stamp>-sweep.json``, ``.md`` and ``.png`` into ``out_dir``; return the paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = out_dir / f"{stamp}-sweep"
+    return write_results(r, out_dir / f"{stamp}-sweep", plot, render_markdown)
+
+
+def write_results(r: dict[str, Any], base: Path,
+                  plot_fn: Callable[[dict[str, Any], Path], Path],
+                  render: Callable[[dict[str, Any]], str]) -> tuple[Path, Path, Path]:
+    """Write ``base`` + ``.json``, ``.md`` and ``.png`` (``plot_fn``'s, named in the JSON as
+    ``plot``); return the three paths."""
+    base.parent.mkdir(parents=True, exist_ok=True)
     json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
-    png = plot(r, base.with_suffix(".png"))
+    png = plot_fn(r, base.with_suffix(".png"))
     r["plot"] = str(png)
     json_path.write_text(json.dumps(r, indent=2) + "\n")
-    md_path.write_text(render_markdown(r))
+    md_path.write_text(render(r))
     return json_path, md_path, png
