@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -184,3 +185,26 @@ def test_a_trigger_file_is_a_notice_and_one_left_from_before_is_not(tmp_path: Pa
     [notice] = _kinds(tmp_path / "t1", "preempt_notice")
     assert notice["source"] == f"file:{trigger}"
     assert abs(notice["deadline_unix"] - trigger.stat().st_mtime - 12) < 1e-3
+
+
+@pytest.mark.slow
+def test_a_tier2_too_slow_for_the_grace_is_cut_off_without_a_marker(
+        tmp_path: Path, s3_env: Any, fault_proxy: Any) -> None:
+    """No upload rate is measured yet, so the carry tries tier 2; the server answers every
+    PUT only after the deadline. The drain ends with the grace, the uploader is stopped, no
+    marker is written, and the process still exits 75 before the deadline."""
+    root = tmp_path / "t1"
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as info, tierckpt.CheckpointManager(
+            tier1=root, tier2=Tier2(s3_env.url, upload_every=1000),
+            preemption=Preemption(grace_s=8.0, margin_s=2.0)) as ckpt:
+        fault_proxy.add_rule("delay", method="PUT", hang_s=60.0, times=None)  # after the probe
+        assert _loop(ckpt, _state(), notice_at=3) == 3
+    took = time.monotonic() - t0
+    assert info.value.code == EXIT_PREEMPTED
+    [saved] = _kinds(root, "preempt_saved")
+    assert saved["reached"] == ["tier1"], saved
+    assert "did not finish" in saved["abandoned"]["tier2"], saved
+    assert not [k for k in s3_env.keys() if layout.step_dirname(3) in k  # noqa: SIM118
+                and k.endswith(layout.COMPLETE)]
+    assert took < 30  # the grace bounded the close (not the uploader's 60 s stop grace)

@@ -24,6 +24,10 @@ from tierckpt.tier2.uploader.supervisor import UploaderSupervisor
 
 _log = logging.getLogger("tierckpt")
 
+NOTICE_STOP_GRACE_S = 1.0
+"""After a notice's drain, the seconds the uploader gets to exit before SIGKILL (within the
+notice's margin: an upload cut off writes no marker, so nothing partial is trusted)."""
+
 
 class Tier2Link:
     """Tier 2 as one job sees it. Call :meth:`probe` once (collective), then :meth:`start`
@@ -121,8 +125,11 @@ class Tier2Link:
             if last is None or last < self._started_unix:
                 return uploader.close(0.0, why=f"tier 2 has not answered since this job "
                                                f"started ({self.down}); not waiting for it")
-        limit = self.config.drain_s if drain_s is None else min(drain_s, self.config.drain_s)
-        return uploader.close(limit if drain else 0.0)
+        if drain_s is None:
+            return uploader.close(self.config.drain_s if drain else 0.0)
+        # a notice's drain: the deadline bounds it, and a copy cut off is killed promptly
+        return uploader.close(min(drain_s, self.config.drain_s) if drain else 0.0,
+                              stop_grace_s=NOTICE_STOP_GRACE_S)
 
 
 def _missing_dir(url: str) -> bool:

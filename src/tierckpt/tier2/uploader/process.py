@@ -103,10 +103,12 @@ class UploaderProcess:
             self._ready_r = -1
         return p.returncode
 
-    def finish(self, timeout_s: float | None = None) -> int | None:
+    def finish(self, timeout_s: float | None = None, *,
+               stop_grace_s: float | None = None) -> int | None:
         """Ask the child to upload everything due and exit (SIGUSR1); wait up to
-        ``timeout_s`` (default ``self.timeout_s``), then :meth:`stop` it. Returns its exit
-        code: 0 when nothing was left to upload, 1 when an upload failed."""
+        ``timeout_s`` (default ``self.timeout_s``), then :meth:`stop` it with
+        ``stop_grace_s``. Returns its exit code: 0 when nothing was left to upload, 1 when
+        an upload failed."""
         p = self._proc
         if p is None:
             return None
@@ -115,7 +117,7 @@ class UploaderProcess:
             p.send_signal(signal.SIGUSR1)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(self.timeout_s if timeout_s is None else timeout_s)
-        return self.stop()
+        return self.stop(stop_grace_s)
 
     close = stop
 

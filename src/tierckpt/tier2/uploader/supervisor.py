@@ -145,9 +145,11 @@ class UploaderSupervisor:
         _log.warning("tier 2 (%s) is failing: %s; %d checkpoint(s) wait on tier 1 for upload",
                      self.config.tier2, h.error, len(h.due))
 
-    def close(self, drain_s: float, *, why: str | None = None) -> list[int]:
+    def close(self, drain_s: float, *, why: str | None = None,
+              stop_grace_s: float | None = None) -> list[int]:
         """Stop the uploader; with ``drain_s > 0`` first let it copy what is due, for at most
-        ``drain_s`` seconds. Returns the steps left on tier 1 only (warned about loudly,
+        ``drain_s`` seconds, then give it ``stop_grace_s`` (default the process's timeout)
+        to exit before SIGKILL. Returns the steps left on tier 1 only (warned about loudly,
         with ``why`` when the caller chose not to wait)."""
         proc, self._proc = self._proc, None
         if proc is None:
@@ -159,7 +161,7 @@ class UploaderSupervisor:
         _log.info("waiting up to %.0f s for the uploader to copy step(s) %s to tier 2",
                   drain_s, due)
         t0 = self._clock()
-        proc.finish(drain_s)
+        proc.finish(drain_s, stop_grace_s=stop_grace_s)
         return self._report_left(self.due(), self._clock() - t0, drain_s)
 
     def _report_left(self, left: list[int], seconds: float, drain_s: float,
