@@ -33,9 +33,10 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
             assert 0 <= f.node < 2
             assert (f.variant is not None) == (f.kind in ("kill_rank", "kill_uploader",
                                                           "damage", "damage_ram"))
+            assert f.kind not in cv.NOTICE_KINDS  # notices only when asked for
         assert not {"kill_rank", "kill_partner"} <= set(p.kinds)  # one kill ends the job
     drawn = {k for p in cv.draw_plan(1, 200, nodes=2) for k in p.kinds}
-    assert drawn == set(cv.KINDS)
+    assert drawn == set(cv.KINDS) - cv.NOTICE_KINDS
     only = cv.draw_plan(3, 20, nodes=2, kinds=["kill_rank", "wipe_node"])
     assert {k for p in only for k in p.kinds} <= {"kill_rank", "wipe_node"}
 
@@ -43,7 +44,7 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
 def test_plan_without_tier0_is_the_plan_it_was() -> None:
     # the RAM kinds came last: a run without tier 0 draws what it drew before (the seed of
     # tests/test_drill_chaos.py still means its documented plan)
-    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS]
+    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS | cv.NOTICE_KINDS]
     assert cv.KINDS[:len(without)] == tuple(without)
     assert [p.as_dict()["faults"] for p in cv.draw_plan(2801, 3, nodes=2, kinds=without)] == [
         ["tier1_full@node1", "damage(missing_file)@node1"],

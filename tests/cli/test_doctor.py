@@ -63,4 +63,4 @@ def test_doctor_on_a_directory(tmp_path: Path) -> None:
 
 
 def test_flags_are_frozen() -> None:
-    assert flags("doctor") == {"--tier2", "--json"}
+    assert flags("doctor") == {"--tier2", "--json", "--cluster", "--tier1", "--script"}

@@ -145,11 +145,14 @@ class CyclePlan:
         return d
 
 
-def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] = KINDS,
+def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] | None = None,
               compound_p: float = 0.5, save_every: int = 1) -> list[CyclePlan]:
     """``cycles`` seeded cycles, each one fault or (with probability ``compound_p``) two
     of different kinds (never two kills); two at-rest faults hit different nodes.
+    ``kinds`` None: every kind but the notices (those are drawn only when asked for).
     ConfigError for an unknown kind, no kinds, or fewer than 2 nodes."""
+    if kinds is None:
+        kinds = tuple(k for k in KINDS if k not in NOTICE_KINDS)
     if cycles < 1 or nodes < 2:
         raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 2, got {cycles}, "
                           f"{nodes}")

@@ -64,10 +64,13 @@ def run(source: Source, stop: threading.Event, *, poll_s: float, watch: bool,
 
 
 def _idle(stop: threading.Event, finish: threading.Event | None, seconds: float) -> None:
-    """Wait ``seconds``, or less: until ``stop`` or ``finish`` is set (``finish`` comes from
-    a signal — a job closing after a notice — and must not wait out a whole poll)."""
+    """Wait ``seconds`` on ``stop``; with a ``finish`` event (the process's SIGUSR1: a job
+    closing after a notice), in short slices so that it does not wait out a whole poll."""
+    if finish is None:
+        stop.wait(seconds)
+        return
     end = time.monotonic() + seconds
-    while not stop.is_set() and not (finish is not None and finish.is_set()):
+    while not stop.is_set() and not finish.is_set():
         left = end - time.monotonic()
         if left <= 0:
             return
