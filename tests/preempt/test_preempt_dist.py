@@ -99,7 +99,7 @@ def _check(root: Path, losses: Path, ref: dict[int, str], notice_step: int) -> i
 PHASES = ("rank0", "rank1", "usr1", "in_save", "agent")
 
 
-@settings(max_examples=5, deadline=None,
+@settings(max_examples=4, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(phase=st.sampled_from(PHASES), at=st.integers(2, 15))
 def test_a_notice_at_any_step_stops_every_rank_at_one_step_and_loses_nothing(
