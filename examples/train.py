@@ -264,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                     if ((step + 1) % args.save_every == 0 or step + 1 == args.steps
                             or ckpt.should_save(step)):  # True at a notice's agreed step
                         ckpt.save(step, state)
-                    watchdog.step_completed(step)
-                    if ckpt.should_stop(step):  # a notice: saved, every rank stops here
-                        break
+                    stop = ckpt.should_stop(step)  # arms the notice signals (first call)
+                    watchdog.step_completed(step)  # first_step after arming: a launcher
+                    if stop:  # holding USR1 until first_step never hits unarmed handlers
+                        break  # a notice: saved, every rank stops here
                     if (step == args.kill_at and info.restart_count == 0
                             and info.rank == args.kill_rank):
                         ckpt.wait()  # a deterministic resume point: the last save committed
