@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -76,7 +77,6 @@ class PreemptSession:
                                log=log, margin_s=config.margin_s).start()
         self.stopped_at: int | None = None
         self.carry: Carry | None = None
-        self._t_check = 0.0
 
     # -- the loop's checks ----------------------------------------------------------------
     def target(self, step: int) -> int | None:
@@ -129,38 +129,42 @@ class PreemptSession:
             c.reached.append("tier0")  # a tier-1 save with tier 0 on is in RAM as well
         rates, logged_bytes = measured_rates(self.events_path)
         nbytes = int(logged_bytes) if logged_bytes else nbytes  # the rates' own basis
-        remaining = self.remaining_s()
         if tier == "tier0":
-            p = notice_plan.plan(nbytes, grace_s=remaining, tiers=("tier1",),
-                                 rates_bps=rates, margin_s=self.config.margin_s)
-            link = p.links[0]
-            if link.reached or "not known" in link.why:
+            why: str | None = self._too_slow("tier1", nbytes, rates)
+            if why is None:
                 try:
                     flush()
                     c.reached.append("tier1")
                 except Exception as e:
                     c.abandoned["tier1"] = f"the copy failed: {e}"
             else:
-                c.abandoned["tier1"] = link.why
+                c.abandoned["tier1"] = why
         else:
             c.reached.append("tier1")
         if tier2:
+            left = self.remaining_s() - self.config.margin_s
             if "tier1" not in c.reached:
-                c.abandoned["tier2"] = "tier 1 was not reached (tier 2 copies from it)"
+                why = "tier 1 was not reached (tier 2 copies from it)"
+            elif left <= 0:
+                why = "no grace left"
             else:
-                left = self.remaining_s() - self.config.margin_s
-                p = notice_plan.plan(nbytes, grace_s=self.remaining_s(), tiers=("tier2",),
-                                     rates_bps=rates, margin_s=self.config.margin_s)
-                link = p.links[0]
-                if left <= 0:
-                    c.abandoned["tier2"] = "no grace left"
-                elif link.reached or "not known" in link.why:
-                    request_upload(step)
-                    c.drain_s = left
-                else:
-                    c.abandoned["tier2"] = link.why
+                why = self._too_slow("tier2", nbytes, rates)
+            if why is None:
+                request_upload(step)
+                c.drain_s = left
+            else:
+                c.abandoned["tier2"] = why
         self.carry = c
         return c
+
+    def _too_slow(self, tier: str, nbytes: int, rates: dict[str, float | None]
+                  ) -> str | None:
+        """Why a copy of ``nbytes`` to ``tier`` cannot end by ``deadline - margin`` at this
+        run's measured rate; None when it can, or when the rate is not known yet (the copy
+        is bounded by the deadline either way: an attempt costs nothing trusted)."""
+        link = notice_plan.plan(nbytes, grace_s=self.remaining_s(), tiers=(tier,),
+                                rates_bps=rates, margin_s=self.config.margin_s).links[0]
+        return None if link.reached or math.isinf(link.end_s) else link.why
 
     def finish(self, *, tier2_left: list[int] | None) -> None:
         """At close, after the uploader's bounded drain (``tier2_left``: steps it left on

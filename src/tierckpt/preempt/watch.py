@@ -74,7 +74,6 @@ class StopWatch:
         multi = store is not None and world_size > 1
         self._publisher = store.clone() if multi and store is not None else None
         """The training thread's own connection: it publishes a local notice at once."""
-        self._published = False
         self._lock = threading.Lock()  # adopting a notice: the watcher or the loop
         self.progress = -1
         """The highest step the loop reached a check at (written by the training thread)."""
@@ -104,7 +103,7 @@ class StopWatch:
     def _publish_from_loop(self) -> None:
         """The training thread: a local notice is published now (its watcher may be
         checking only every ``idle_s``); the other watchers see it at their next check."""
-        if self._publisher is None or self._published or self.box.first is None:
+        if self._publisher is None or self.notice is not None or self.box.first is None:
             return
         with self._lock:
             if self.notice is None:
@@ -194,7 +193,6 @@ class StopWatch:
         if store is not None and self.world_size > 1:
             body = json.dumps({**notice.to_json(), "rank": self.rank})
             store.compare_set(self._k("notice"), "", body)  # the first writer wins
-            self._published = True
 
     def _adopt_remote(self) -> None:
         assert self.store is not None
