@@ -107,7 +107,8 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
             "start a new tier1 directory")
     # No central plan: DCP's global load plan changes nothing (every rank plans its reads
     # from the metadata it read), so each rank loads alone and one flag says whether all did.
-    failure, err = None, None
+    failure: BaseException | None = None
+    err: tuple[bool, str] | None = None  # (the data is bad, why)
     try:
         dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
@@ -115,12 +116,12 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
             raise
         failure = e
         data = _data_error(e)
-        err = f"data|rank {comm.rank}: {data}" if data is not None else \
-            f"other|rank {comm.rank}: loading {ckpt_dir} failed: {e}"
+        err = (True, f"rank {comm.rank}: {data}") if data is not None else \
+            (False, f"rank {comm.rank}: loading {ckpt_dir} failed: {e}")
     agreed = comm.first_error(err)
     if agreed is not None:
-        kind, _, why = agreed.partition("|")
-        if kind == "data":
+        bad_data, why = agreed
+        if bad_data:
             raise CorruptDataError(f"{ckpt_dir.name}: {why} (the state was partly "
                                    "overwritten and must be loaded again)") from failure
         raise CheckpointError(why) from failure

@@ -16,12 +16,14 @@ import dataclasses
 import datetime
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from tierckpt.errors import LockError
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -71,19 +73,20 @@ class Comm:
                                  group=self.group)
         return box[0]
 
-    def first_error(self, error: str | None) -> str | None:
-        """Collective: some rank's ``error`` if any rank has one, else None, on every rank.
-        One all-reduce of a flag when nobody failed (O(1) per rank); the messages are
-        gathered only when one did."""
+    def first_error(self, error: T | None) -> T | None:
+        """Collective: the lowest rank's ``error`` (any picklable value; None: no error) if
+        any rank has one, else None, on every rank. One all-reduce of a flag when nobody
+        failed (O(1) per rank); the errors are gathered only when one did."""
         if self.group is None:
             return error
-        flag = torch.tensor([1 if error else 0], dtype=torch.int32)
+        flag = torch.tensor([0 if error is None else 1], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if not flag.item():
             return None
         errors = self.gather(error)
-        first = next((e for e in errors if e), None) if errors is not None else None
-        return self.broadcast(first)
+        first = next((e for e in errors if e is not None), None) if errors is not None else None
+        result: T | None = self.broadcast(first)
+        return result
 
     def all_gather(self, obj: Any) -> list[Any]:
         if self.group is None:
