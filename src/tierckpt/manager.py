@@ -337,6 +337,10 @@ class CheckpointManager:
         if p is not None:
             p.finish(tier2_left=left)
             p.close()
+        if getattr(self, "_events", None) is not None:  # a launcher tells a finished job
+            self._events.emit(events.MANAGER_CLOSED, clean=drain,  # from one cut short
+                              stopped=p is not None and p.carry is not None,
+                              step=self.last_committed)
         if self._tier1 is not None:
             self._tier1.release()
         if self._tier0 is not None:

@@ -8,7 +8,7 @@ import pytest
 
 from tierckpt.errors import ConfigError
 from tierckpt.launch import timing
-from tierckpt.launch.outcome import SlurmFacts, decide, emergency_save
+from tierckpt.launch.outcome import SlurmFacts, decide, emergency_save, finished
 from tierckpt.runtime import events as ev
 
 SAVED = {"event": ev.PREEMPT_SAVED, "t": 100.0, "step": 41, "reached": ["tier1"]}
@@ -36,6 +36,21 @@ def test_decide(rc: int, notices: list[str], saved: dict | None, facts: SlurmFac
                 again: bool, code: int, why: str) -> None:
     v = decide(rc=rc, notices=notices, saved=saved, slurm=facts, max_requeues=5)
     assert (v.again, v.code) == (again, code) and why in v.why, v
+
+
+def test_a_notice_after_the_job_ran_to_its_end_is_a_finish() -> None:
+    """The time limit's USR1 reached torchrun as it exited after the last step: it died of
+    it, nothing was saved (nothing needed to be), and the job is done, not failed."""
+    closed = {"event": ev.MANAGER_CLOSED, "t": 120.0, "rank": 0, "clean": True,
+              "stopped": False}
+    assert finished([closed], 100.0) and not finished([closed], 130.0)
+    assert not finished([{**closed, "stopped": True}], 100.0)  # left on a notice
+    assert not finished([{**closed, "clean": False}], 100.0)   # an error left the loop
+    assert not finished([{**closed, "rank": 1}], 100.0)
+    v = decide(rc=138, notices=["usr1"], saved=None, slurm=job(), done=True)
+    assert (v.again, v.code) == (False, 0) and "run to its end" in v.why
+    v = decide(rc=138, notices=["usr1"], saved=None, slurm=job(), done=False)
+    assert (v.again, v.code) == (False, 138) and "no emergency save" in v.why
 
 
 def test_unknown_notice_is_a_config_error() -> None:

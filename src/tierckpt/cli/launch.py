@@ -155,9 +155,11 @@ def launch_outcome(
     Exit 2 on a configuration error."""
     with config_errors():
         facts = outcome.read_slurm_job(slurm_job) if slurm_job else None
-        saved = outcome.emergency_save(timing.read_root(tier1), since)
+        records = timing.read_root(tier1)
+        saved = outcome.emergency_save(records, since)
         verdict = outcome.decide(rc=rc, notices=notices.split(), saved=saved, slurm=facts,
-                                 max_requeues=max_requeues)
+                                 max_requeues=max_requeues,
+                                 done=outcome.finished(records, since))
     print(f"tierckpt launch outcome: {verdict.why}", file=sys.stderr)
     print("again" if verdict.again else "stop")
     raise typer.Exit(verdict.code)

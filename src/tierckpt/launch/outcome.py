@@ -94,12 +94,26 @@ def emergency_save(records: Iterable[Mapping[str, Any]], since_unix: float
     return found
 
 
+def finished(records: Iterable[Mapping[str, Any]], since_unix: float) -> bool:
+    """Whether rank 0's manager closed cleanly at or after ``since_unix`` without stopping
+    on a notice: the job ran to its end (a notice that came after that found nothing to
+    save, and a launcher that dies of it has still finished the work)."""
+    done = False
+    for r in records:
+        t = r.get("t")
+        if (r.get("event") == ev.MANAGER_CLOSED and r.get("rank", 0) == 0
+                and isinstance(t, int | float) and t >= since_unix):
+            done = bool(r.get("clean")) and not r.get("stopped")
+    return done
+
+
 def decide(*, rc: int, notices: Iterable[str], saved: Mapping[str, Any] | None,
-           slurm: SlurmFacts | None = None, max_requeues: int | None = None) -> Verdict:
+           slurm: SlurmFacts | None = None, max_requeues: int | None = None,
+           done: bool = False) -> Verdict:
     """Decide after a step that exited ``rc``. ``notices``: what the launcher's shell got
     (:data:`NOTICES`); ``saved``: :func:`emergency_save`'s answer; ``slurm``: the job,
     under Slurm; ``max_requeues``: run again at most this many times (``slurm.restarts``
-    counts them)."""
+    counts them); ``done``: :func:`finished`'s answer."""
     got = set(notices)
     unknown = got - set(NOTICES)
     if unknown:
@@ -117,6 +131,9 @@ def decide(*, rc: int, notices: Iterable[str], saved: Mapping[str, Any] | None,
     if not announced:
         how = "finished" if rc == 0 else f"failed with status {rc}"
         return Verdict(rc, False, f"no notice: the job {how}; not run again")
+    if saved is None and done:
+        return Verdict(0, False, f"{what}, but the job had run to its end (its managers "
+                       "closed cleanly before the notice took effect): not run again")
     if saved is None:
         return Verdict(rc or 1, False, f"{what}, but no emergency save was committed since "
                        "the step started: not run again (its newest periodic checkpoint "

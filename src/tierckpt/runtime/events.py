@@ -52,6 +52,8 @@ preempt_saved       step, reached (tiers that hold the emergency save, fastest f
                     abandoned ({tier: why} for the tiers the grace did not allow), seconds
                     (notice → durable on the last reached tier), remaining_s (before deadline)
 preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
+manager_closed      clean (a close that drained: no error left the loop), stopped (the loop
+                    left on a notice), step (the newest committed step)
 ==================  =============================================================
 """
 
@@ -101,6 +103,7 @@ PREEMPT_NOTICE = "preempt_notice"
 PREEMPT_STOP = "preempt_stop"
 PREEMPT_SAVED = "preempt_saved"
 PREEMPT_EXIT = "preempt_exit"
+MANAGER_CLOSED = "manager_closed"
 
 
 MAX_PENDING = 10_000
