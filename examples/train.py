@@ -179,6 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep checkpoints in node RAM: a tmpfs directory or 'auto'")
     p.add_argument("--tier1-every", type=int, default=1,
                    help="with --tier0: every N-th save also goes to tier 1")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds each step also takes (a slower model: a scheduler test "
+                        "whose time limit must cut the run whatever the machine's speed)")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
     p.add_argument("--notice-at", type=int, default=None, help="fault injection: see docstring")
@@ -246,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
+                    if args.step_sleep > 0:
+                        time.sleep(args.step_sleep)
                     lr = sched.get_last_lr()[0]
                     sched.step()
                     mean = loss.detach().clone()

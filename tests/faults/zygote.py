@@ -38,7 +38,7 @@ def _restore(cmd: dict) -> int:
     with tierckpt.CheckpointManager(tier1=cmd["root"], keep_last=cmd["keep_last"],
                                     tier2=tier2, verify="full") as ck:
         info = ck.restore(make_state(-1))
-    Path(cmd["result"]).write_text(json.dumps({"step": info.step if info else None}))
+    _write_result(cmd["result"], {"step": info.step if info else None})
     return 0
 
 
@@ -81,8 +81,19 @@ def _child(cmd: dict) -> int:
         except SaveError as e:
             errors.append(str(e))
         if cmd.get("result"):
-            Path(cmd["result"]).write_text(json.dumps({"errors": errors}))
+            _write_result(cmd["result"], {"errors": errors})
     return 3 if errors else 0
+
+
+def _write_result(path: str, value: dict) -> None:
+    """The harness's own result, written with ``pwrite``, not ``write``: strace's
+    ``inject=write:when=N`` counts per thread, so the main thread's N-th ``write`` could
+    otherwise be this file's and fail the child instead of the save under test."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, json.dumps(value).encode(), 0)
+    finally:
+        os.close(fd)
 
 
 def _warm_up() -> None:

@@ -205,16 +205,19 @@ def test_preempted_is_requeued_and_resumes_from_the_emergency_save(
 @pytest.mark.slow
 def test_time_limit_with_signal_is_requeued_and_resumes(
         slurm: SlurmCluster, tmp_path: Path, reference: dict[str, Any]) -> None:
-    """A 1-minute limit and a 20 s lead: USR1 comes 20-50 s before the limit, while the
-    600 steps train; each run saves, requeues, and the next resumes, until all are done."""
-    run = submit(slurm, tmp_path, steps=600, lead=20, sbatch=("--time=1",))
+    """A 1-minute limit and a 20 s lead: USR1 comes 20-50 s before the limit (slurmctld
+    looks every 30 s), while the 300 steps train; each run saves, requeues, and the next
+    resumes, until all are done. 0.2 s per step makes the work longer than one allocation
+    on any machine: a fast one once finished 600 plain steps before its USR1 came."""
+    run = submit(slurm, tmp_path, steps=300, lead=20, sbatch=("--time=1",),
+                 train=("--step-sleep", "0.2"))
     info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, run.log()
     assert "time limit ahead (--signal); emergency save" in run.log(None)
     assert all(e["source"] == "signal:SIGUSR1" for e in run.events(ev.PREEMPT_NOTICE))
     pairs = resumes(run)
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
-    assert sorted({r["step"] for r in run.losses}) == list(range(600))
+    assert sorted({r["step"] for r in run.losses}) == list(range(300))
     assert requeues_started(run) == list(range(int(info["Restarts"]) + 1))
     assert set(graces(run)) == {("signal:SIGUSR1", 20.0)}  # the --signal lead
 
