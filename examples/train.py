@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -179,6 +180,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep checkpoints in node RAM: a tmpfs directory or 'auto'")
     p.add_argument("--tier1-every", type=int, default=1,
                    help="with --tier0: every N-th save also goes to tier 1")
+    p.add_argument("--parallel", default="fsdp2", choices=["fsdp2", "ddp"],
+                   help="how the model is spread over the ranks")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds each step also takes (a slower model: a scheduler test "
                         "whose time limit must cut the run whatever the machine's speed)")
@@ -201,9 +204,10 @@ def build(args: argparse.Namespace, info: tierckpt.DistInfo) -> tuple[
     torch.manual_seed(args.seed)  # same initial weights everywhere; fully_shard shards them
     model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads, args.dropout)
     model.to(info.device)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+    if args.parallel == "fsdp2":
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps, args.warmup))
     data = MarkovTokens(args.samples, args.seq, args.vocab, args.data_seed)
@@ -228,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     info = tierckpt.init_distributed(timeout=timedelta(seconds=args.timeout), event_log=events)
     model, opt, sched, loader = build(args, info)
     state = tierckpt.TrainState(model=model, optimizer=opt, scheduler=sched, dataloader=loader)
+    ddp: list[nn.Module] = []  # DDP holds its process group: wrapped again after a heal
+
+    def wrap() -> None:
+        if args.parallel == "ddp":
+            ddp[:] = [DistributedDataParallel(model)]
+    wrap()
+    net = (lambda x: ddp[0](x)) if args.parallel == "ddp" else model
+    first_run = info.restart_count == 0 and info.generation == 0  # not a restart or a heal
     losses = open(args.losses, "a") if args.losses and info.rank == 0 else None  # noqa: SIM115
     try:
         tier2 = args.tier2 and tierckpt.Tier2(args.tier2, upload_every=args.upload_every)
@@ -241,42 +253,51 @@ def main(argv: list[str] | None = None) -> int:
             start = restored.step + 1 if restored else 0
             with tierckpt.StepWatchdog(args.hang_timeout, event_log=events) as watchdog:
                 data = batches(loader)
-                for step in range(start, args.steps):
-                    batch = next(data).to(info.device)
-                    logits = model(batch[:, :-1])
-                    loss = F.cross_entropy(logits.reshape(-1, args.vocab),
-                                           batch[:, 1:].reshape(-1))
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    if args.step_sleep > 0:
-                        time.sleep(args.step_sleep)
-                    lr = sched.get_last_lr()[0]
-                    sched.step()
-                    mean = loss.detach().clone()
-                    dist.all_reduce(mean)
-                    value = float((mean / info.world_size).item())
-                    if losses is not None:
-                        losses.write(json.dumps({
-                            "step": step, "loss": value, "loss_hex": value.hex(), "lr": lr,
-                            "attempt": info.restart_count, "world_size": info.world_size,
-                            "epoch": loader.sampler.epoch, "position": loader.sampler.position,
-                            "t": time.time()}) + "\n")
-                        losses.flush()
-                    if (step == args.notice_at and info.restart_count == 0
-                            and info.rank == args.notice_rank):
-                        os.kill(os.getpid(), signal.Signals[args.notice_signal])
-                    if ((step + 1) % args.save_every == 0 or step + 1 == args.steps
-                            or ckpt.should_save(step)):  # True at a notice's agreed step
-                        ckpt.save(step, state)
-                    stop = ckpt.should_stop(step)  # arms the notice signals (first call)
+                step = start
+                while step < args.steps:
+                    try:
+                        batch = next(data).to(info.device)
+                        logits = net(batch[:, :-1])
+                        loss = F.cross_entropy(logits.reshape(-1, args.vocab),
+                                               batch[:, 1:].reshape(-1))
+                        opt.zero_grad(set_to_none=True)
+                        loss.backward()
+                        opt.step()
+                        if args.step_sleep > 0:
+                            time.sleep(args.step_sleep)
+                        lr = sched.get_last_lr()[0]
+                        sched.step()
+                        # the mean in rank order: an all_reduce's order of addition
+                        # depends on the launcher's layout (1 ulp apart at world 3)
+                        each = [torch.empty_like(loss) for _ in range(info.world_size)]
+                        dist.all_gather(each, loss.detach())
+                        value = float((torch.stack(each).sum() / info.world_size).item())
+                        if losses is not None:
+                            losses.write(json.dumps({
+                                "step": step, "loss": value, "loss_hex": value.hex(),
+                                "lr": lr, "attempt": info.restart_count,
+                                "world_size": info.world_size, "epoch": loader.sampler.epoch,
+                                "position": loader.sampler.position, "t": time.time()}) + "\n")
+                            losses.flush()
+                        if step == args.notice_at and first_run \
+                                and info.rank == args.notice_rank:
+                            os.kill(os.getpid(), signal.Signals[args.notice_signal])
+                        if ((step + 1) % args.save_every == 0 or step + 1 == args.steps
+                                or ckpt.should_save(step)):  # True at a notice's agreed step
+                            ckpt.save(step, state)
+                        stop = ckpt.should_stop(step)  # arms the notice signals (first call)
+                    except RuntimeError as e:  # under `tierckpt run --heal` a peer's death:
+                        restored = ckpt.heal(state, e, rebuild=wrap)  # else raised again
+                        step = restored.step + 1 if restored else 0
+                        data = batches(loader)  # from the restored position
+                        continue
                     watchdog.step_completed(step)  # first_step after arming: a launcher
                     if stop:  # holding USR1 until first_step never hits unarmed handlers
                         break  # a notice: saved, every rank stops here
-                    if (step == args.kill_at and info.restart_count == 0
-                            and info.rank == args.kill_rank):
+                    if step == args.kill_at and first_run and info.rank == args.kill_rank:
                         ckpt.wait()  # a deterministic resume point: the last save committed
                         os.kill(os.getpid(), signal.SIGKILL)
+                    step += 1
     finally:
         if losses is not None:
             losses.close()

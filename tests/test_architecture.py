@@ -44,7 +44,7 @@ TORCH_FREE_MODULES = ("tierckpt", "tierckpt.uploader", "tierckpt.config",
 LAYERS = (
     ("cli/", "drill/", "uploader.py", "integrations/"),                      # shells
     ("__init__.py", "manager.py", "config.py"),                               # public face
-    ("ops/", "share/", "restore/", "save/", "preempt/", "launch/"),           # paths
+    ("ops/", "share/", "restore/", "save/", "preempt/", "launch/", "heal/"),  # paths
     ("state.py", "model_state.py", "state_capture.py", "_rng.py", "data.py",
      "tier0/", "tier2/", "tier1/"),                                            # parts
     ("runtime/",),                                                            # job runtime
@@ -56,8 +56,9 @@ LAYERS = (
 # ``pkg/mod.py`` that module only (where the narrow edge is the point: a torch-free part
 # reaches only torch-free modules). No part may import ``__init__.py``, the package root.
 ALLOWED: dict[str, tuple[str, ...]] = {
-    "cli/": ("drill/", "launch/", "ops/", "share/", "tier0/", "tier2/", "tier1/", "runtime/",
-             "policy/", "format/", "errors.py", "_version.py", "preempt/config.py"),
+    "cli/": ("drill/", "launch/", "heal/", "ops/", "share/", "tier0/", "tier2/", "tier1/",
+             "runtime/", "policy/", "format/", "errors.py", "_version.py",
+             "preempt/config.py"),
     "drill/": ("config.py", "ops/", "tier0/", "tier2/", "tier1/", "runtime/", "format/",
                "errors.py", "_version.py", "preempt/config.py"),
     "uploader.py": ("tier2/",),
@@ -80,6 +81,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py",
                 "runtime/scheduler.py", "policy/", "format/", "errors.py", "_version.py"),
+    "heal/": ("runtime/healenv.py", "errors.py"),
     "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
     "model_state.py": ("state_capture.py",),
     "state_capture.py": (),

@@ -87,6 +87,11 @@ class LockError(CheckpointError):
     two writers must never share one."""
 
 
+class HealError(CheckpointError):
+    """A heal could not complete (no next generation, the group did not re-form, the state
+    did not load): this process must exit so the launcher falls back to a full restart."""
+
+
 class SaveError(CheckpointError):
     """A background save failed; raised at the next save(), wait() or close()."""
 

@@ -19,10 +19,11 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from tierckpt.config import ManagerConfig, resolve
-from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.errors import CheckpointError, ConfigError, HealError
 from tierckpt.format import layout
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.preempt.config import Preemption
@@ -30,7 +31,7 @@ from tierckpt.preempt.session import PreemptSession, resolve_grace
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.restore.verify import Verify
-from tierckpt.runtime import events
+from tierckpt.runtime import events, regroup
 from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.save_cost import SaveCostMeter
 from tierckpt.runtime.steps import StepMarks
@@ -165,6 +166,67 @@ class CheckpointManager:
         self._steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
         self._gate.watch(state.optimizer)  # its steps are the marks until save() names one
         self._state = state
+        regroup.mark_ready()  # under the heal launcher: this rank's generation is loaded
+        return info
+
+    def heal(self, state: TrainState, error: BaseException,
+             rebuild: Callable[[], None] | None = None) -> RestoreInfo | None:
+        """After a peer died under ``tierckpt run --heal``: keep this process, join the
+        launcher's next generation with the replacement, and load the newest complete
+        checkpoint into ``state`` in place, as :meth:`restore` does (collective with the
+        survivors and the replacement, whose ``restore()`` is this call's other side).
+        Returns what ``restore`` returns; go on from its step + 1, with a fresh iterator
+        over the loader (its position was restored).
+
+        ``error`` is what the training step raised. It is raised again, unchanged, when this
+        process cannot heal: not started by the heal launcher, or not a ``RuntimeError`` (a
+        failed collective is one; a ConfigError is not). ``rebuild`` runs once the new group
+        exists, before this manager reopens on it: wrap a DDP module again there (FSDP2
+        modules follow the new group by themselves). Raises HealError when the heal fails
+        (no next generation, a group that does not form, a state that does not load): let
+        the process exit, and the launcher restarts the whole job, which resumes from the
+        newest complete checkpoint as always. Events: ``heal_begin``, ``heal_done`` or
+        ``heal_failed``."""
+        j = regroup.healing()
+        if j is None or j.heal is None or not isinstance(error, RuntimeError) \
+                or isinstance(error, ConfigError):
+            raise error
+        require_state(state)
+        gen, phase, times = j.heal.gen, "leave", [time.monotonic()]
+        self._events.emit(events.HEAL_BEGIN, generation=gen,
+                          error=f"{type(error).__name__}: {error}"[:500])
+        try:
+            self._leave_generation(j.heal.timeout_s)
+            times.append(time.monotonic())
+            phase = "regroup"
+            joined = regroup.regroup()
+            regroup.rebind_fsdp(state.model)
+            times.append(time.monotonic())
+            phase = "open"
+            if rebuild is not None:
+                rebuild()
+            self._comm = Comm.create(self.config.failures.collective_timeout_s)
+            self._closed = False
+            self._open(self.config)
+            times.append(time.monotonic())
+            phase = "restore"
+            info = self.restore(state)
+            if info is None:  # the survivors' state is past the start: nothing to go back to
+                raise HealError("no complete checkpoint to roll back to")
+        except BaseException as e:
+            log = events.EventLog(self.config.tier1 / layout.EVENTS, rank=j.rank)
+            log.emit(events.HEAL_FAILED, generation=gen, phase=phase,
+                     error=f"{type(e).__name__}: {e}"[:500])
+            log.close()
+            raise HealError(f"rank {j.rank}: the heal of generation {gen} failed while "
+                            f"{phase}: {e}") from e
+        done = time.monotonic()
+        self._events.emit(events.HEAL_DONE, step=None if info is None else info.step,
+                          generation=joined.gen, dead=list(joined.dead),
+                          source=None if info is None else info.source,
+                          seconds=done - times[0], leave_s=times[1] - times[0],
+                          wait_s=joined.wait_s, form_s=joined.form_s,
+                          open_s=times[3] - times[2], restore_s=done - times[3])
         return info
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
@@ -323,13 +385,31 @@ class CheckpointManager:
             return True
         return self._saves % t0.config.tier1_every == 0
 
+    def _leave_generation(self, bound_s: float) -> None:
+        """Let go of everything bound to the failed generation's groups, as a close after an
+        error does, waiting at most ``bound_s`` for the in-flight save (its collectives fail
+        with the dead peer); a save still writing after that makes the heal fail."""
+        self._closed = True
+        self._gate.close()
+        with contextlib.suppress(CheckpointError):  # it failed with the peer: expected
+            self._inflight.finish(record_overlap=False, timeout=bound_s)
+        try:
+            if self._inflight.stuck:
+                raise HealError(f"a save of the failed generation still writes after "
+                                f"{bound_s:.0f} s")
+            self._saver.close(wait=True)
+            self._stager.close()
+        finally:
+            self._release(drain=False, closing=False)
+        self._inflight.handle = None
+
     def _note(self, result: SaveResult | None) -> SaveResult | None:
         if result is not None:
             self.last_committed = max(self.last_committed or -1, result.step)
             self._last_result = result
         return result
 
-    def _release(self, *, drain: bool) -> None:
+    def _release(self, *, drain: bool, closing: bool = True) -> None:
         p, left = self._preempt, None
         if self._tier2 is not None:  # drains what is due, bounded (by the grace after a notice)
             c = p.carry if p is not None else None
@@ -337,8 +417,9 @@ class CheckpointManager:
         if p is not None:
             p.finish(tier2_left=left)
             p.close()
-        if getattr(self, "_events", None) is not None:  # a launcher tells a finished job
-            self._events.emit(events.MANAGER_CLOSED, clean=drain,  # from one cut short
+        if closing and getattr(self, "_events", None) is not None:
+            # a launcher tells a finished job from one cut short by this (not by a heal)
+            self._events.emit(events.MANAGER_CLOSED, clean=drain,
                               stopped=p is not None and p.carry is not None,
                               step=self.last_committed)
         if self._tier1 is not None:

@@ -32,7 +32,7 @@ app = typer.Typer(
 )
 
 COMMANDS: tuple[str, ...] = ("size", "plan", "simulate", "ls", "verify", "upload", "fetch", "gc",
-                              "doctor", "report", "drill", "inspect", "export", "launch")
+                              "doctor", "report", "drill", "inspect", "export", "launch", "run")
 
 
 def command(**settings: Any) -> Callable[[F], F]:

@@ -76,6 +76,7 @@ import torch
 import torch.distributed as dist
 
 from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.runtime import healenv
 from tierckpt.runtime.events import PG_READY, PROCESS_START, EventLog
 from tierckpt.runtime.orphan import watch_launcher
 from tierckpt.runtime.scheduler import Scheduler, detect
@@ -83,6 +84,7 @@ from tierckpt.runtime.scheduler import Scheduler, detect
 __all__ = [
     "DEFAULT_TIMEOUT",
     "DistInfo",
+    "Joined",
     "init_distributed",
     "process_started_at",
     "timeout_env_recipe",
@@ -104,7 +106,9 @@ class DistInfo:
     restart); ``pg_seconds`` is how long the process group took to become ready;
     ``process_started_at`` is this process's start in wall-clock seconds (None off Linux);
     ``scheduler`` is the Slurm job or Kubernetes pod this process runs in, with the
-    scheduler's restart count (None: neither; :mod:`tierckpt.runtime.scheduler`).
+    scheduler's restart count (None: neither; :mod:`tierckpt.runtime.scheduler`);
+    ``generation`` is the heal generation it joined (0 unless it replaced a dead rank under
+    ``tierckpt run --heal``).
     """
 
     rank: int
@@ -119,11 +123,43 @@ class DistInfo:
     pg_seconds: float
     process_started_at: float | None
     scheduler: Scheduler | None = None
+    generation: int = 0
 
     @property
     def is_coordinator(self) -> bool:
         """True on global rank 0."""
         return self.rank == 0
+
+
+@dataclass
+class Joined:
+    """What ``init_distributed`` joined, kept for re-forming the group after a heal
+    (:mod:`tierckpt.runtime.regroup`): the job's store, the backend and timeout, this
+    process's rank, and the heal launcher's environment (None: not started by it), whose
+    ``gen`` follows each re-formation."""
+
+    store: Any
+    backend: str
+    timeout: timedelta
+    rank: int
+    world_size: int
+    device: torch.device
+    heal: healenv.HealEnv | None
+
+
+_JOINED: list[Joined] = []
+
+
+def joined() -> Joined | None:
+    """The group ``init_distributed`` joined in this process (None: it was not called)."""
+    return _JOINED[-1] if _JOINED else None
+
+
+def generation() -> int:
+    """The heal generation this process's default group belongs to (0: never healed, or
+    not started by the heal launcher)."""
+    j = joined()
+    return j.heal.gen if j is not None and j.heal is not None else 0
 
 
 def timeout_env_recipe(timeout: timedelta = DEFAULT_TIMEOUT) -> dict[str, str]:
@@ -206,18 +242,25 @@ def init_distributed(
                 os.environ.setdefault(key, value)
         t0 = time.monotonic()
         store = _base_store(env, timeout)
-        incarnation = _agree_incarnation(store, rank, world_size, timeout)
-        pg_store = dist.PrefixStore(f"{_NAMESPACE}/{incarnation}/", store)
+        heal = healenv.read()
+        if heal is not None:  # the heal launcher drew this start's id; a generation's prefix
+            incarnation, prefix = heal.id, heal.pg_prefix()  # keeps a dead group unread
+        else:
+            incarnation = _agree_incarnation(store, rank, world_size, timeout)
+            prefix = f"{_NAMESPACE}/{incarnation}/"
+        pg_store = dist.PrefixStore(prefix, store)
         dist.init_process_group(
             backend=chosen, store=pg_store, rank=rank, world_size=world_size,
             timeout=timeout, device_id=device if device.type == "cuda" else None,
         )
         seconds = time.monotonic() - t0
+        _JOINED.append(Joined(store, chosen, timeout, rank, world_size, device, heal))
         _collect_at_exit()
         watch_launcher(log.path if log is not None else None)
         if log is not None:
+            extra = {"generation": heal.gen} if heal is not None else {}
             log.emit(PG_READY, seconds=seconds, incarnation=incarnation, backend=chosen,
-                     world_size=world_size)
+                     world_size=world_size, **extra)
     finally:
         if owns_log and log is not None:
             log.close()
@@ -226,7 +269,7 @@ def init_distributed(
         local_world_size=env["local_world_size"], node_rank=env["node_rank"],
         restart_count=env["restart_count"], backend=chosen, device=device,
         incarnation=incarnation, pg_seconds=seconds, process_started_at=process_started_at(),
-        scheduler=scheduler,
+        scheduler=scheduler, generation=0 if heal is None else heal.gen,
     )
 
 

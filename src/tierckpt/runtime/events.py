@@ -54,6 +54,13 @@ preempt_saved       step, reached (tiers that hold the emergency save, fastest f
 preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
 manager_closed      clean (a close that drained: no error left the loop), stopped (the loop
                     left on a notice), step (the newest committed step)
+heal_begin          generation (the one that failed), error (what the survivor caught)
+heal_done           generation (the one joined), dead (ranks replaced), step (restored),
+                    source, seconds (heal_begin → state loaded), leave_s, wait_s, form_s,
+                    open_s, restore_s (its parts: the failed generation let go, the
+                    launcher's next one awaited, the group formed, the manager reopened, the
+                    state loaded)
+heal_failed         generation, error, phase (the survivor exits; the launcher restarts all)
 ==================  =============================================================
 """
 
@@ -104,6 +111,9 @@ PREEMPT_STOP = "preempt_stop"
 PREEMPT_SAVED = "preempt_saved"
 PREEMPT_EXIT = "preempt_exit"
 MANAGER_CLOSED = "manager_closed"
+HEAL_BEGIN = "heal_begin"
+HEAL_DONE = "heal_done"
+HEAL_FAILED = "heal_failed"
 
 
 MAX_PENDING = 10_000

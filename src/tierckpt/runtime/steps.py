@@ -17,7 +17,7 @@ import os
 import time
 
 from tierckpt.runtime import events
-from tierckpt.runtime.distributed import process_started_at
+from tierckpt.runtime.distributed import generation, process_started_at
 from tierckpt.runtime.save_cost import SaveCostMeter
 
 
@@ -55,13 +55,13 @@ class StepMarks:
         self._marks.step(step)
 
 
-_FIRST_STEP_LOGS: set[tuple[int, str]] = set()
+_FIRST_STEP_LOGS: set[tuple[int, str, int]] = set()
 
 
 def emit_first_step(log: events.EventLog, step: int) -> None:
     """Emit ``first_step`` into ``log`` once per process and log file, whoever sees the
     first step first (the manager's marks or a StepWatchdog)."""
-    key = (os.getpid(), str(log.path.resolve()))
+    key = (os.getpid(), str(log.path.resolve()), generation())  # once more after a heal
     if key in _FIRST_STEP_LOGS:
         return
     _FIRST_STEP_LOGS.add(key)

@@ -1,0 +1,46 @@
+"""``tierckpt run``: start a training command on this node as torchrun would, and heal a
+dead worker instead of restarting the job (:mod:`tierckpt.heal.launcher`; docs/heal.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tierckpt.cli._app import command
+from tierckpt.cli._extras import needs_torch
+from tierckpt.cli._render import config_errors
+
+
+@command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    cmd: Annotated[list[str] | None, typer.Argument(
+        metavar="-- COMMAND", help="The training command: python train.py ARGS.",
+        show_default=False)] = None,
+    nproc_per_node: Annotated[int, typer.Option(help="Workers on this node.")] = 1,
+    heal: Annotated[bool, typer.Option(
+        "--heal/--no-heal", help="Replace a dead worker in place (default), or restart "
+                                 "every worker as torchrun does.")] = True,
+    max_heals: Annotated[int, typer.Option(help="Heals before a death means a full "
+                                                "restart.")] = 100,
+    max_restarts: Annotated[int, typer.Option(help="Full restarts before giving up.")] = 3,
+    spares: Annotated[int, typer.Option(help="Pre-warmed replacements kept waiting "
+                                             "(torch already imported).")] = 1,
+    heal_timeout: Annotated[float, typer.Option(
+        help="Seconds a heal may take before the launcher restarts everything.")] = 60.0,
+    port: Annotated[int, typer.Option(help="The job's store port (0: any free one).")] = 0,
+) -> None:
+    """Run a training command on this node's workers and heal a dead one in place.
+
+    Workers get torchrun's environment. When one dies, the others keep their processes and a
+    pre-warmed replacement joins them; the job's CheckpointManager.heal() reloads the newest
+    checkpoint in place on every rank. A death during a heal, or a heal that does not finish,
+    restarts every worker as torchrun would. Exit status: the job's."""
+    with needs_torch("run"):
+        from tierckpt.heal.launcher import HealLaunch, HealLauncher
+    with config_errors():
+        cfg = HealLaunch(nproc=nproc_per_node, heal=heal, max_heals=max_heals,
+                         max_restarts=max_restarts, spares=spares, timeout_s=heal_timeout,
+                         port=port)
+        launcher = HealLauncher(list(cmd or []), cfg)
+    raise typer.Exit(launcher.run())

@@ -1,0 +1,262 @@
+"""``tierckpt run --heal``: a torchrun-compatible launcher (one node) that replaces a dead
+worker instead of restarting the whole group (docs/heal.md).
+
+It hosts the job's store, starts ``nproc`` workers with torchrun's environment (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``,
+``TORCHELASTIC_RESTART_COUNT``, and ``TORCHELASTIC_USE_AGENT_STORE`` so every worker is a
+client of its store) plus the heal contract (:mod:`tierckpt.runtime.healenv`), and watches
+them:
+
+- every worker exits 0 → the job is done (0); one exits 75 (preempted, saved) → it waits for
+  the others and ends with 75, as after a notice under torchrun;
+- a worker dies while its generation is whole (every rank counted ``ready``) → a **heal**:
+  after ``settle_s`` (deaths that close together are one heal) it opens generation g + 1
+  naming the dead ranks and starts their replacements in it — a pre-warmed spare when one
+  waits (:mod:`tierckpt.heal.spare`), else a fresh process; the survivors re-form the group
+  with them (:meth:`tierckpt.CheckpointManager.heal`);
+- anything else — a death during a heal, before the generation was whole, past
+  ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: stop every
+  worker (SIGTERM, then SIGKILL after ``stop_s``), start all again in a new incarnation, up
+  to ``max_restarts`` times, exactly what torchrun does.
+
+SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed to every worker (a notice under
+Slurm or Kubernetes), and the launcher waits for them. Its own lines go to stderr, prefixed
+``tierckpt run:``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import FrameType
+
+from tierckpt.errors import ConfigError
+from tierckpt.heal.spares import SparePool
+from tierckpt.runtime import healenv
+
+EXIT_PREEMPTED = 75
+_POLL_S = 0.02
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealLaunch:
+    """How ``tierckpt run`` supervises: ``nproc`` workers; at most ``max_heals`` heals and
+    ``max_restarts`` full restarts; ``spares`` pre-warmed processes (0: replacements start
+    cold); ``timeout_s`` for a heal to be whole (and for survivors to see the next
+    generation); ``settle_s`` to gather deaths into one heal; ``stop_s`` between SIGTERM
+    and SIGKILL; ``heal=False`` is plain torchrun behaviour (every death a full restart)."""
+
+    nproc: int
+    heal: bool = True
+    max_heals: int = 100
+    max_restarts: int = 3
+    spares: int = 1
+    timeout_s: float = healenv.DEFAULT_TIMEOUT_S
+    settle_s: float = 0.2
+    stop_s: float = 10.0
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("nproc", "max_heals", "max_restarts", "spares", "port"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "nproc"
+                                                                    else 0):
+                raise ConfigError(f"HealLaunch.{name} must be an int >= "
+                                  f"{1 if name == 'nproc' else 0}, got {v!r}")
+        for name in ("timeout_s", "settle_s", "stop_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ConfigError(f"HealLaunch.{name} must be seconds > 0, got {v!r}")
+
+
+@dataclass
+class _Incarnation:
+    """One full start of the job: its id, the generation open now, the workers by rank,
+    and the heal in progress (the generation being formed and when it was opened)."""
+
+    id: str
+    restart: int
+    gen: int = 0
+    workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    healing: tuple[int, float] | None = None
+
+
+class HealLauncher:
+    """Runs one job; :meth:`run` returns its exit status. ``say`` receives the launcher's
+    lines (default: stderr)."""
+
+    def __init__(self, command: Sequence[str], config: HealLaunch,
+                 say: Callable[[str], None] | None = None) -> None:
+        if not command:
+            raise ConfigError("tierckpt run: give the training command after --")
+        import torch.distributed as dist  # the store server: torch, as torchrun needs it
+
+        self.command, self.config = list(command), config
+        self._say = say or (lambda line: print(f"tierckpt run: {line}", file=sys.stderr,
+                                               flush=True))
+        self.store = dist.TCPStore("127.0.0.1", config.port, is_master=True,
+                                   wait_for_workers=False, timeout=timedelta(minutes=5))
+        self.port = int(self.store.port)
+        self.heals = 0
+        self.restarts = 0
+        self._signal: int | None = None
+        self._spares = SparePool(self.command, config.spares if config.heal else 0)
+
+    def run(self) -> int:
+        """Start the workers and supervise them until the job ends (see the module doc)."""
+        previous = {s: signal.signal(s, self._on_signal) for s in _FORWARDED}
+        try:
+            while True:
+                status = self._incarnation(self.restarts)
+                if status in (0, EXIT_PREEMPTED) or self._signal is not None:
+                    return status
+                if self.restarts >= self.config.max_restarts:
+                    self._say(f"giving up after {self.restarts} full restarts (exit {status})")
+                    return status
+                self.restarts += 1
+                self._say(f"full restart {self.restarts} of {self.config.max_restarts}")
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self._spares.close()
+
+    # -- one incarnation -------------------------------------------------------------------
+    def _incarnation(self, restart: int) -> int:
+        inc = _Incarnation(id=uuid.uuid4().hex[:16], restart=restart)
+        self.store.set(self._key(inc, "gen"), "0")
+        self.store.set(self._key(inc, "dead/0"), "[]")
+        for r in range(self.config.nproc):
+            inc.workers[r] = self._start(inc, r, spare=False)
+        try:
+            return self._watch(inc)
+        finally:
+            self._stop(inc.workers.values())
+
+    def _watch(self, inc: _Incarnation) -> int:
+        handled: set[int] = set()  # pids whose exit was acted on
+        while True:
+            time.sleep(_POLL_S)
+            if self._signal is not None:
+                self._forward(inc, self._signal)
+                return self._wait_all(inc)
+            codes = {r: p.poll() for r, p in inc.workers.items()}
+            if all(c == 0 for c in codes.values()):
+                return 0
+            if any(c == EXIT_PREEMPTED for c in codes.values()):
+                return self._wait_all(inc)
+            dead = sorted(r for r, c in codes.items()
+                          if c not in (None, 0) and inc.workers[r].pid not in handled)
+            if inc.healing is not None:
+                gen, opened = inc.healing
+                if dead:
+                    self._say(f"rank(s) {dead} died during the heal of generation {gen}: "
+                              "falling back to a full restart")
+                    return 1
+                if self._ready(inc, gen) >= self.config.nproc:
+                    self._say(f"generation {gen} healed in {time.monotonic() - opened:.2f} s")
+                    inc.healing = None
+                elif time.monotonic() - opened > self.config.timeout_s:
+                    self._say(f"generation {gen} not whole after {self.config.timeout_s:.0f} "
+                              "s: falling back to a full restart")
+                    return 1
+                continue
+            if not dead:
+                continue
+            why = self._unhealable(inc, codes)
+            if why:
+                self._say(f"rank(s) {dead} exited ({[codes[r] for r in dead]}); {why}: "
+                          "full restart")
+                return 1
+            dead = self._settle(inc, handled)
+            handled.update(inc.workers[r].pid for r in dead)
+            self._open_generation(inc, dead)
+
+    def _unhealable(self, inc: _Incarnation, codes: dict[int, int | None]) -> str | None:
+        if not self.config.heal:
+            return "healing is off"
+        if self.heals >= self.config.max_heals:
+            return f"{self.heals} heals done (max_heals)"
+        if all(c not in (None,) for c in codes.values()):
+            return "no rank survived"
+        if self._ready(inc, inc.gen) < self.config.nproc:
+            return f"generation {inc.gen} never loaded its state on every rank"
+        return None
+
+    def _settle(self, inc: _Incarnation, handled: set[int]) -> list[int]:
+        """Wait ``settle_s`` so deaths that come together are healed together."""
+        time.sleep(self.config.settle_s)
+        return sorted(r for r, p in inc.workers.items()
+                      if p.poll() not in (None, 0) and p.pid not in handled)
+
+    def _open_generation(self, inc: _Incarnation, dead: list[int]) -> None:
+        inc.gen += 1
+        self.heals += 1
+        self.store.set(self._key(inc, f"dead/{inc.gen}"), json.dumps(dead))
+        self.store.set(self._key(inc, "gen"), str(inc.gen))  # last: survivors read dead/<g>
+        self._say(f"rank(s) {dead} died; healing: generation {inc.gen}")
+        for r in dead:
+            inc.workers[r] = self._start(inc, r, spare=True)
+        inc.healing = (inc.gen, time.monotonic())
+
+    # -- workers ---------------------------------------------------------------------------
+    def _env(self, inc: _Incarnation, rank: int) -> dict[str, str]:
+        n = self.config.nproc
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+                "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                "ROLE_WORLD_SIZE": str(n), "GROUP_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port),
+                "TORCHELASTIC_RESTART_COUNT": str(inc.restart),
+                "TORCHELASTIC_MAX_RESTARTS": str(self.config.max_restarts),
+                "TORCHELASTIC_RUN_ID": inc.id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                healenv.ENV_ID: inc.id, healenv.ENV_GEN: str(inc.gen),
+                healenv.ENV_TIMEOUT: str(self.config.timeout_s)}
+
+    def _start(self, inc: _Incarnation, rank: int, *, spare: bool) -> subprocess.Popen[bytes]:
+        env = self._env(inc, rank)
+        proc = self._spares.take(env) if spare else None
+        if proc is None:
+            proc = subprocess.Popen(self.command, env={**os.environ, **env})
+        return proc
+
+    def _ready(self, inc: _Incarnation, gen: int) -> int:
+        return int(self.store.add(self._key(inc, f"ready/{gen}"), 0))
+
+    def _key(self, inc: _Incarnation, name: str) -> str:
+        return healenv.HealEnv(inc.id, inc.gen).key(name)
+
+    def _forward(self, inc: _Incarnation, sig: int) -> None:
+        for p in inc.workers.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(sig)
+
+    def _wait_all(self, inc: _Incarnation) -> int:
+        """Wait for every worker; the job's status: 0 if all were 0, else the first other."""
+        codes = [p.wait() for p in inc.workers.values()]
+        return next((c for c in codes if c != 0), 0)
+
+    def _stop(self, procs: object) -> None:
+        alive = [p for p in procs if p.poll() is None]  # type: ignore[attr-defined]
+        for p in alive:
+            p.terminate()
+        deadline = time.monotonic() + self.config.stop_s
+        for p in alive:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self._signal = signum

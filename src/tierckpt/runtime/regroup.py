@@ -1,0 +1,131 @@
+"""Re-form the default process group after a peer died, in the processes that survived it
+(step 3 of a heal, docs/heal.md), and tell the heal launcher when a generation is whole.
+
+Only for a job started by ``tierckpt run --heal`` (:mod:`tierckpt.runtime.healenv`): the
+launcher opens generation g + 1 when it sees a worker die, starts the replacement in it, and
+each survivor, after the failed collective, calls :func:`regroup`: it destroys every process
+group of its generation (their keys are never read again), waits for the launcher's next
+generation, and joins it with the same rank and world size under that generation's store
+prefix. FSDP2 modules keep working across it: their device mesh finds its group by name, and
+a re-formed default group gets the old one's name (checked on torch 2.13, gloo). A DDP
+module holds its group and must be wrapped again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from tierckpt.errors import HealError
+from tierckpt.runtime.distributed import Joined, joined
+
+_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Regrouped:
+    """One re-formation: the generation joined, the ranks it replaced, the seconds spent
+    waiting for the launcher to open it and forming its group."""
+
+    gen: int
+    dead: tuple[int, ...]
+    wait_s: float
+    form_s: float
+
+
+def healing() -> Joined | None:
+    """The joined group when this process may heal (started by the heal launcher), else None."""
+    j = joined()
+    return j if j is not None and j.heal is not None else None
+
+
+def regroup() -> Regrouped:
+    """Leave this generation's groups and join the launcher's next one (collective with the
+    other survivors and the replacement). Bounded by the heal timeout for the launcher's
+    answer and by the group's own timeout for the others to join. Raises HealError when
+    this process was not started by the heal launcher or no next generation came."""
+    j = healing()
+    if j is None or j.heal is None:
+        raise HealError("this process was not started by `tierckpt run --heal`: it cannot "
+                        "heal; let it exit and the launcher restart the job")
+    heal = j.heal
+    t0 = time.monotonic()
+    with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
+        dist.destroy_process_group()  # every group of the old generation, ours included
+    gen = _next_generation(j)
+    raw = j.store.get(heal.key(f"dead/{gen}"))
+    dead = tuple(int(r) for r in json.loads(raw))
+    t1 = time.monotonic()
+    dist.init_process_group(backend=j.backend, store=dist.PrefixStore(heal.pg_prefix(gen),
+                                                                       j.store),
+                            rank=j.rank, world_size=j.world_size, timeout=j.timeout)
+    j.heal = dataclasses.replace(heal, gen=gen)
+    return Regrouped(gen=gen, dead=dead, wait_s=t1 - t0, form_s=time.monotonic() - t1)
+
+
+def _next_generation(j: Joined) -> int:
+    assert j.heal is not None
+    key, deadline = j.heal.key("gen"), time.monotonic() + j.heal.timeout_s
+    while True:
+        if j.store.check([key]):
+            gen = int(j.store.get(key))
+            if gen > j.heal.gen:
+                return gen
+        if time.monotonic() > deadline:
+            raise HealError(f"rank {j.rank}: the launcher opened no generation after "
+                            f"{j.heal.gen} within {j.heal.timeout_s:.0f} s (no rank died, or "
+                            "the launcher is gone): not a peer's failure, or not healable")
+        time.sleep(_POLL_S)
+
+
+def mark_ready() -> None:
+    """Count this rank's state as loaded in its generation (the launcher heals a later
+    death only once every rank of the generation has counted). No-op outside the heal
+    launcher."""
+    j = healing()
+    if j is not None and j.heal is not None:
+        j.store.add(j.heal.key(f"ready/{j.heal.gen}"), 1)
+
+
+
+def rebind_fsdp(model: object) -> int:
+    """Point every FSDP2 module of ``model`` at the re-formed group; the number of FSDP2
+    parameter groups rebound. FSDP2 resolves its device mesh's group by name, which a
+    re-formed default group keeps, but caches the group object itself in its mesh infos
+    (torch 2.13: ``FSDPMeshInfo.shard_process_group``); re-running their ``__post_init__``
+    re-reads it (a separate reduce-scatter group is dropped: the shard group serves). Each
+    module is also resharded, so nothing the failed step all-gathered stays unsharded.
+    Raises HealError for a mesh of more than one dimension (HSDP, FSDP + TP): its sub-groups
+    went with the old generation, and a full restart rebuilds them."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, nn.Module):
+        return 0
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = module._get_fsdp_state()  # no public handle on the mesh infos
+        for group in state._fsdp_param_groups:
+            infos = [group.mesh_info, group.post_forward_mesh_info]
+            infos += [p.mesh_info for p in group.fsdp_params]
+            infos += [p.post_forward_mesh_info for p in group.fsdp_params]
+            for info in infos:
+                if info is not None and id(info) not in seen:
+                    if info.mesh.ndim != 1:
+                        raise HealError(f"an FSDP2 mesh of {info.mesh.ndim} dimensions "
+                                        "cannot be re-formed in place")
+                    seen[id(info)] = info
+    for mesh_info in seen.values():
+        mesh_info.__post_init__()
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return len(seen)
