@@ -1,7 +1,9 @@
 """A run's goodput from its own events: where the wall time went, across every restart.
 Pure: a list of event records (``tierckpt.runtime.events``) in, a :class:`Goodput` out.
 
-The run is cut into incarnations (one per rank-0 process, in start order). For each:
+The run is cut into incarnations (one per rank-0 process, in start order, and one more
+after each heal that kept rank 0's process: ``heal_begin`` ends one and starts the next).
+For each:
 
 - **start-up**: process start → its first training step (the first incarnation only; later
   ones count it as restart);
@@ -181,8 +183,7 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
                                    if pid not in trainers for r in recs
                                    if r["event"] == "failure_detected")
     out = []
-    for pid in trainers:
-        recs = sorted(by_pid[pid], key=lambda r: float(r["t"]))
+    for pid, recs in ((p, seg) for p in trainers for seg in _heal_segments(by_pid[p])):
         kinds = {r["event"]: r for r in reversed(recs)}  # first of each kind
         steps = [int(r["step"]) for r in recs if isinstance(r.get("step"), int)
                  and r["event"] in ("progress", "save_staged", "first_step")]
@@ -207,6 +208,17 @@ def incarnations(records: Iterable[Mapping[str, Any]]) -> list[Incarnation]:
             restart_count=_int(began.get("restart_count")), scheduler=_str(sched.get("name")),
             job_id=_str(sched.get("job_id")), requeue=_int(sched.get("restarts"))))
     return sorted(out, key=lambda i: i.start)
+
+
+def _heal_segments(recs: list[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """One process's records in time order, cut before each ``heal_begin``: a heal keeps the
+    process but ends an incarnation, as a restart does (its time is restart time)."""
+    segments: list[list[Mapping[str, Any]]] = [[]]
+    for r in sorted(recs, key=lambda r: float(r["t"])):
+        if r["event"] == "heal_begin" and segments[-1]:
+            segments.append([])
+        segments[-1].append(r)
+    return segments
 
 
 def _save_parts(recs: list[Mapping[str, Any]], incs: list[Incarnation]) -> dict[str, float]:

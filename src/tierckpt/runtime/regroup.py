@@ -127,5 +127,35 @@ def rebind_fsdp(model: object) -> int:
         mesh_info.__post_init__()
     for module in model.modules():
         if isinstance(module, FSDPModule):
+            _forget_the_failed_step(module._get_fsdp_state())
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
             module.reshard()
     return len(seen)
+
+
+_STEP_RESULTS = ("_all_gather_result", "_post_reduce_event", "_reshard_after_forward_event",
+                 "_partial_reduce_output", "_all_reduce_state")
+"""An FSDP2 parameter group's results of collectives in flight (torch 2.13)."""
+
+
+def _forget_the_failed_step(state: Any) -> None:
+    """Reset what an FSDP2 module's state holds of a step that failed part-way: the
+    training state, the root's iteration context, and the results of collectives the old
+    group had started — a prefetched all-gather left behind would be taken as done, and
+    this rank would skip a collective the others make (a mismatch, seen at world 3)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    state._training_state = TrainingState.IDLE
+    ctx = state._state_ctx
+    ctx.iter_forward_root, ctx.post_backward_final_callback_queued = None, False
+    ctx.is_last_backward, ctx.post_optim_event = True, None
+    for group in state._fsdp_param_groups:
+        group._training_state = TrainingState.IDLE
+        for name in _STEP_RESULTS:
+            if hasattr(group, name):
+                setattr(group, name, None)
+        group._post_forward_indices.clear()
+        for comm in {id(c): c for c in (group.comm_ctx, state._comm_ctx)}.values():
+            comm.all_gather_state = None
+            comm.reduce_scatter_states = []

@@ -1,0 +1,197 @@
+"""Heals for real: examples/train.py under ``tierckpt run --heal`` (gloo, CPU), a rank killed
+with SIGKILL — between steps, mid-step, mid-save, two at once, and the replacement while it
+loads — and every time the losses equal an uninterrupted run's bit for bit. The survivors
+keep their processes (one ``process_start`` each), the replacement takes the dead rank's
+number, and a heal that cannot finish falls back to a full restart that still resumes
+exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tierckpt.policy import goodput
+from tierckpt.runtime import events as ev
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train.py"
+STEPS = 30
+SMALL = ["--steps", str(STEPS), "--save-every", "5", "--layers", "1", "--dim", "32",
+         "--samples", "512", "--timeout", "60"]
+TIMEOUT_S = 240
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", TIERCKPT_PROGRESS_EVERY_S="0", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _losses(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        if path.is_file() else []
+
+
+def _events(root: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    p = root / "events.jsonl"
+    recs = ev.read_events(p) if p.is_file() else []
+    return [e for e in recs if kind is None or e["event"] == kind]
+
+
+def reference(tmp: Path, nproc: int, *extra: str) -> dict[int, str]:
+    """An uninterrupted run under torchrun: step → loss bits."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    losses = tmp / "ref.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc), str(EXAMPLE), "--tier1", str(tmp / "ref"), "--losses", str(losses),
+         *SMALL, *extra], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return {r["step"]: r["loss_hex"] for r in _losses(losses)}
+
+
+class Job:
+    """One ``tierckpt run --heal`` job of examples/train.py, started in the background."""
+
+    def __init__(self, tmp: Path, nproc: int, *extra: str, spares: int = 1) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.root, self.losses_path = tmp / "t1", tmp / "losses.jsonl"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
+             "sys.argv[0] = 'tierckpt'; main()", "run", "--nproc-per-node", str(nproc),
+             "--spares", str(spares), "--heal-timeout", "60", "--",
+             sys.executable, str(EXAMPLE), "--tier1", str(self.root), "--losses",
+             str(self.losses_path), *SMALL, *extra],
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(self) -> str:
+        """Wait for the job; its launcher's lines (asserting it succeeded)."""
+        out, err = self.proc.communicate(timeout=TIMEOUT_S)
+        lines = "\n".join(x for x in err.splitlines() if x.startswith("tierckpt run:"))
+        assert self.proc.returncode == 0, f"{lines}\n{err[-6000:]}"
+        return lines
+
+    def losses(self) -> list[dict[str, Any]]:
+        return _losses(self.losses_path)
+
+    def pid(self, rank: int) -> int:
+        """The newest process of ``rank`` (its latest ``process_start``)."""
+        starts = [e for e in _events(self.root, ev.PROCESS_START) if e["rank"] == rank]
+        return int(starts[-1]["pid"])
+
+    def wait_for(self, what: str, cond: Any, timeout: float = TIMEOUT_S) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            assert self.proc.poll() is None, f"the job ended before {what}"
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            time.sleep(0.01)
+
+
+def same_losses(rows: list[dict[str, Any]], ref: dict[int, str]) -> None:
+    assert sorted({r["step"] for r in rows}) == list(range(STEPS))
+    wrong = [(r["step"], r["loss_hex"], ref[r["step"]]) for r in rows
+             if r["loss_hex"] != ref[r["step"]]]
+    assert not wrong, wrong
+
+
+def processes(root: Path) -> dict[int, list[int]]:
+    """rank → the pids that started as it, in order."""
+    out: dict[int, list[int]] = {}
+    for e in _events(root, ev.PROCESS_START):
+        out.setdefault(e["rank"], []).append(e["pid"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def ref3(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    return reference(tmp_path_factory.mktemp("ref3"), 3)
+
+
+@pytest.mark.slow
+def test_fsdp2_rank_killed_between_steps_heals_in_place(
+        tmp_path: Path, ref3: dict[int, str]) -> None:
+    job = Job(tmp_path, 3, "--kill-at", "12", "--kill-rank", "1")
+    lines = job.finish()
+    assert "healing: generation 1" in lines and "generation 1 healed" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(job.losses(), ref3)
+    procs = processes(job.root)
+    assert [len(procs[r]) for r in range(3)] == [1, 2, 1]  # only rank 1 started again
+    done = _events(job.root, ev.HEAL_DONE)
+    assert sorted(e["rank"] for e in done) == [0, 2]  # the survivors healed in place
+    assert all(e["generation"] == 1 and e["dead"] == [1] and e["step"] == 9 for e in done)
+    assert all(e["pid"] in (procs[0][0], procs[2][0]) for e in done)
+    begin = _events(job.root, ev.HEAL_BEGIN)
+    assert sorted(e["rank"] for e in begin) == [0, 2] and all(
+        "RuntimeError" in e["error"] for e in begin)
+    # The report counts the heal as one unannounced interruption and its time as restart.
+    g = goodput.account(_events(job.root))
+    assert g.failures == 1 and g.seconds["restart"] > 0
+    assert g.interruptions[0].lost_steps == 12 - 9
+
+
+@pytest.mark.slow
+def test_two_ranks_killed_at_once_heal_together(tmp_path: Path, ref3: dict[int, str]) -> None:
+    job = Job(tmp_path, 3, "--step-sleep", "0.05", spares=2)
+    job.wait_for("step 12", lambda: len(job.losses()) >= 13)
+    for r in (1, 2):
+        os.kill(job.pid(r), signal.SIGKILL)
+    lines = job.finish()
+    assert "rank(s) [1, 2] died; healing: generation 1" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(job.losses(), ref3)
+    assert [len(p) for _, p in sorted(processes(job.root).items())] == [1, 2, 2]
+    (done,) = _events(job.root, ev.HEAL_DONE)
+    assert done["rank"] == 0 and done["dead"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_save_heals(tmp_path: Path, ref3: dict[int, str]) -> None:
+    job = Job(tmp_path, 3, "--step-sleep", "0.05")
+    job.wait_for("a save of step 14", lambda: any(
+        e["step"] == 14 and e["rank"] == 2 for e in _events(job.root, ev.SAVE_STAGED)))
+    os.kill(job.pid(2), signal.SIGKILL)  # its writer is in the background now
+    lines = job.finish()
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref3)
+    done = _events(job.root, ev.HEAL_DONE)
+    assert {e["step"] for e in done} <= {9, 14}  # that save committed everywhere, or not
+
+
+@pytest.mark.slow
+def test_replacement_killed_while_loading_falls_back_to_a_full_restart(
+        tmp_path: Path, ref3: dict[int, str]) -> None:
+    job = Job(tmp_path, 3, "--kill-at", "12", "--kill-rank", "1", spares=0)
+    job.wait_for("the replacement", lambda: len(processes(job.root).get(1, [])) >= 2)
+    os.kill(job.pid(1), signal.SIGKILL)  # before its state is loaded: mid-heal
+    lines = job.finish()
+    assert "during the heal of generation 1: falling back to a full restart" in lines, lines
+    same_losses(job.losses(), ref3)
+    starts = _events(job.root, ev.PROCESS_START)
+    assert sorted(e["restart_count"] for e in starts if e["restart_count"] == 1) == [1] * 3
+    resumed = [e for e in _events(job.root, ev.RESTORE_DONE) if e["rank"] == 0]
+    assert resumed[-1]["step"] == 9  # the full restart resumed from the newest save
+
+
+@pytest.mark.slow
+def test_ddp_rank0_killed_mid_step_heals(tmp_path: Path) -> None:
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    job = Job(tmp_path / "job", 2, "--parallel", "ddp", "--step-sleep", "0.05")
+    job.wait_for("step 12", lambda: len(job.losses()) >= 13)
+    os.kill(job.pid(0), signal.SIGKILL)  # rank 0: the store's clients and the loss log
+    lines = job.finish()
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref)
+    procs = processes(job.root)
+    assert [len(procs[0]), len(procs[1])] == [2, 1]
+    (done,) = _events(job.root, ev.HEAL_DONE)
+    assert done["rank"] == 1 and done["dead"] == [0]
