@@ -51,6 +51,9 @@ from tierckpt.tier1.session import Tier1Session
 from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.link import Tier2Link
 
+_LEAVE_WAIT_S = 1.0
+"""How long a heal waits for the failed generation's in-flight save before abandoning it."""
+
 
 class CheckpointManager:
     """Async, sharded, committed checkpoints on tier 1 (and tiers 0 and 2) and exact resume.
@@ -196,7 +199,8 @@ class CheckpointManager:
         self._events.emit(events.HEAL_BEGIN, generation=gen,
                           error=f"{type(error).__name__}: {error}"[:500])
         try:
-            self._leave_generation(j.heal.timeout_s)
+            regroup.abort()  # a background save blocked in a collective fails now
+            self._leave_generation()
             times.append(time.monotonic())
             phase = "regroup"
             joined = regroup.regroup()
@@ -385,23 +389,23 @@ class CheckpointManager:
             return True
         return self._saves % t0.config.tier1_every == 0
 
-    def _leave_generation(self, bound_s: float) -> None:
+    def _leave_generation(self) -> None:
         """Let go of everything bound to the failed generation's groups, as a close after an
-        error does, waiting at most ``bound_s`` for the in-flight save (its collectives fail
-        with the dead peer); a save still writing after that makes the heal fail."""
+        error does. The in-flight save gets ``_LEAVE_WAIT_S`` to end (its collectives fail
+        with the dead peer), then is abandoned: a coordinator waiting in a gather for the
+        dead rank's part is not woken by an abort (gloo's receive waits out its timeout),
+        and it can never commit — no survivor answers the old group again — so it ends in
+        its own ``save_failed`` and its tmp directory is debris the next start removes."""
         self._closed = True
         self._gate.close()
         with contextlib.suppress(CheckpointError):  # it failed with the peer: expected
-            self._inflight.finish(record_overlap=False, timeout=bound_s)
+            self._inflight.finish(record_overlap=False, timeout=_LEAVE_WAIT_S)
         try:
-            if self._inflight.stuck:
-                raise HealError(f"a save of the failed generation still writes after "
-                                f"{bound_s:.0f} s")
-            self._saver.close(wait=True)
+            self._saver.close(wait=not self._inflight.stuck)
             self._stager.close()
         finally:
             self._release(drain=False, closing=False)
-        self._inflight.handle = None
+        self._inflight.handle, self._inflight.stuck = None, False
 
     def _note(self, result: SaveResult | None) -> SaveResult | None:
         if result is not None:

@@ -71,11 +71,13 @@ class Job:
              "--spares", str(spares), "--heal-timeout", "60", "--",
              sys.executable, str(EXAMPLE), "--tier1", str(self.root), "--losses",
              str(self.losses_path), *SMALL, *extra],
-            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env=_env(), stdout=subprocess.DEVNULL, stderr=open(tmp / "job.err", "w"))  # noqa: SIM115
+        self.err = tmp / "job.err"
 
     def finish(self) -> str:
         """Wait for the job; its launcher's lines (asserting it succeeded)."""
-        out, err = self.proc.communicate(timeout=TIMEOUT_S)
+        self.proc.wait(timeout=TIMEOUT_S)
+        err = self.err.read_text(errors="replace")
         lines = "\n".join(x for x in err.splitlines() if x.startswith("tierckpt run:"))
         assert self.proc.returncode == 0, f"{lines}\n{err[-6000:]}"
         return lines

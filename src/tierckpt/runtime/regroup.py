@@ -69,6 +69,14 @@ def regroup() -> Regrouped:
     return Regrouped(gen=gen, dead=dead, wait_s=t1 - t0, form_s=time.monotonic() - t1)
 
 
+def abort() -> None:
+    """Abort every process group of this generation (gloo: ``ProcessGroupGloo.abort``), so a
+    collective another thread waits in — a background save's, blocked on a survivor that
+    has left for the heal — ends with an error now instead of at its timeout."""
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._abort_process_group()  # no public abort of every group
+
+
 def _next_generation(j: Joined) -> int:
     assert j.heal is not None
     key, deadline = j.heal.key("gen"), time.monotonic() + j.heal.timeout_s
