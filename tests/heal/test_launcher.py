@@ -57,7 +57,8 @@ def test_workers_get_torchruns_environment_and_the_heal_contract(tmp_path: Path)
 def test_a_death_before_the_state_loaded_is_a_full_restart(tmp_path: Path) -> None:
     """No rank counted ``ready``: nothing to heal from, so every worker starts again, in a new
     incarnation (a fresh heal id), as torchrun would."""
-    status, lines = _run(tmp_path, "sys.exit(1 if rank == 1 and restart == 0 else 0)")
+    status, lines = _run(tmp_path, "if rank == 1 and restart == 0:\n    sys.exit(1)\n"
+                         "time.sleep(2 if rank == 0 else 0)\n")
     assert status == 0
     assert any("never loaded its state on every rank" in x for x in lines), lines
     envs = _envs(tmp_path)
