@@ -14,7 +14,7 @@ from tierckpt.cli._render import config_errors
 
 @command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
-    cmd: Annotated[list[str] | None, typer.Argument(
+    command: Annotated[list[str] | None, typer.Argument(
         metavar="-- COMMAND", help="The training command: python train.py ARGS.",
         show_default=False)] = None,
     nproc_per_node: Annotated[int, typer.Option(help="Workers on this node.")] = 1,
@@ -42,5 +42,5 @@ def run(
         cfg = HealLaunch(nproc=nproc_per_node, heal=heal, max_heals=max_heals,
                          max_restarts=max_restarts, spares=spares, timeout_s=heal_timeout,
                          port=port)
-        launcher = HealLauncher(list(cmd or []), cfg)
+        launcher = HealLauncher(list(command or []), cfg)
     raise typer.Exit(launcher.run())
