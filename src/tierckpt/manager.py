@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -198,8 +199,9 @@ class CheckpointManager:
         gen, phase, times = j.heal.gen, "leave", [time.monotonic()]
         self._events.emit(events.HEAL_BEGIN, generation=gen,
                           error=f"{type(error).__name__}: {error}"[:500])
+        traceback.clear_frames(error.__traceback__)  # the failed step's frames hold groups
         try:
-            regroup.abort()  # a background save blocked in a collective fails now
+            regroup.detach(state.model)  # peers waiting on this rank's sockets fail now
             self._leave_generation()
             times.append(time.monotonic())
             phase = "regroup"

@@ -197,3 +197,18 @@ def test_ddp_rank0_killed_mid_step_heals(tmp_path: Path) -> None:
     assert [len(procs[0]), len(procs[1])] == [2, 1]
     (done,) = _events(job.root, ev.HEAL_DONE)
     assert done["rank"] == 1 and done["dead"] == [0]
+
+
+@pytest.mark.slow
+def test_world4_a_survivor_two_places_away_heals_too(tmp_path: Path) -> None:
+    """At world 4, rank 3 waits in gloo's ring on rank 2, a live survivor: it is released
+    only when rank 2 lets the failed generation's group go (its sockets close), not at the
+    collective's timeout."""
+    ref = reference(tmp_path / "ref", 4)
+    job = Job(tmp_path / "job", 4, "--kill-at", "12", "--kill-rank", "1")
+    lines = job.finish()
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref)
+    done = _events(job.root, ev.HEAL_DONE)
+    assert sorted(e["rank"] for e in done) == [0, 2, 3]
+    assert max(e["seconds"] for e in done) < 30  # not the 60 s collective timeout

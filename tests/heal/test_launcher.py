@@ -133,3 +133,18 @@ def test_cli_run_help_does_not_need_torch() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--nproc-per-node" in proc.stdout
     assert "--heal" in proc.stdout
+
+
+def test_a_spare_imports_what_the_script_imports_and_runs_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tierckpt.heal.spares import _preimport
+
+    (tmp_path / "heavy_dep_for_spare.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    script = tmp_path / "job.py"
+    script.write_text("import heavy_dep_for_spare\nfrom no_such_module_xyz import thing\n"
+                      "raise SystemExit(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _preimport(script)  # a missing module is the script's to report; the raise never runs
+    assert (tmp_path / "imported").exists()
+    sys.modules.pop("heavy_dep_for_spare", None)

@@ -3,7 +3,8 @@ torch and tierckpt, so a heal does not wait for an interpreter start (seconds he
 with CUDA at scale).
 
 A spare is ``python -m tierckpt.heal.spares`` with the training command's interpreter. It
-imports, writes ``ready`` on a pipe of its own (its stdout and stderr are the job's) and
+imports torch, tierckpt and the modules the script imports at its top level, writes
+``ready`` on a pipe of its own (its stdout and stderr are the job's) and
 blocks on its stdin; :meth:`SparePool.take` writes it one JSON line — the worker's
 environment — and it runs the training script as ``__main__`` in that environment.
 
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> int:
 
     import tierckpt  # noqa: F401
 
+    script = argv[0] if argv and argv[0] != "-m" else None
+    if script is not None:
+        sys.path.insert(0, str(Path(script).resolve().parent))
+        _preimport(Path(script))
     fd = int(os.environ.pop(_ENV_FD))
     os.write(fd, b"ready\n")
     os.close(fd)
@@ -115,9 +120,33 @@ def main(argv: list[str]) -> int:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
-        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
         runpy.run_path(argv[0], run_name="__main__")
     return 0
+
+
+def _preimport(script: Path) -> None:
+    """Import the modules ``script`` imports at its top level (its other statements do not
+    run), so the replacement finds them loaded too; one that fails to import is left to the
+    script to report."""
+    import ast
+    import importlib
+
+    try:
+        tree = ast.parse(script.read_text(), str(script))
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the script's own import reports it
+                continue
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from tierckpt.errors import HealError
 from tierckpt.runtime.distributed import Joined, joined
@@ -69,12 +71,28 @@ def regroup() -> Regrouped:
     return Regrouped(gen=gen, dead=dead, wait_s=t1 - t0, form_s=time.monotonic() - t1)
 
 
-def abort() -> None:
-    """Abort every process group of this generation (gloo: ``ProcessGroupGloo.abort``), so a
-    collective another thread waits in — a background save's, blocked on a survivor that
-    has left for the heal — ends with an error now instead of at its timeout."""
-    with contextlib.suppress(Exception):
-        dist.distributed_c10d._abort_process_group()  # no public abort of every group
+def detach(model: object) -> None:
+    """Let the failed generation's groups go now, so their sockets close and the survivors
+    still waiting in a collective with this rank fail at once: in gloo's ring a rank two
+    places from the dead one waits on a live neighbour, and neither an abort (torch 2.13:
+    it does not wake a pending receive) nor a destroyed group whose object is still
+    referenced ends that wait before the timeout — only the neighbour's closed socket does.
+    So: destroy every group, forget the failed step's collectives and FSDP2's cached
+    references to the groups (:func:`rebind_fsdp` sets new ones), and collect garbage. The
+    caller clears the failed step's frames first; a DDP module still holds its group until
+    it is wrapped again."""
+    with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
+        dist.destroy_process_group()
+    for mesh_info in _fsdp_mesh_infos(model).values():
+        for name in ("shard_process_group", "replicate_process_group",
+                     "reduce_scatter_process_group"):
+            if hasattr(mesh_info, name):
+                setattr(mesh_info, name, None)
+        for mesh in _meshes(mesh_info):
+            mesh._pg_registry = {}  # the mesh's own references (for torch.compile)
+    for module in _fsdp_modules(model):
+        _forget_the_failed_step(module._get_fsdp_state())  # its results hold the groups
+    gc.collect()
 
 
 def _next_generation(j: Joined) -> int:
@@ -112,33 +130,22 @@ def rebind_fsdp(model: object) -> int:
     Raises HealError for a mesh of more than one dimension (HSDP, FSDP + TP): its sub-groups
     went with the old generation, and a full restart rebuilds them."""
     from torch import nn
-    from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, nn.Module):
         return 0
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        state = module._get_fsdp_state()  # no public handle on the mesh infos
-        for group in state._fsdp_param_groups:
-            infos = [group.mesh_info, group.post_forward_mesh_info]
-            infos += [p.mesh_info for p in group.fsdp_params]
-            infos += [p.post_forward_mesh_info for p in group.fsdp_params]
-            for info in infos:
-                if info is not None and id(info) not in seen:
-                    if info.mesh.ndim != 1:
-                        raise HealError(f"an FSDP2 mesh of {info.mesh.ndim} dimensions "
-                                        "cannot be re-formed in place")
-                    seen[id(info)] = info
+    seen = _fsdp_mesh_infos(model)
     for mesh_info in seen.values():
-        mesh_info.__post_init__()
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            _forget_the_failed_step(module._get_fsdp_state())
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
+        if mesh_info.mesh.ndim != 1:
+            raise HealError(f"an FSDP2 mesh of {mesh_info.mesh.ndim} dimensions cannot be "
+                            "re-formed in place")
+    for mesh_info in seen.values():
+        for mesh in _meshes(mesh_info):
+            mesh._pg_registry = {n: c10d._resolve_process_group(n)
+                                 for n in getattr(mesh, "_dim_group_names", ())}
+        mesh_info.__post_init__()  # re-reads the group from the mesh, by name
+    for module in _fsdp_modules(model):
+        _forget_the_failed_step(module._get_fsdp_state())
+        module.reshard()
     return len(seen)
 
 
@@ -167,3 +174,34 @@ def _forget_the_failed_step(state: Any) -> None:
         for comm in {id(c): c for c in (group.comm_ctx, state._comm_ctx)}.values():
             comm.all_gather_state = None
             comm.reduce_scatter_states = []
+
+
+def _fsdp_modules(model: object) -> list[Any]:
+    """``model``'s FSDP2 modules (none when it is not a module)."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, nn.Module):
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _fsdp_mesh_infos(model: object) -> dict[int, Any]:
+    """Every FSDP2 mesh info of ``model``'s modules (parameter groups and parameters), by id."""
+    seen: dict[int, Any] = {}
+    for module in _fsdp_modules(model):
+        state = module._get_fsdp_state()  # no public handle on the mesh infos
+        for group in state._fsdp_param_groups:
+            infos = [group.mesh_info, group.post_forward_mesh_info]
+            infos += [p.mesh_info for p in group.fsdp_params]
+            infos += [p.post_forward_mesh_info for p in group.fsdp_params]
+            seen.update((id(i), i) for i in infos if i is not None)
+    return seen
+
+
+def _meshes(mesh_info: Any) -> list[Any]:
+    """A mesh info's device mesh and its root mesh (each keeps a name → group registry)."""
+    mesh = mesh_info.mesh
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    return [m for m in {id(mesh): mesh, id(root): root}.values()
+            if hasattr(m, "_pg_registry")]
