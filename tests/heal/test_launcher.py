@@ -38,7 +38,7 @@ def _envs(tmp: Path) -> list[dict[str, str]]:
 
 def _run(tmp: Path, body: str, **cfg: object) -> tuple[int, list[str]]:
     lines: list[str] = []
-    config = HealLaunch(**{"nproc": 2, "spares": 0, "stop_s": 2.0, **cfg})  # type: ignore[arg-type]
+    config = HealLaunch(**{"nproc": 2, "spares": 0, **cfg})  # type: ignore[arg-type]
     status = HealLauncher(_worker(tmp, body), config, say=lines.append).run()
     return status, lines
 

@@ -70,18 +70,41 @@ def drill(
              "launcher.")] = None,
     kinds: Annotated[str | None, typer.Option(
         help="With --chaos: draw only these fault kinds, comma-separated (default: the whole "
-             "catalogue that can be injected here).")] = None,
+             "catalogue that can be injected here). With --heal: these heal faults, in order "
+             "(default: mid_step, two_at_once, mid_save, replacement, mid_heal).")] = None,
+    heal: Annotated[bool, typer.Option(
+        "--heal", help="Run the heal drill instead: the command under `tierckpt run --heal` "
+        "(default 3 ranks, 120 steps), a seeded series of rank deaths; each must end in a "
+        "heal (or, when it must, a full restart) that changes no loss (docs/heal.md).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
 
     With --chaos N: N seeded fault cycles on one job instead, exit 1 on any violated
     invariant. With --preempt: a termination notice at a seeded step instead, exit 1 unless
-    every rank stopped at one step, lost nothing and continued bit for bit. Needs PyTorch."""
+    every rank stopped at one step, lost nothing and continued bit for bit. With --heal: rank
+    deaths under `tierckpt run --heal` instead, exit 1 unless each healed (or fell back to a
+    full restart where it must) and every loss is unchanged. Needs PyTorch."""
     with needs_torch("drill"):
         from tierckpt.drill import DRILLS, DrillConfig, run_drills
         from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
+        from tierckpt.drill.heal import HEAL_FAULTS, HEAL_STAGES, HealDrillConfig, run_heal
         from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
+    if heal:
+        def run_heal_drill(progress: Progress) -> dict[str, Any]:
+            if chaos is not None or preempt or tier0 is not None or nnodes not in (None, 1):
+                raise ConfigError("--heal runs alone, on one node: drop --chaos, --preempt, "
+                                  "--tier0 and --nnodes")
+            faults = tuple(HEAL_FAULTS) if kinds is None else tuple(
+                k.strip() for k in kinds.split(",") if k.strip())
+            cfg = HealDrillConfig(command=tuple(command), nproc=3 if nproc is None else nproc,
+                                  steps=120 if steps is None else steps, seed=seed,
+                                  faults=faults, out=out)
+            return run_heal(cfg, progress)
+        _run_and_render(run_heal_drill, (*HEAL_STAGES, "report"), heal_table,
+                        (("report", "md"),), as_json)
+        return
     if chaos is not None:
         def run_chaos_drill(progress: Progress) -> dict[str, Any]:
             if preempt_rank is not None:
@@ -143,6 +166,20 @@ def _run_and_render(run: Callable[[Progress], dict[str, Any]], stages: tuple[str
         con.print("  ".join(f"{label}: {escape(doc['files'][key])}" for label, key in files))
     if not doc["ok"]:
         raise typer.Exit(EXIT_FAILED)
+
+
+def heal_table(doc: dict[str, Any]) -> Table:
+    """Per fault: where, how it ended, R; then the heal drill's verdicts."""
+    t = Table(title="heal drill results", title_justify="left")
+    for col in ("fault / verdict", "at step", "outcome", "R (s)", "ok"):
+        t.add_column(col)
+    for f in doc["faults"]:
+        r = f.get("R_s")
+        t.add_row(f["kind"], str(f.get("at_step", "—")), f["outcome"],
+                  "—" if r is None else f"{r:.2f}", "yes" if f["ok"] else "NO")
+    for name, v in doc["verdicts"].items():
+        t.add_row(name, "", escape(v["detail"]), "", "yes" if v["ok"] else "NO")
+    return t
 
 
 def chaos_table(doc: dict[str, Any]) -> Table:

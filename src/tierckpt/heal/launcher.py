@@ -15,9 +15,9 @@ them:
   waits (:mod:`tierckpt.heal.spare`), else a fresh process; the survivors re-form the group
   with them (:meth:`tierckpt.CheckpointManager.heal`);
 - anything else — a death during a heal, before the generation was whole, past
-  ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: stop every
-  worker (SIGTERM, then SIGKILL after ``stop_s``), start all again in a new incarnation, up
-  to ``max_restarts`` times, exactly what torchrun does.
+  ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: SIGKILL every
+  worker left, start all again in a new incarnation, up to ``max_restarts`` times, as
+  torchrun does.
 
 SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed to every worker (a notice under
 Slurm or Kubernetes), and the launcher waits for them. Its own lines go to stderr, prefixed
@@ -53,8 +53,8 @@ class HealLaunch:
     """How ``tierckpt run`` supervises: ``nproc`` workers; at most ``max_heals`` heals and
     ``max_restarts`` full restarts; ``spares`` pre-warmed processes (0: replacements start
     cold); ``timeout_s`` for a heal to be whole (and for survivors to see the next
-    generation); ``settle_s`` to gather deaths into one heal; ``stop_s`` between SIGTERM
-    and SIGKILL; ``heal=False`` is plain torchrun behaviour (every death a full restart)."""
+    generation); ``settle_s`` to gather deaths into one heal; ``heal=False`` is plain
+    torchrun behaviour (every death a full restart)."""
 
     nproc: int
     heal: bool = True
@@ -63,7 +63,6 @@ class HealLaunch:
     spares: int = 1
     timeout_s: float = healenv.DEFAULT_TIMEOUT_S
     settle_s: float = 0.2
-    stop_s: float = 10.0
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -73,7 +72,7 @@ class HealLaunch:
                                                                     else 0):
                 raise ConfigError(f"HealLaunch.{name} must be an int >= "
                                   f"{1 if name == 'nproc' else 0}, got {v!r}")
-        for name in ("timeout_s", "settle_s", "stop_s"):
+        for name in ("timeout_s", "settle_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ConfigError(f"HealLaunch.{name} must be seconds > 0, got {v!r}")
@@ -246,16 +245,14 @@ class HealLauncher:
         return next((c for c in codes if c != 0), 0)
 
     def _stop(self, procs: object) -> None:
+        """SIGKILL what is left: a full restart resumes from committed checkpoints only, and
+        a survivor waiting in a heal would take a SIGTERM for a termination notice (armed
+        by ``should_stop``) and wait on."""
         alive = [p for p in procs if p.poll() is None]  # type: ignore[attr-defined]
         for p in alive:
-            p.terminate()
-        deadline = time.monotonic() + self.config.stop_s
+            p.kill()
         for p in alive:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            p.wait()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         del frame
