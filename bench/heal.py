@@ -14,8 +14,10 @@ log). Its parts, from the job's events:
   torchrun's detection, the stop of the others, interpreter, imports, rendezvous),
   ``transfer`` (→ ``restore_done``), ``first step``.
 
-``ratio`` = R(heal) ÷ R(full), the target ≤ 0.25. ``python -m bench.heal [--world 2,4]
-[--mib 256,1024] [--out bench/out/heal.json]``: a Markdown table on stdout, JSON to --out.
+``ratio`` = R(heal) ÷ R(full), the target ≤ 0.25. A heal that fell back to a full restart
+is reported as such (``outcome``, with the launcher's lines), not as a heal.
+``python -m bench.heal [--world 2,4] [--mib 256,1024] [--out bench/out/heal.json]``: a
+Markdown table on stdout, JSON to --out.
 """
 
 from __future__ import annotations
@@ -82,8 +84,14 @@ def one(mode: str, world: int, mib: int, workdir: Path) -> dict[str, Any]:
     after = [s["t"] for s in _steps(log) if s["t"] > t_kill]
     evs = [e for e in read_events(events) if e["t"] > t_kill]
     r = after[0] - t_kill
-    row: dict[str, Any] = {"mode": mode, "world": world, "mib": mib, "R_s": r}
-    if mode == "heal":
+    row: dict[str, Any] = {"mode": mode, "world": world, "mib": mib, "R_s": r,
+                           "outcome": mode}
+    if mode == "heal" and not any(e["event"] == "heal_done" for e in evs):
+        lines = [x for x in (d / "job.log").read_text(errors="replace").splitlines()
+                 if x.startswith("tierckpt run:")]
+        row.update(outcome="fell back to a full restart", detect_s=None, reform_s=None,
+                   transfer_s=None, first_step_s=None, launcher=lines)
+    elif mode == "heal":
         begin = min(e["t"] for e in evs if e["event"] == "heal_begin")
         done = [e for e in evs if e["event"] == "heal_done"]
         loaded = max(e["t"] for e in done)
@@ -104,14 +112,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     def f(x: float | None) -> str:
         return "—" if x is None else f"{x:.2f}"
     out = ["| world | state | mode | R (s) | detect (+start) | re-form | transfer | "
-           "first step | heal ÷ full |", "|---|---|---|---|---|---|---|---|---|"]
+           "first step | heal ÷ full | outcome |", "|---|---|---|---|---|---|---|---|---|---|"]
     full = {(r["world"], r["mib"]): r["R_s"] for r in rows if r["mode"] == "full"}
     for r in rows:
         ratio = r["R_s"] / full[(r["world"], r["mib"])] if r["mode"] == "heal" and \
             (r["world"], r["mib"]) in full else None
         out.append(f"| {r['world']} | {r['mib']} MiB | {r['mode']} | {f(r['R_s'])} | "
                    f"{f(r['detect_s'])} | {f(r['reform_s'])} | {f(r['transfer_s'])} | "
-                   f"{f(r['first_step_s'])} | {f(ratio)} |")
+                   f"{f(r['first_step_s'])} | {f(ratio)} | {r['outcome']} |")
     return "\n".join(out)
 
 
