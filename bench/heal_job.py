@@ -51,8 +51,7 @@ def main() -> int:
                 if (step + 1) % args.save_every == 0:
                     ckpt.save(step, state)
             except RuntimeError as e:
-                restored = ckpt.heal(state, e)
-                step = restored.step + 1 if restored else 0
+                step = ckpt.heal(state, e).step + 1
                 continue
             if log is not None:
                 log.write(json.dumps({"step": step, "t": time.time()}) + "\n")

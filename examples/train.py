@@ -287,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                             ckpt.save(step, state)
                         stop = ckpt.should_stop(step)  # arms the notice signals (first call)
                     except RuntimeError as e:  # under `tierckpt run --heal` a peer's death:
-                        restored = ckpt.heal(state, e, rebuild=wrap)  # else raised again
-                        step = restored.step + 1 if restored else 0
+                        step = ckpt.heal(state, e, rebuild=wrap).step + 1  # else raised again
                         data = batches(loader)  # from the restored position
                         continue
                     watchdog.step_completed(step)  # first_step after arming: a launcher

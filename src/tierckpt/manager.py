@@ -174,13 +174,15 @@ class CheckpointManager:
         return info
 
     def heal(self, state: TrainState, error: BaseException,
-             rebuild: Callable[[], None] | None = None) -> RestoreInfo | None:
+             rebuild: Callable[[], None] | None = None) -> RestoreInfo:
         """After a peer died under ``tierckpt run --heal``: keep this process, join the
         launcher's next generation with the replacement, and load the newest complete
         checkpoint into ``state`` in place, as :meth:`restore` does (collective with the
         survivors and the replacement, whose ``restore()`` is this call's other side).
         Returns what ``restore`` returns; go on from its step + 1, with a fresh iterator
-        over the loader (its position was restored).
+        over the loader (its position was restored). With no complete checkpoint yet the
+        heal fails: the survivors' state is past the start, and only a full restart can
+        begin again from nothing.
 
         ``error`` is what the training step raised. It is raised again, unchanged, when this
         process cannot heal: not started by the heal launcher, or not a ``RuntimeError`` (a
@@ -227,9 +229,8 @@ class CheckpointManager:
             raise HealError(f"rank {j.rank}: the heal of generation {gen} failed while "
                             f"{phase}: {e}") from e
         done = time.monotonic()
-        self._events.emit(events.HEAL_DONE, step=None if info is None else info.step,
-                          generation=joined.gen, dead=list(joined.dead),
-                          source=None if info is None else info.source,
+        self._events.emit(events.HEAL_DONE, step=info.step,
+                          generation=joined.gen, dead=list(joined.dead), source=info.source,
                           seconds=done - times[0], leave_s=times[1] - times[0],
                           wait_s=joined.wait_s, form_s=joined.form_s,
                           open_s=times[3] - times[2], restore_s=done - times[3])
