@@ -81,7 +81,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py",
                 "runtime/scheduler.py", "policy/", "format/", "errors.py", "_version.py"),
-    "heal/": ("runtime/healenv.py", "errors.py"),
+    "heal/": ("preempt/config.py", "runtime/healenv.py", "errors.py"),
     "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
     "model_state.py": ("state_capture.py",),
     "state_capture.py": (),

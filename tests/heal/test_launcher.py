@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tierckpt.errors import ConfigError
-from tierckpt.heal.launcher import EXIT_PREEMPTED, HealLaunch, HealLauncher
+from tierckpt.heal.launcher import HealLaunch, HealLauncher
 from tierckpt.heal.spares import SparePool, spare_command
+from tierckpt.preempt.config import EXIT_PREEMPTED
 
 
 def _worker(tmp: Path, body: str) -> list[str]:

@@ -12,7 +12,7 @@ them:
 - a worker dies while its generation is whole (every rank counted ``ready``) → a **heal**:
   after ``settle_s`` (deaths that close together are one heal) it opens generation g + 1
   naming the dead ranks and starts their replacements in it — a pre-warmed spare when one
-  waits (:mod:`tierckpt.heal.spare`), else a fresh process; the survivors re-form the group
+  waits (:mod:`tierckpt.heal.spares`), else a fresh process; the survivors re-form the group
   with them (:meth:`tierckpt.CheckpointManager.heal`);
 - anything else — a death during a heal, before the generation was whole, past
   ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: SIGKILL every
@@ -34,16 +34,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
 
 from tierckpt.errors import ConfigError
 from tierckpt.heal.spares import SparePool
+from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import healenv
 
-EXIT_PREEMPTED = 75
 _POLL_S = 0.02
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
@@ -185,7 +185,7 @@ class HealLauncher:
             return "healing is off"
         if self.heals >= self.config.max_heals:
             return f"{self.heals} heals done (max_heals)"
-        if all(c not in (None,) for c in codes.values()):
+        if all(c is not None for c in codes.values()):
             return "no rank survived"
         if self._ready(inc, inc.gen) < self.config.nproc:
             return f"generation {inc.gen} never loaded its state on every rank"
@@ -244,11 +244,11 @@ class HealLauncher:
         codes = [p.wait() for p in inc.workers.values()]
         return next((c for c in codes if c != 0), 0)
 
-    def _stop(self, procs: object) -> None:
+    def _stop(self, procs: Iterable[subprocess.Popen[bytes]]) -> None:
         """SIGKILL what is left: a full restart resumes from committed checkpoints only, and
         a survivor waiting in a heal would take a SIGTERM for a termination notice (armed
         by ``should_stop``) and wait on."""
-        alive = [p for p in procs if p.poll() is None]  # type: ignore[attr-defined]
+        alive = [p for p in procs if p.poll() is None]
         for p in alive:
             p.kill()
         for p in alive:

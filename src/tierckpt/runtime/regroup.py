@@ -119,7 +119,6 @@ def mark_ready() -> None:
         j.store.add(j.heal.key(f"ready/{j.heal.gen}"), 1)
 
 
-
 def rebind_fsdp(model: object) -> int:
     """Point every FSDP2 module of ``model`` at the re-formed group; the number of FSDP2
     parameter groups rebound. FSDP2 resolves its device mesh's group by name, which a
