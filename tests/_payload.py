@@ -47,17 +47,21 @@ def payload_bytes(real: bytes, marker_file: Path, where: Where = "top") -> bytes
     return pickle.dumps(md)
 
 
-def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = "top") -> None:
-    """Replace ``ckpt_dir``'s ``.metadata`` with :func:`payload_bytes`, then rewrite
-    ``manifest.json`` (the entry's size and CRC32C) and ``COMPLETE`` (unsigned) so that
-    the checkpoint verifies again: only the restricted unpickler can stop it."""
-    meta = ckpt_dir / layout.METADATA
+def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = "top",
+                           member: str = layout.METADATA) -> None:
+    """Replace ``ckpt_dir``'s ``member`` (``.metadata``, or a rank's ``__<r>.metadata``)
+    with :func:`payload_bytes`, then rewrite ``manifest.json`` (the entry's size and CRC32C)
+    and ``COMPLETE`` (unsigned) so that the checkpoint verifies again: only the restricted
+    unpickler can stop it."""
+    meta = ckpt_dir / member
     data = payload_bytes(meta.read_bytes(), marker_file, where)
     fs.write_durably(meta, data)
     m = mf.Manifest.from_bytes((ckpt_dir / layout.MANIFEST).read_bytes())
-    files = tuple(dataclasses.replace(f, size=len(data), crc32c=checksum.extend(0, data),
-                                      chunks=())
-                  if f.name == layout.METADATA else f for f in m.files)
+    crc = checksum.extend(0, data)
+    files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc,
+                                      chunks=() if member == layout.METADATA else
+                                      (mf.Chunk(0, len(data), crc),))
+                  if f.name == member else f for f in m.files)
     mbytes = dataclasses.replace(m, files=files).to_bytes()
     fs.write_durably(ckpt_dir / layout.MANIFEST, mbytes)
     (ckpt_dir / layout.COMPLETE).unlink()  # the marker is create-only

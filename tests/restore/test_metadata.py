@@ -138,10 +138,20 @@ def test_planted_payload_is_refused_not_run(tmp_path: Path, where: Where) -> Non
 
 
 @pytest.mark.parametrize("where", ["top", "planner_data"])
-def test_restore_skips_a_planted_checkpoint(tmp_path: Path, where: Where) -> None:
+@pytest.mark.parametrize("member", ["rank", "global"])
+def test_restore_skips_a_planted_checkpoint(tmp_path: Path, where: Where, member: str) -> None:
+    """A payload in the rank's own metadata (what a same-layout restore plans from), or in
+    ``.metadata`` once the rank file is damaged (the restore falls back to it): refused,
+    never run, the step quarantined with the reason."""
     root, marker = tmp_path / "t1", tmp_path / "FIRED"
     saved = _save(root, [1, 2])
-    plant_metadata_payload(root / layout.step_dirname(2), marker, where=where)
+    d = root / layout.step_dirname(2)
+    if member == "rank":
+        plant_metadata_payload(d, marker, where=where, member=layout.rank_metadata_filename(0))
+    else:
+        plant_metadata_payload(d, marker, where=where)
+        own = d / layout.rank_metadata_filename(0)
+        own.write_bytes(own.read_bytes()[:-1] + b"!")  # damaged: the restore falls back
     st = _state(99)
     with tierckpt.CheckpointManager(tier1=root) as ck:
         info = ck.restore(st)

@@ -6,6 +6,8 @@ A tier-1 root looks like this::
       step-00000100/            a committed checkpoint (valid only with a matching COMPLETE)
         .metadata               DCP metadata (a pickle: never opened before verification)
         __0_0.distcp ...        DCP shard files, one or more per rank
+        __0.metadata ...        each rank's own DCP metadata (its items only: what a restore
+                                on the saved layout reads instead of .metadata)
         manifest.json           sizes and CRC32C of every file above
         COMPLETE                written last; holds the manifest digest
       step-00000200.tmp-<id>/   a save in progress (or a crashed one: removed at start-up)
@@ -43,6 +45,7 @@ _STEP_RE = re.compile(r"^step-(\d{8,})$")
 _TMP_RE = re.compile(r"^step-(\d{8,})\.tmp-([0-9a-zA-Z_-]+)$")
 _DEL_RE = re.compile(r"^step-(\d{8,})\.del-([0-9a-zA-Z_-]+)$")
 _SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+_RANK_METADATA_RE = re.compile(r"^__(\d+)\.metadata$")
 
 
 def step_dirname(step: int) -> str:
@@ -87,6 +90,18 @@ def shard_filename(rank: int, index: int) -> str:
 def shard_rank(name: str) -> int | None:
     """The rank that wrote a DCP shard file, or None when ``name`` is not a shard."""
     m = _SHARD_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def rank_metadata_filename(rank: int) -> str:
+    """The file with ``rank``'s own DCP metadata (DCP's own name for rank-local metadata,
+    which ``FileSystemReader.read_metadata(rank=...)`` opens)."""
+    return f"__{rank}{METADATA}"
+
+
+def rank_metadata_rank(name: str) -> int | None:
+    """The rank of a rank-metadata file, or None when ``name`` is not one."""
+    m = _RANK_METADATA_RE.match(name)
     return int(m.group(1)) if m else None
 
 

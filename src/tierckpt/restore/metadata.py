@@ -40,6 +40,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from tierckpt.errors import IntegrityError, UnsafeCheckpointError
+from tierckpt.format import checksum
+from tierckpt.format.manifest import FileEntry
 
 _MD = "torch.distributed.checkpoint.metadata"
 ALLOWED: Mapping[tuple[str, str], Any] = MappingProxyType({
@@ -95,12 +97,21 @@ def load_metadata(data: bytes, *, source: str) -> Metadata:
     return md
 
 
-def read_metadata_file(path: str | os.PathLike[str], *, load_id: str | None) -> Metadata:
-    """``.metadata`` at ``path`` through :func:`load_metadata`, then what torch's
-    ``FileSystemReader.read_metadata`` adds: a ``StorageMeta`` when the file has none, and
-    its ``load_id``."""
+def read_metadata_file(path: str | os.PathLike[str], *, load_id: str | None,
+                       expect: FileEntry | None = None) -> Metadata:
+    """``.metadata`` (or a rank's ``__<r>.metadata``) at ``path`` through
+    :func:`load_metadata`, then what torch's ``FileSystemReader.read_metadata`` adds: a
+    ``StorageMeta`` when the file has none, and its ``load_id``. With ``expect`` (the
+    manifest's entry) the bytes must have its size and CRC32C before they are unpickled,
+    else :class:`IntegrityError`."""
     with open(path, "rb") as f:
         data = f.read()
+    if expect is not None:
+        crc = checksum.extend(0, data)
+        if len(data) != expect.size or crc != expect.crc32c:
+            raise IntegrityError(
+                f"{os.fspath(path)}: {len(data)} bytes with CRC32C {checksum.to_hex(crc)}, "
+                f"the manifest says {expect.size} bytes with {checksum.to_hex(expect.crc32c)}")
     md = load_metadata(data, source=os.fspath(path))
     if md.storage_meta is None:
         md.storage_meta = StorageMeta()

@@ -86,15 +86,23 @@ class DirectReader(FileSystemReader):
         self.unverified_files: list[str] = []
         self._md_props: dict[str, torch.dtype] = {}
         self._metadata: dict[Any, Metadata] = {}
+        self.metadata_rank: int | None = None
+        """Whose metadata ``read_metadata()`` without ``rank=`` returns: None, the global
+        ``.metadata``; a rank, that rank's own ``__<rank>.metadata`` (a restore on the saved
+        layout sets it, so DCP's load plans from it)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """DCP's ``read_metadata`` (``rank=`` picks a rank-local file, as there), but the
         pickle may name only DCP's metadata classes: anything else raises
-        :class:`~tierckpt.errors.UnsafeCheckpointError` before it runs."""
-        rank = kwargs.get("rank")
+        :class:`~tierckpt.errors.UnsafeCheckpointError` before it runs. With ``verify``
+        entries, a file the manifest lists must match its size and CRC32C before it is
+        unpickled (:class:`~tierckpt.errors.IntegrityError`)."""
+        rank = kwargs.get("rank", self.metadata_rank)
         if rank not in self._metadata:  # parsed once: the restore and DCP's load both ask
-            self._metadata[rank] = read_metadata_file(self._get_metadata_path(rank),
-                                                      load_id=self.load_id)
+            path = self._get_metadata_path(rank)
+            entry = self.verify.get(Path(path).name) if self.verify is not None else None
+            self._metadata[rank] = read_metadata_file(path, load_id=self.load_id,
+                                                      expect=entry)
         return self._metadata[rank]
 
     def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,

@@ -71,9 +71,13 @@ class Restorer:
             path = (self.tier0.path if in_ram and self.tier0 is not None
                     else self.catalog.root) / layout.step_dirname(step)
             t_load = time.monotonic()
+            notes: list[str] = []
             try:
                 nbytes = load_into(state, path, saved_world, self.comm,
-                                   readers=len(self.domain))
+                                   readers=len(self.domain), notes=notes)
+                for note in notes:
+                    self.log.emit(events.METADATA_FALLBACK, step=step, reason=note)
+                    _log.warning("step %d: %s", step, note)
                 break
             except CorruptDataError as e:
                 sources = set(source.split("+"))

@@ -2,8 +2,10 @@
 
 Marker and manifest first (bounded reads through :mod:`tierckpt.tier1.catalog`), then
 every file this domain needs: present, a regular file, of the manifest's size — and its
-CRC32C when asked. DCP's pickled ``.metadata`` is CRC-checked always, so a same-size
-substitute is never unpickled.
+CRC32C when asked. DCP's pickled ``.metadata`` is CRC-checked here unless the restore will
+plan from each rank's own ``__<rank>.metadata`` (the saved layout): the reader checks
+whichever metadata file it opens against the manifest before unpickling it, so a same-size
+substitute is never unpickled either way.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
     m = read_committed(ckpt_dir, step=step).manifest
     ranks = required_ranks(m, domain, world_size)
     wanted = m.files if ranks is None else m.files_for_ranks(ranks)
+    # the global pickle is CRC-checked here unless each rank of this domain restores from
+    # its own __<rank>.metadata (checked when read, as .metadata is if a rank falls back)
+    names = {f.name for f in wanted}
+    global_crc = ranks is None or not all(
+        layout.rank_metadata_filename(r) in names for r in ranks)
     missing = []
     for f in wanted:
         p = ckpt_dir / layout.safe_member_name(f.name)
@@ -66,7 +73,7 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
             raise IntegrityError(f"{f.name} is not a regular file")
         if fst.st_size != f.size:
             raise IntegrityError(f"{f.name} has {fst.st_size} bytes, manifest says {f.size}")
-        if full or f.name == layout.METADATA:  # the pickle is CRC-checked in every mode
+        if full or (f.name == layout.METADATA and global_crc):
             crc, _ = checksum.of_file(p)
             if crc != f.crc32c:
                 raise IntegrityError(f"{f.name} CRC32C {checksum.to_hex(crc)} != manifest "

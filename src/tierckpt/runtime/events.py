@@ -19,6 +19,8 @@ save_cost           seconds (C + slower steps while the save ran; see runtime.sa
 restore_started     —
 checkpoint_chosen   step, source, skipped (list of {step, reason})
 checkpoint_skipped  step, reason, moved_to
+metadata_fallback   step, reason (this rank's own ``__<rank>.metadata`` failed its check: the
+                    reads were planned from the global ``.metadata``, which holds the same)
 restore_done        seconds, bytes, source, bytes_by_source, world_size, saved_world_size
 state_loaded        seconds
 process_start       restart_count (torchrun's), process_started_at, scheduler (under Slurm or
@@ -84,6 +86,7 @@ SAVE_COST = "save_cost"
 RESTORE_STARTED = "restore_started"
 CHECKPOINT_CHOSEN = "checkpoint_chosen"
 CHECKPOINT_SKIPPED = "checkpoint_skipped"
+METADATA_FALLBACK = "metadata_fallback"
 RESTORE_DONE = "restore_done"
 STATE_LOADED = "state_loaded"
 PROCESS_START = "process_start"

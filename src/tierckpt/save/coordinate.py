@@ -12,6 +12,9 @@ byte-for-byte the same, ``dcp.load`` reads them) with:
   Only then are plans gathered and the global plan rebuilt (the first save, or a new
   layout). Otherwise each rank reuses its cached central plan, and the coordinator its
   cached metadata skeleton (``storage_data`` is filled from this save's results).
+- **each rank's own metadata.** Every rank writes ``__<rank>.metadata`` (its items only,
+  :func:`rank_metadata`) beside its shards, so a restore on the same layout reads O(1)
+  metadata per rank instead of the global ``.metadata`` (which is still written).
 - **results to the coordinator only.** Write results and this rank's file list go to the
   coordinator (a gather: O(1) sent per rank). Nothing O(W) comes back: the caller decides
   what the others need (the saver sends the manifest to the domain owners only).
@@ -30,7 +33,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import (
+    DefaultSavePlanner,
+    create_default_global_save_plan,
+)
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
@@ -77,6 +83,19 @@ def _changed_anywhere(comm: Comm, changed: bool) -> bool:
     return bool(flag.item())
 
 
+def rank_metadata(local: SavePlan, results: list[WriteResult]) -> Metadata:
+    """DCP ``Metadata`` of one rank's own items: every key of its local plan (before the
+    coordinator de-duplicated replicated items) with this rank's chunks, and the storage of
+    the records it wrote (``results``). A restore on the saved layout plans its reads from
+    it alone when it covers the rank's state (:func:`tierckpt.restore.loader.load_into`);
+    an item another rank wrote (a replicated tensor) is not covered here. O(items of this
+    rank): it does not grow with the number of ranks."""
+    _, md = create_default_global_save_plan([local], rewrite_index_hints=False)
+    md.planner_data = local.planner_data
+    md.storage_data = {wr.index: wr.storage_data for wr in results}
+    return md
+
+
 def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
          cache: PlanCache) -> Written:
     """Collective: write ``state_dict`` through ``writer`` (see the module docstring).
@@ -109,6 +128,7 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
         fut = writer.write_data(planner.finish_plan(cache.central), planner)
         fut.wait()
         results = fut.value()
+        writer.write_rank_metadata(rank_metadata(local, results))
     except Exception as e:  # reported through the gather: every rank fails together
         error, exc = f"rank {comm.rank}: {type(e).__name__}: {e}", e
     gathered = comm.gather((results, writer.files, error))

@@ -4,9 +4,10 @@ wrote (name, size, CRC32C) for the manifest.
 
 Files are byte-for-byte what DCP's ``FileSystemWriter`` produces (``torch.save``'d items in
 ``__{rank}_{i}.distcp``, a pickled ``.metadata``), so ``FileSystemReader`` and plain
-``dcp.load`` read a committed checkpoint. Each item's record also gets its own CRC32C (a
-manifest :class:`~tierckpt.format.manifest.Chunk`, from the same pass), so a reader that
-fetches one tensor's byte range can verify just that range.
+``dcp.load`` read a committed checkpoint. Each rank also writes its own items' metadata as
+DCP's rank-local ``__{rank}.metadata`` (:meth:`ShardWriter.write_rank_metadata`). Each
+item's record also gets its own CRC32C (a manifest :class:`~tierckpt.format.manifest.Chunk`,
+from the same pass), so a reader that fetches one tensor's byte range can verify just that range.
 
 DCP's call order (per its ``StorageWriter`` docstring): ``reset`` →
 ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) → ``prepare_global_plan``
@@ -181,7 +182,27 @@ class ShardWriter(StorageWriter):
         metadata.storage_data = {wr.index: wr.storage_data for rl in results for wr in rl}
         metadata.storage_meta = self.storage_meta()
         data = pickle.dumps(metadata)
-        fd = os.open(self.path / layout.METADATA,
+        size, crc = self._write_small(layout.METADATA, data)
+        self.metadata_bytes = data
+        self.metadata_entry = FileEntry(name=layout.METADATA, size=size, crc32c=crc, rank=None)
+
+    def write_rank_metadata(self, metadata: Metadata) -> FileEntry:
+        """Write this rank's own DCP metadata (``__<rank>.metadata``: ``metadata`` describes
+        only the items this rank wrote) and list it among :attr:`files` (one record: the
+        whole file). A restore on the saved layout reads it instead of ``.metadata``."""
+        metadata.version = _CURRENT_DCP_VERSION
+        metadata.storage_meta = self.storage_meta()
+        name = layout.rank_metadata_filename(self.rank)
+        size, crc = self._write_small(name, pickle.dumps(metadata))
+        entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank,
+                          chunks=(Chunk(0, size, crc),))
+        with self._lock:
+            self.files.append(entry)
+        return entry
+
+    def _write_small(self, name: str, data: bytes) -> tuple[int, int]:
+        """Write a new file ``name`` holding ``data`` (fsync'd); its size and CRC32C."""
+        fd = os.open(self.path / name,
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, self.file_mode)
         try:
             f = _CrcFile(fd)
@@ -190,8 +211,7 @@ class ShardWriter(StorageWriter):
                 os.fsync(fd)
         finally:
             os.close(fd)
-        self.metadata_bytes = data
-        self.metadata_entry = FileEntry(name=layout.METADATA, size=f.size, crc32c=f.crc, rank=None)
+        return f.size, f.crc
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path))
