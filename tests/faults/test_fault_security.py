@@ -71,26 +71,32 @@ def _rewrite_manifest(d: Path, edit: object, *, key: bytes | None = None) -> Non
 
 @pytest.mark.parametrize("case", ["unverified", "same-size-sizes-mode", "resigned-manifest"])
 def test_malicious_metadata_is_never_unpickled(tmp_path: Path, case: str) -> None:
+    """The trap replaces both metadata files a restore may plan from: the rank's own
+    ``__0.metadata`` (the saved layout) and ``.metadata`` (its fallback)."""
     root, fired = tmp_path / "tier1", tmp_path / "FIRED"
     save_steps(root, [1, 2])
     d = root / "step-00000002"
-    size = (d / layout.METADATA).stat().st_size
+    members = (layout.METADATA, layout.rank_metadata_filename(0))
     if case == "unverified":  # no COMPLETE: the directory never committed
         (d / layout.COMPLETE).unlink()
-        (d / layout.METADATA).write_bytes(_trap_bytes(fired))
+        for name in members:
+            (d / name).write_bytes(_trap_bytes(fired))
     elif case == "same-size-sizes-mode":  # sizes match; only the CRC32C can tell
-        (d / layout.METADATA).write_bytes(_trap_bytes(fired, size))
+        for name in members:
+            (d / name).write_bytes(_trap_bytes(fired, (d / name).stat().st_size))
     else:
         # The manifest is rewritten to vouch for the trap's size (no signing key). Its
-        # CRC32C is left alone, so the always-on .metadata CRC check catches it (a forger
+        # CRC32C is left alone, so the CRC check before any unpickling catches it (a forger
         # who also fixes the CRC is only stopped by signing: see the next test).
         trap = _trap_bytes(fired)
-        (d / layout.METADATA).write_bytes(trap)
+        for name in members:
+            (d / name).write_bytes(trap)
 
         def edit(body: dict) -> None:
             for f in body["files"]:
-                if f["name"] == layout.METADATA:
+                if f["name"] in members:
                     f["size"] = len(trap)
+                    f.pop("chunks", None)
         _rewrite_manifest(d, edit)
     st = make_state(-1)
     with tierckpt.CheckpointManager(tier1=root, verify="sizes") as ck:
