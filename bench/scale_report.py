@@ -18,7 +18,9 @@ JSON layout (bytes, seconds)::
                coordinator_peak_bytes, restore_peak_bytes, metadata_bytes, manifest_bytes,
                gathered_plan_bytes, gathered_result_bytes, file_list_bytes,
                scatter_rank1_bytes, broadcast_payload_bytes, restore_read_bytes_per_rank,
-               save_received_bytes_per_rank, manifest_over_read_limit, wall_seconds,
+               save_received_bytes_per_rank, manifest_over_read_limit,
+               manifest_over_manifest_limit, rank_metadata_bytes,
+               rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
 
@@ -112,25 +114,32 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "80 (`bench/scale_synth.py`; the `planner_data` merge is measured on full-size "
              "maps instead); *est.*: validation timed on one key per shape × the keys of "
              "that shape. Coordinator peak: tracemalloc over DCP's path and the manifest. "
-             "Per-rank restore read = `.metadata` + `manifest.json` (every rank reads both "
-             "today); received per rank on save: a non-coordinator's scattered plan, every "
-             "rank's file list (all-gather) and the manifest, marker and `.metadata` "
+             "Per-rank restore read = `.metadata` + `manifest.json` (every rank read both "
+             "before the rank files); on the saved layout since: `manifest.json` + the "
+             "rank's own `__<rank>.metadata`; received per rank on save: a "
+             "non-coordinator's scattered plan, every rank's file list (all-gather) and "
+             "the manifest, marker and `.metadata` "
              "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
              "timing.", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
-             "restore | parse per rank s | received per rank on save |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "restore | parse per rank s | __<rank>.metadata | read per rank, saved layout "
+             "| parse per rank, saved layout s | received per rank on save |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
-        over = " (over the 64 MiB read limit)" if p["manifest_over_read_limit"] else ""
+        over = " (over the 1 GiB manifest limit)" if p.get("manifest_over_manifest_limit") \
+            else " (over 64 MiB: the old limit)" if p["manifest_over_read_limit"] else ""
         lines.append(
             f"| {p['world']:,} | {p['layers_built']}{' scaled' if p['scaled'] else ''} | "
             f"{_s(p['dcp_coordinator_seconds'])} | {_s(val)}{est} | "
             f"{_b(p['coordinator_peak_bytes'])} | {_s(p['tierckpt_commit_seconds'])} | "
             f"{_b(p['metadata_bytes'])} | {_b(p['manifest_bytes'])}{over} | "
             f"{_b(p['restore_read_bytes_per_rank'])} | {_s(p['restore_rank_seconds'])} | "
+            f"{_b(p.get('rank_metadata_bytes'))} | "
+            f"{_b(p.get('rank_restore_read_bytes_per_rank'))} | "
+            f"{_s(p['rank_restore_seconds']) if 'rank_restore_seconds' in p else '—'} | "
             f"{_b(p['save_received_bytes_per_rank'])} |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []
     lines += ["", "### Seconds by phase", "",
@@ -221,6 +230,10 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
     line(ax_b, [p["manifest_bytes"] for p in pts], "manifest.json", "s")
     line(ax_b, [p["restore_read_bytes_per_rank"] for p in pts], "read per rank (restore)",
          "^")
+    if all("rank_restore_read_bytes_per_rank" in p for p in pts):
+        line(ax_b, [p["rank_restore_read_bytes_per_rank"] for p in pts],
+             "read per rank, saved layout (rank files)", ">")
+        line(ax_b, [p["rank_metadata_bytes"] for p in pts], "__<rank>.metadata", "<")
     line(ax_b, [p["save_received_bytes_per_rank"] for p in pts], "received per rank (save)",
          "D")
     ax_b.axhline(100e6, color="grey", lw=0.8, ls=":", label="target: coordinator 100 MB")

@@ -20,8 +20,11 @@ would send it. Then, timed phase by phase (seconds, perf_counter):
   (an all-gather: every rank did this), build the ``Manifest`` (one ``FileEntry`` per rank
   file with a CRC ``Chunk`` per record, the ``.metadata`` entry, one domain per 8 ranks),
   ``to_bytes()`` and the marker;
-- a restoring rank (every rank, today): ``Manifest.from_bytes`` and tierckpt's safe
-  unpickle of ``.metadata`` (``restore.metadata.load_metadata``).
+- a restoring rank before the rank files (every rank): ``Manifest.from_bytes`` and
+  tierckpt's safe unpickle of ``.metadata`` (``restore.metadata.load_metadata``);
+- a rank since (``rank.*``): building its own ``__<rank>.metadata`` on save
+  (``save.coordinate.rank_metadata`` of rank 0's plan and write results) and, on a restore
+  on the saved layout, unpickling it instead of ``.metadata`` (the manifest as before).
 
 Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
 received pickles themselves excluded), in a second pass so tracing does not slow the timed
@@ -78,6 +81,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from tierckpt.format import manifest as mf
 from tierckpt.restore.metadata import load_metadata
+from tierckpt.save.coordinate import rank_metadata
+from tierckpt.tier1.catalog import MANIFEST_LIMIT
 
 LAYERS = 80
 DIM, KV, FFN = 8192, 1024, 28672
@@ -315,6 +320,10 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     clock = _Clock()
     sizes = _coordinator(wire, world, clock, validate)
     _restore_rank(sizes, clock)
+    plan0 = local_plan(0, world, layers)
+    results0, _ = _written(0, plan0)
+    own = clock("rank.build_metadata", lambda: pickle.dumps(rank_metadata(plan0, results0)))
+    clock("rank.parse_metadata", lambda b: load_metadata(b, source="__0.metadata"), own)
     gc.collect()
     tracemalloc.start()
     try:
@@ -327,7 +336,7 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     finally:
         tracemalloc.stop()
     assert wire.files is not None
-    own = len(pickle.dumps((sizes["manifest"], sizes["marker"], sizes["metadata"])))
+    sent = len(pickle.dumps((sizes["manifest"], sizes["marker"], sizes["metadata"])))
     return {
         "seconds": clock.s,
         "coordinator_peak_bytes": coordinator_peak, "restore_peak_bytes": restore_peak,
@@ -335,7 +344,8 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "gathered_plan_bytes": sum(map(len, wire.plans)),
         "gathered_result_bytes": sum(map(len, wire.results or ())),
         "file_list_bytes": sum(map(len, wire.files)),
-        "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": own,
+        "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": sent,
+        "rank_metadata_bytes": len(own),
     }
 
 
@@ -381,12 +391,19 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         "tierckpt_commit_seconds": ours,
         "restore_rank_seconds": seconds["restore.parse_manifest"]
         + seconds["restore.unpickle_metadata"],
+        # a restore on the saved layout since the rank files: the manifest and its own
+        # __<rank>.metadata (rank 0's, built as save/coordinate.rank_metadata builds it)
+        "rank_restore_seconds": seconds["restore.parse_manifest"]
+        + seconds["rank.parse_metadata"],
         **sized, "restore_read_bytes_per_rank": per_rank_read,
+        "rank_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
+        + sized["manifest_bytes"],
         # a non-coordinator rank up to fd5185e: its scattered plan, every rank's file
         # list (all-gather), the manifest, marker and .metadata (broadcast)
         "save_received_bytes_per_rank": sized["scatter_rank1_bytes"]
         + sized["file_list_bytes"] + sized["broadcast_payload_bytes"],
         "manifest_over_read_limit": sized["manifest_bytes"] > 64 << 20,
+        "manifest_over_manifest_limit": sized["manifest_bytes"] > MANIFEST_LIMIT,
         "wall_seconds": time.perf_counter() - started,
         "raw": {"at_layers": at_l, "at_0": at_0},
     }

@@ -39,6 +39,7 @@ def test_real_runs_count_every_operation(scale: tuple[dict[str, Any], str, Path]
     r, _, base = scale
     assert r["schema"] == SCHEMA and r["errors"] == [] and r["code"]["label"] == "test"
     assert [p["world"] for p in r["real"]["points"]] == [1, 2, 4]
+    own: dict[int, int] = {}
     for p in r["real"]["points"]:
         assert "skipped" not in p and p["commit_s"] >= 0
         for side, ops in (("tierckpt", ("save", "restore", "open")),
@@ -59,8 +60,14 @@ def test_real_runs_count_every_operation(scale: tuple[dict[str, Any], str, Path]
             restore = p[side]["restore"]
             assert _count(restore["metadata_read_max"]) and _count(restore["shard_files_max"])
             assert restore["metadata_read_min"] <= restore["metadata_read_max"]
-            assert ".metadata" in restore["metadata_read_by_file"]
-        assert "manifest.json" in p["tierckpt"]["restore"]["metadata_read_by_file"]
+        assert ".metadata" in p["dcp"]["restore"]["metadata_read_by_file"]
+        ours = p["tierckpt"]["restore"]
+        by_file = ours["metadata_read_by_file"]
+        # the saved layout: the manifest and the rank's own metadata, never .metadata
+        assert "manifest.json" in by_file and ".metadata" not in by_file, by_file
+        own[p["world"]] = by_file[f"__{ours['metadata_read_rank']}.metadata"]
+    # what a rank plans from does not grow with W (its own chunks only)
+    assert own[4] <= 1.25 * own[1], own
     assert not list((base / "target").iterdir()), "the scale run left files behind"
 
 
@@ -75,9 +82,13 @@ def test_synthetic_points_have_every_quantity(scale: tuple[dict[str, Any], str, 
         assert p["layers_built"] == 64 // p["world"] and p["scaled"]
         for key in ("coordinator_peak_bytes", "metadata_bytes", "manifest_bytes",
                     "restore_read_bytes_per_rank", "save_received_bytes_per_rank",
-                    "gathered_plan_bytes", "file_list_bytes"):
+                    "gathered_plan_bytes", "file_list_bytes", "rank_metadata_bytes",
+                    "rank_restore_read_bytes_per_rank"):
             assert _count(p[key]), key
         assert p["restore_read_bytes_per_rank"] == p["metadata_bytes"] + p["manifest_bytes"]
+        assert p["rank_restore_read_bytes_per_rank"] == \
+            p["rank_metadata_bytes"] + p["manifest_bytes"]
+        assert p["rank_metadata_bytes"] < p["metadata_bytes"] / (p["world"] / 2)
         assert not p["validate"]["measured"]
         assert p["seconds"]["dcp.validate"] == p["validate"]["estimate_seconds"] > 0
         assert sum(v["keys"] for v in p["validate"]["per_shape"].values()) == 720 * 3

@@ -10,6 +10,7 @@ import pytest
 from tests._synthetic import make_checkpoint
 from tierckpt.errors import IntegrityError, LockError
 from tierckpt.format import layout
+from tierckpt.format import manifest as mf
 from tierckpt.policy.retention import RetentionPolicy
 from tierckpt.tier1 import catalog as cat_mod
 from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
@@ -39,12 +40,25 @@ def test_read_committed_verifies_marker_name_and_bound(tmp_path: Path,
     os.rename(cat.step_dir(4), cat.step_dir(9))
     with pytest.raises(IntegrityError, match="named for step 9 but its manifest is step 4"):
         cat.read_committed(9)
-    monkeypatch.setattr(cat_mod, "SMALL_FILE_LIMIT", 10)
-    with pytest.raises(IntegrityError, match="larger than 10 bytes"):
-        cat_mod.read_small(cat.step_dir(9) / layout.MANIFEST, cat_mod.SMALL_FILE_LIMIT)
+    monkeypatch.setattr(cat_mod, "MANIFEST_LIMIT", 10)
+    with pytest.raises(IntegrityError, match=r"manifest\.json is larger than 10 bytes"):
+        cat_mod.read_committed(cat.step_dir(9), step=None)
     (cat.step_dir(9) / layout.COMPLETE).unlink()
     with pytest.raises(IntegrityError, match="no COMPLETE marker"):
         cat.read_committed(9)
+
+
+def test_a_manifest_over_the_small_file_bound_is_read(tmp_path: Path) -> None:
+    """A manifest grows with ranks × tensors (386 MiB for a 70B state at 4,096 ranks): one
+    past the 64 MiB bound of markers and records is still a checkpoint's manifest."""
+    m = make_checkpoint(tmp_path, 4, FILES)
+    d = Tier1Catalog(tmp_path).step_dir(4)
+    big = m.to_bytes()[:-1] + b" " * (cat_mod.SMALL_FILE_LIMIT + 1) + b"\n"  # still its JSON
+    (d / layout.MANIFEST).write_bytes(big)
+    (d / layout.COMPLETE).unlink()
+    (d / layout.COMPLETE).write_bytes(mf.marker_bytes(big, m.step, m.save_id))
+    assert len(big) > cat_mod.SMALL_FILE_LIMIT
+    assert cat_mod.read_committed(d, step=4).manifest == m
 
 
 def test_pins_and_upload_records(tmp_path: Path) -> None:

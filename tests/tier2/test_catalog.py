@@ -50,9 +50,14 @@ def test_renamed_and_oversized_are_refused(tmp_path: Path,
     with pytest.raises(IntegrityError, match="named for step 8"):
         cat.read_committed(8)
     monkeypatch.setattr(t2, "SMALL_FILE_LIMIT", 16)
-    with pytest.raises(IntegrityError, match="larger than 16 bytes"):
+    with pytest.raises(IntegrityError, match="COMPLETE is larger than 16 bytes"):
         cat.read_committed(2)
-    assert t1.SMALL_FILE_LIMIT == 64 << 20  # one bound, shared by both tiers
+    monkeypatch.setattr(t2, "SMALL_FILE_LIMIT", 1 << 20)
+    monkeypatch.setattr(t2, "MANIFEST_LIMIT", 16)
+    with pytest.raises(IntegrityError, match=r"manifest\.json is larger than 16 bytes"):
+        cat.read_committed(2)
+    # one pair of bounds, shared by both tiers
+    assert (t1.SMALL_FILE_LIMIT, t1.MANIFEST_LIMIT) == (64 << 20, 1 << 30)
 
 
 def test_delete_removes_the_marker_first_and_retention_keeps_policy(tmp_path: Path) -> None:

@@ -40,7 +40,13 @@ from tierckpt.tier1 import fs
 from tierckpt.tier1.lock import FileLock
 
 SMALL_FILE_LIMIT = 64 << 20
-"""Largest marker or manifest any reader accepts (bytes); larger is an IntegrityError."""
+"""Largest marker or small record any reader accepts (bytes); larger is an IntegrityError."""
+MANIFEST_LIMIT = 1 << 30
+"""Largest ``manifest.json`` any reader accepts (bytes). It lists every rank's files with a
+CRC32C per record, so it grows with ranks × tensors: ~94 KiB per rank for a Llama-70B
+state, 386 MiB at 4,096 ranks — past the 64 MiB small-file bound near 540 ranks, where a
+restore refused the checkpoint it had just written (``bench --scale``). 1 GiB holds that
+state up to ~11,000 ranks; a hostile file still cannot exhaust memory unbounded."""
 QUARANTINE_REASON = "QUARANTINE_REASON"
 UPLOAD_HOLDER = "upload"
 UPLOAD_REQUEST = "upload-request"
@@ -65,17 +71,18 @@ def read_small(path: str | os.PathLike[str], limit: int = SMALL_FILE_LIMIT) -> b
 
 
 def read_committed(ckpt_dir: Path, *, step: int | None) -> mf.Committed:
-    """The verified manifest of the checkpoint directory ``ckpt_dir``: marker and manifest
-    read with :data:`SMALL_FILE_LIMIT`, the marker checked against the manifest (and its
-    signature when a key is set) and, unless ``step`` is None, the manifest's step against
-    the directory's. Raises :class:`IntegrityError` (no marker, no manifest, any mismatch)
-    or ``OSError``. Nothing else of the checkpoint may be opened before this returns."""
+    """The verified manifest of the checkpoint directory ``ckpt_dir``: marker and
+    manifest read with :data:`SMALL_FILE_LIMIT` and :data:`MANIFEST_LIMIT`, the marker
+    checked against the manifest (and its signature when a key is set) and, unless
+    ``step`` is None, the manifest's step against the directory's. Raises
+    :class:`IntegrityError` (no marker, no manifest, any mismatch) or ``OSError``. Nothing
+    else of the checkpoint may be opened before this returns."""
     try:
         marker = read_small(ckpt_dir / layout.COMPLETE)
     except FileNotFoundError:
         raise IntegrityError("no COMPLETE marker (the save never committed)") from None
     try:
-        mbytes = read_small(ckpt_dir / layout.MANIFEST)
+        mbytes = read_small(ckpt_dir / layout.MANIFEST, MANIFEST_LIMIT)
     except FileNotFoundError:
         raise IntegrityError("COMPLETE present but manifest.json missing") from None
     return mf.verify_committed(marker, mbytes, step=step, name="directory")

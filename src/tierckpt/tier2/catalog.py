@@ -15,7 +15,7 @@ from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
-from tierckpt.tier1.catalog import SMALL_FILE_LIMIT
+from tierckpt.tier1.catalog import MANIFEST_LIMIT, SMALL_FILE_LIMIT
 from tierckpt.tier2.storage import Storage
 
 
@@ -46,10 +46,11 @@ class Tier2Catalog:
         return sorted(s for s, members in self.objects().items() if layout.COMPLETE in members)
 
     def _get_small(self, step: int, member: str) -> bytes:
+        limit = MANIFEST_LIMIT if member == layout.MANIFEST else SMALL_FILE_LIMIT
         data = self.storage.get_bytes(self.key(step, member))
-        if len(data) > SMALL_FILE_LIMIT:
+        if len(data) > limit:
             raise IntegrityError(f"tier-2 {layout.step_dirname(step)}/{member} is larger than "
-                                 f"{SMALL_FILE_LIMIT} bytes")
+                                 f"{limit} bytes")
         return data
 
     def marker(self, step: int) -> bytes | None:
