@@ -87,6 +87,8 @@ def test_a_restore_on_the_saved_layout_never_opens_the_global_metadata(tmp_path:
     assert info is not None and info.step == 5 and _same(st, saved)
     opened = {name for name, _ in reads.files}
     assert layout.rank_metadata_filename(0) in opened and layout.METADATA not in opened
+    # its own file is read whole and checked whole: the per-record CRC32Cs stay unread
+    assert layout.rank_records_filename(0) not in opened
     assert st.extra == {"seed": 1}
 
 

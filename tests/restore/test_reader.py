@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 import tierckpt
-from tierckpt.restore.reader import DirectReader
+from tierckpt.restore.reader import DirectReader, directory_chunks
 
 
 class _Holder(torch.nn.Module):
@@ -70,17 +70,19 @@ def test_a_file_read_in_part_is_checked_record_by_record(tmp_path: Path) -> None
     with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
         ck.save(1, tierckpt.TrainState(model=model, optimizer=opt)).wait(60)
     ckpt = tmp_path / "step-00000001"
-    entries = {f.name: f for f in read_committed(ckpt, step=1).manifest.files}
+    manifest = read_committed(ckpt, step=1).manifest
+    entries = {f.name: f for f in manifest.files}
 
     def load() -> DirectReader:
         sd = {"model": {"weight": torch.zeros(1024, 512), "bias": torch.zeros(1024)}}
-        r = DirectReader(ckpt, verify=entries)
+        r = DirectReader(ckpt, verify=entries, chunks=directory_chunks(ckpt, manifest))
         dcp.load(sd, storage_reader=r, no_dist=True)
         assert torch.equal(sd["model"]["weight"], model.weight.detach())
         return r
 
     r = load()
     assert (r.verified_records, r.verified_files, r.unverified_files) == (2, [], [])
+    assert r.chunk_index is not None and r.chunk_index.loaded == ["__0.records"]
     path, offset, length = record(tmp_path, 1, "model.weight")
     flip_byte(path, offset + length // 2)
     with pytest.raises(BaseException) as exc:  # DCP wraps it in its CheckpointException

@@ -101,3 +101,24 @@ def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path) -> None
     out = {k: torch.empty_like(v) for k, v in src.items()}
     dcp.load(out, storage_reader=dcp.FileSystemReader(str(tmp_path)), no_dist=True)
     assert all(torch.equal(out[k], src[k]) for k in src)
+
+
+def test_rank_records_take_the_chunks_out_of_the_file_list(tmp_path: Path) -> None:
+    """After ``write_rank_records`` the file list (what the manifest lists) names each shard
+    file with its size and CRC32C only; ``__<rank>.records`` holds every record's CRC32C."""
+    from tierckpt.format import layout, records
+    from tierckpt.format import manifest as mf
+
+    sd = {"w": torch.randn(64, 33), "b": torch.arange(10), "blob": {"x": 1}}
+    w = ShardWriter(tmp_path, thread_count=2, fsync=False, direct_io=False)
+    dcp.save(sd, storage_writer=w, no_dist=True)
+    before = {f.name: f.chunks for f in w.files}
+    rec = w.write_rank_records()
+    assert rec.name == layout.rank_records_filename(0) and rec.rank == 0
+    assert rec.chunks == (mf.Chunk(0, rec.size, rec.crc32c),)
+    assert rec.crc32c == checksum.of_file(tmp_path / rec.name)[0]
+    shards = [f for f in w.files if f.name != rec.name]
+    assert {f.name for f in shards} == set(before) and all(not f.chunks for f in shards)
+    m = mf.Manifest(step=1, world_size=1, save_id="x", files=tuple(w.files))
+    back = records.parse((tmp_path / rec.name).read_bytes(), m, rank=0, source=rec.name)
+    assert back == before

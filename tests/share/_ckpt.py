@@ -65,6 +65,12 @@ def rewrite_manifest(step_dir: Path, change: object) -> None:
 
 
 def drop_chunk_crcs(step_dir: Path) -> None:
-    """Make ``step_dir`` look written by an older tierckpt (no per-record CRC32Cs)."""
+    """Make ``step_dir`` look written by an older tierckpt (no per-record CRC32Cs: none
+    inline in the manifest, no records files; no rank metadata files either)."""
+    newer = {p.name for p in step_dir.iterdir()
+             if p.name.endswith((".records", ".metadata")) and p.name != layout.METADATA}
     rewrite_manifest(step_dir, lambda m: dataclasses.replace(
-        m, files=tuple(dataclasses.replace(f, chunks=()) for f in m.files)))
+        m, files=tuple(dataclasses.replace(f, chunks=()) for f in m.files
+                       if f.name not in newer)))
+    for name in newer:
+        (step_dir / name).unlink()

@@ -8,6 +8,7 @@ A tier-1 root looks like this::
         __0_0.distcp ...        DCP shard files, one or more per rank
         __0.metadata ...        each rank's own DCP metadata (its items only: what a restore
                                 on the saved layout reads instead of .metadata)
+        __0.records ...         each rank's per-record CRC32Cs of its shard files
         manifest.json           sizes and CRC32C of every file above
         COMPLETE                written last; holds the manifest digest
       step-00000200.tmp-<id>/   a save in progress (or a crashed one: removed at start-up)
@@ -97,6 +98,12 @@ def rank_metadata_filename(rank: int) -> str:
     """The file with ``rank``'s own DCP metadata (DCP's own name for rank-local metadata,
     which ``FileSystemReader.read_metadata(rank=...)`` opens)."""
     return f"__{rank}{METADATA}"
+
+
+def rank_records_filename(rank: int) -> str:
+    """The file with the per-record CRC32Cs of ``rank``'s shard files
+    (:mod:`tierckpt.format.records`)."""
+    return f"__{rank}.records"
 
 
 def rank_metadata_rank(name: str) -> int | None:

@@ -13,6 +13,7 @@ markers when a key is configured.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -116,11 +117,13 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, FileEntry]:
+        return {f.name: f for f in self.files}
+
     def file(self, name: str) -> FileEntry:
-        for f in self.files:
-            if f.name == name:
-                return f
-        raise KeyError(name)
+        """The entry of file ``name`` (KeyError when none): O(1)."""
+        return self._by_name[name]
 
     def files_for_ranks(self, ranks: Iterable[int]) -> tuple[FileEntry, ...]:
         """Files a tier-1 domain holding ``ranks`` must have: theirs plus shared ones."""

@@ -14,9 +14,10 @@ Given the manifest's entries (``verify=``), each file's CRC32C is checked from t
 that pass through anyway (the destinations, just filled, plus the few header bytes between
 them); a mismatch raises :class:`~tierckpt.errors.IntegrityError` before the load returns.
 A file this rank reads only a small part of (a reshard, or replicated items in another
-rank's file) is checked record by record instead, against the manifest's per-record CRC32Cs
-(``chunks``): each record read, plus its few header bytes; a file from before those were
-recorded is left to the other checks (reading all of it would be a second pass).
+rank's file) is checked record by record instead, against its per-record CRC32Cs (inline
+``chunks`` in older manifests, else the writer's ``__<rank>.records`` through ``chunks=``, a
+:class:`~tierckpt.format.records.ChunkIndex`): each record read, plus its few header bytes;
+a file without them is left to the other checks (reading all of it would be a second pass).
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ from torch.futures import Future
 from tierckpt._runs import contiguous_runs
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
-from tierckpt.format.manifest import Chunk, FileEntry
+from tierckpt.format.manifest import Chunk, FileEntry, Manifest
+from tierckpt.format.records import ChunkIndex
 from tierckpt.format.torchzip import tensor_data_offset
 from tierckpt.restore.metadata import read_metadata_file
+from tierckpt.tier1.catalog import MANIFEST_LIMIT, read_small
 
 _PIECE = 16 * 1024 * 1024
 READ_STREAMS = 4  # sequential read streams of a rank alone on its tier-1 disk
@@ -59,6 +62,14 @@ def _raw_data_offset(fd: int, info: _StorageInfo, nbytes: int) -> int | None:
     return None if off is None else info.offset + off
 
 
+def directory_chunks(ckpt_dir: str | os.PathLike[str], manifest: Manifest) -> ChunkIndex:
+    """The per-record CRC32Cs of the checkpoint directory ``ckpt_dir`` (its verified
+    ``manifest``), its records files read on demand (bounded like a manifest)."""
+    root = Path(ckpt_dir)
+    return ChunkIndex(manifest, lambda name: read_small(root / name, MANIFEST_LIMIT),
+                      location=str(root))
+
+
 class DirectReader(FileSystemReader):
     """FileSystemReader that loads tierckpt-written tensors in place and counts bytes read.
 
@@ -70,8 +81,12 @@ class DirectReader(FileSystemReader):
 
     def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None,
                  verify: Mapping[str, FileEntry] | None = None,
-                 threads: int = READ_STREAMS) -> None:
+                 threads: int = READ_STREAMS, chunks: ChunkIndex | None = None) -> None:
         super().__init__(path)
+        self.chunk_index = chunks
+        """Where per-record CRC32Cs not inline in ``verify``'s entries come from (the
+        writers' ``__<rank>.records``, read only when a file is read in part)."""
+        self._chunk_maps: dict[str, dict[tuple[int, int], Chunk]] = {}
         self.threads = max(1, threads)
         if direct is None:
             direct = (Path(path) / layout.MANIFEST).is_file()
@@ -254,17 +269,25 @@ class DirectReader(FileSystemReader):
         self.verified_files.append(rel)
         return True
 
+    def _chunks(self, rel: str) -> dict[tuple[int, int], Chunk]:
+        """File ``rel``'s per-record CRC32Cs by ``(offset, length)``: inline in its entry,
+        else from its writer's records file (checked against the manifest when loaded)."""
+        if rel not in self._chunk_maps:
+            entry = self.verify.get(rel) if self.verify is not None else None
+            chunks = () if entry is None else entry.chunks or (
+                self.chunk_index.chunks(rel) if self.chunk_index is not None else ())
+            self._chunk_maps[rel] = {(c.offset, c.length): c for c in chunks}
+        return self._chunk_maps[rel]
+
     def _record_chunk(self, rel: str, info: _StorageInfo) -> Chunk | None:
-        entry = self.verify.get(rel) if self.verify is not None else None
-        return entry.chunk(info.offset, info.length) if entry is not None else None
+        return self._chunks(rel).get((info.offset, info.length))
 
     def _check_records(self, f: BinaryIO, rel: str,
                        records: list[tuple[_StorageInfo, int, memoryview]]) -> None:
         """Check each in-place record of a file read in part against its own CRC32C: the
         header bytes before the tensor's, the tensor's (already in the destination), the
         trailer after. Without per-record CRC32Cs the file stays unverified."""
-        entry = self.verify.get(rel) if self.verify is not None else None
-        if entry is None or not entry.chunks:
+        if not self._chunks(rel):
             self.unverified_files.append(rel)
             return
         fd = f.fileno()

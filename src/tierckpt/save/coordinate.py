@@ -14,7 +14,10 @@ byte-for-byte the same, ``dcp.load`` reads them) with:
   cached metadata skeleton (``storage_data`` is filled from this save's results).
 - **each rank's own metadata.** Every rank writes ``__<rank>.metadata`` (its items only,
   :func:`rank_metadata`) beside its shards, so a restore on the same layout reads O(1)
-  metadata per rank instead of the global ``.metadata`` (which is still written).
+  metadata per rank instead of the global ``.metadata`` (which is still written), and
+  ``__<rank>.records`` with its records' CRC32Cs, which the manifest no longer lists
+  inline (it lists a few files per rank, so the file list sent to the coordinator is
+  O(1) per rank).
 - **results to the coordinator only.** Write results and this rank's file list go to the
   coordinator (a gather: O(1) sent per rank). Nothing O(W) comes back: the caller decides
   what the others need (the saver sends the manifest to the domain owners only).
@@ -129,6 +132,7 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
         fut.wait()
         results = fut.value()
         writer.write_rank_metadata(rank_metadata(local, results))
+        writer.write_rank_records()
     except Exception as e:  # reported through the gather: every rank fails together
         error, exc = f"rank {comm.rank}: {type(e).__name__}: {e}", e
     gathered = comm.gather((results, writer.files, error))

@@ -7,7 +7,8 @@ Files are byte-for-byte what DCP's ``FileSystemWriter`` produces (``torch.save``
 ``dcp.load`` read a committed checkpoint. Each rank also writes its own items' metadata as
 DCP's rank-local ``__{rank}.metadata`` (:meth:`ShardWriter.write_rank_metadata`). Each
 item's record also gets its own CRC32C (a manifest :class:`~tierckpt.format.manifest.Chunk`,
-from the same pass), so a reader that fetches one tensor's byte range can verify just that range.
+from the same pass, kept in the rank's ``__{rank}.records``: :meth:`write_rank_records`), so
+a reader that fetches one tensor's byte range can verify just that range.
 
 DCP's call order (per its ``StorageWriter`` docstring): ``reset`` →
 ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) → ``prepare_global_plan``
@@ -40,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from tierckpt.format import checksum, layout
+from tierckpt.format import checksum, layout, records
 from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.tier1.directio import DirectFile
 from tierckpt.tier1.fs import DEFAULT_FILE_MODE
@@ -198,6 +199,22 @@ class ShardWriter(StorageWriter):
                           chunks=(Chunk(0, size, crc),))
         with self._lock:
             self.files.append(entry)
+        return entry
+
+    def write_rank_records(self) -> FileEntry:
+        """Move the per-record CRC32Cs of this rank's shard files out of :attr:`files` into
+        its records file (``__<rank>.records``, :mod:`tierckpt.format.records`), listed
+        among :attr:`files` itself: the manifest then lists each shard file with its size
+        and whole-file CRC32C only, so it grows by a few entries per rank, not by records."""
+        with self._lock:
+            shards = [f for f in self.files if f.chunks and f.name.endswith(".distcp")]
+            name = layout.rank_records_filename(self.rank)
+            size, crc = self._write_small(name, records.to_bytes(self.rank, shards))
+            entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank,
+                              chunks=(Chunk(0, size, crc),))
+            moved = {f.name for f in shards}
+            self.files = [dataclasses.replace(f, chunks=()) if f.name in moved else f
+                          for f in self.files] + [entry]
         return entry
 
     def _write_small(self, name: str, data: bytes) -> tuple[int, int]:

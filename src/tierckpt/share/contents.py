@@ -91,7 +91,8 @@ def contents(ckpt: Checkpoint) -> Contents:
         else:
             entries.append(Entry(name=fqn, key=key, shape=None, dtype="bytes", bytes=stored,
                                  stored=stored, chunks=len(infos), files=files))
-    chunked = all(f.chunks for f in ckpt.manifest.files if f.rank is not None)
+    chunked = all(ckpt.chunk_index.has_chunks(f.name) for f in ckpt.manifest.files
+                  if f.rank is not None)
     return Contents(step=ckpt.step, location=ckpt.location,
                     world_size=ckpt.manifest.world_size,
                     checkpoint_bytes=ckpt.manifest.total_bytes, entries=tuple(entries),

@@ -7,7 +7,8 @@ before anything else. DCP's ``.metadata`` is then read whole, checked against th
 manifest's CRC32C and unpickled with the restricted unpickler
 (:func:`tierckpt.restore.metadata.load_metadata`): no code in a checkpoint ever runs.
 Everything else is read by byte range (:meth:`Checkpoint.read_range`), verified by the
-caller against the manifest's per-record CRC32Cs (:mod:`tierckpt.share.ranged`).
+caller against the per-record CRC32Cs (the manifest's, or the writer's records file:
+:meth:`Checkpoint.entry`; :mod:`tierckpt.share.ranged`).
 
 With ``step="latest"`` the newest committed checkpoint is chosen, as ``restore()`` does:
 a candidate whose marker or manifest fails is skipped with a logged reason (listed in
@@ -38,6 +39,7 @@ from tierckpt.errors import (
 )
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
+from tierckpt.format.records import ChunkIndex
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.tier1.catalog import Tier1Catalog, read_committed
 from tierckpt.tier2.catalog import Tier2Catalog
@@ -66,6 +68,7 @@ class Checkpoint:
     _close: Callable[[], None]
     _reads: ByteCounter = dataclasses.field(default_factory=ByteCounter)
     _metadata: Metadata | None = None
+    _index: ChunkIndex | None = None
 
     @property
     def bytes_read(self) -> int:
@@ -73,12 +76,21 @@ class Checkpoint:
         return self._reads.value
 
     def entry(self, name: str) -> mf.FileEntry:
-        """The manifest entry of file ``name``; IntegrityError when it lists no such file."""
+        """The manifest entry of file ``name``, its per-record CRC32Cs filled in from its
+        writer's records file (read once per rank, checked against the manifest) when the
+        manifest does not list them inline; IntegrityError when it lists no such file."""
         try:
-            return self.manifest.file(name)
+            return self.chunk_index.entry(name)
         except KeyError:
             raise IntegrityError(f"{self.location}: .metadata names {name!r}, which the "
                                  "manifest does not list") from None
+
+    @property
+    def chunk_index(self) -> ChunkIndex:
+        """The per-record CRC32Cs of this checkpoint's files (:mod:`tierckpt.format.records`)."""
+        if self._index is None:
+            self._index = ChunkIndex(self.manifest, self.read_whole, location=self.location)
+        return self._index
 
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of file ``name`` (unverified: check them
