@@ -19,7 +19,8 @@ JSON layout (bytes, seconds)::
                gathered_plan_bytes, gathered_result_bytes, file_list_bytes,
                scatter_rank1_bytes, broadcast_payload_bytes, restore_read_bytes_per_rank,
                save_received_bytes_per_rank, manifest_over_read_limit,
-               manifest_over_manifest_limit, rank_metadata_bytes,
+               manifest_over_manifest_limit, rank_metadata_bytes, records_bytes,
+               manifest_now_bytes,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
@@ -116,16 +117,21 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "that shape. Coordinator peak: tracemalloc over DCP's path and the manifest. "
              "Per-rank restore read = `.metadata` + `manifest.json` (every rank read both "
              "before the rank files); on the saved layout since: `manifest.json` + the "
-             "rank's own `__<rank>.metadata`; received per rank on save: a "
+             "rank's own `__<rank>.metadata` (the manifest since lists each rank's shard "
+             "file, `__<rank>.metadata` and `__<rank>.records`, no per-record CRC32Cs: "
+             "those are in `__<rank>.records`, read only for a reshard or a ranged read; "
+             "its shard sizes are the full state's, so it is not scaled); received per rank "
+             "on save: a "
              "non-coordinator's scattered plan, every rank's file list (all-gather) and "
              "the manifest, marker and `.metadata` "
              "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
              "timing.", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
-             "restore | parse per rank s | __<rank>.metadata | read per rank, saved layout "
-             "| parse per rank, saved layout s | received per rank on save |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "restore | parse per rank s | manifest.json since | __<rank>.metadata | "
+             "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
+             "| received per rank on save |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
@@ -137,7 +143,8 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_b(p['coordinator_peak_bytes'])} | {_s(p['tierckpt_commit_seconds'])} | "
             f"{_b(p['metadata_bytes'])} | {_b(p['manifest_bytes'])}{over} | "
             f"{_b(p['restore_read_bytes_per_rank'])} | {_s(p['restore_rank_seconds'])} | "
-            f"{_b(p.get('rank_metadata_bytes'))} | "
+            f"{_b(p.get('manifest_now_bytes'))} | {_b(p.get('rank_metadata_bytes'))} | "
+            f"{_b(p.get('records_bytes'))} | "
             f"{_b(p.get('rank_restore_read_bytes_per_rank'))} | "
             f"{_s(p['rank_restore_seconds']) if 'rank_restore_seconds' in p else '—'} | "
             f"{_b(p['save_received_bytes_per_rank'])} |")
@@ -228,6 +235,8 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
     line(ax_b, [p["coordinator_peak_bytes"] for p in pts], "coordinator peak (save)", "o")
     line(ax_b, [p["metadata_bytes"] for p in pts], ".metadata", "v")
     line(ax_b, [p["manifest_bytes"] for p in pts], "manifest.json", "s")
+    if all("manifest_now_bytes" in p for p in pts):
+        line(ax_b, [p["manifest_now_bytes"] for p in pts], "manifest.json since", "x")
     line(ax_b, [p["restore_read_bytes_per_rank"] for p in pts], "read per rank (restore)",
          "^")
     if all("rank_restore_read_bytes_per_rank" in p for p in pts):

@@ -22,9 +22,12 @@ would send it. Then, timed phase by phase (seconds, perf_counter):
   ``to_bytes()`` and the marker;
 - a restoring rank before the rank files (every rank): ``Manifest.from_bytes`` and
   tierckpt's safe unpickle of ``.metadata`` (``restore.metadata.load_metadata``);
-- a rank since (``rank.*``): building its own ``__<rank>.metadata`` on save
-  (``save.coordinate.rank_metadata`` of rank 0's plan and write results) and, on a restore
-  on the saved layout, unpickling it instead of ``.metadata`` (the manifest as before).
+- a rank since the rank files (``rank.*``): building its own ``__<rank>.metadata``
+  (``save.coordinate.rank_metadata`` of rank 0's plan and write results) and
+  ``__<rank>.records`` on save and, on a restore on the saved layout, unpickling the
+  metadata instead of ``.metadata``; ``now.*``: the manifest since (each rank's shard file
+  without chunks plus its two small files; rank 0's sizes for all), built at the
+  coordinator and parsed by every restoring rank.
 
 Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
 received pickles themselves excluded), in a second pass so tracing does not slow the timed
@@ -80,6 +83,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tierckpt.format import manifest as mf
+from tierckpt.format import records
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
 from tierckpt.tier1.catalog import MANIFEST_LIMIT
@@ -231,6 +235,17 @@ def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int
     return b, mf.marker_bytes(b, 1000, "synthetic")
 
 
+def _rank_files(rank: int, shard: mf.FileEntry, own: bytes, rec: bytes
+                ) -> list[mf.FileEntry]:
+    """What the manifest lists for a rank since the rank files: its shard file without
+    chunks, its ``__<rank>.metadata`` and ``__<rank>.records`` (rank 0's sizes)."""
+    def small(name: str, data: bytes) -> mf.FileEntry:
+        crc = zlib.crc32(data)
+        return mf.FileEntry(name=name, size=len(data), crc32c=crc, rank=rank)
+    return [dataclasses.replace(shard, chunks=()),
+            small(f"__{rank}.metadata", own), small(f"__{rank}.records", rec)]
+
+
 def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
                  ) -> dict[str, Any]:
     """DCP's default save path at the coordinator, then tierckpt's manifest; fills the
@@ -324,6 +339,16 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     results0, _ = _written(0, plan0)
     own = clock("rank.build_metadata", lambda: pickle.dumps(rank_metadata(plan0, results0)))
     clock("rank.parse_metadata", lambda b: load_metadata(b, source="__0.metadata"), own)
+    assert wire.files is not None
+    shards = [pickle.loads(b)[0] for b in wire.files]
+    rec = clock("rank.build_records", records.to_bytes, 0, shards[:1])
+    # shard sizes as in the full state (the entries' digits), so this needs no scaling
+    full = LAYERS / layers if layers else 1
+    now = [_rank_files(r, dataclasses.replace(f, size=round(f.size * full)), own, rec)
+           for r, f in enumerate(shards)]
+    manifest_now = clock("now.manifest", _manifest, now, sizes["metadata"], world)[0]
+    clock("now.parse_manifest", mf.Manifest.from_bytes, manifest_now)
+    del shards, now
     gc.collect()
     tracemalloc.start()
     try:
@@ -345,7 +370,8 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "gathered_result_bytes": sum(map(len, wire.results or ())),
         "file_list_bytes": sum(map(len, wire.files)),
         "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": sent,
-        "rank_metadata_bytes": len(own),
+        "rank_metadata_bytes": len(own), "records_bytes": len(rec),
+        "manifest_now_size": len(manifest_now),
     }
 
 
@@ -393,17 +419,19 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         + seconds["restore.unpickle_metadata"],
         # a restore on the saved layout since the rank files: the manifest and its own
         # __<rank>.metadata (rank 0's, built as save/coordinate.rank_metadata builds it)
-        "rank_restore_seconds": seconds["restore.parse_manifest"]
+        "rank_restore_seconds": seconds["now.parse_manifest"]
         + seconds["rank.parse_metadata"],
         **sized, "restore_read_bytes_per_rank": per_rank_read,
+        # its entries do not grow with layers (sizes already full): not scaled
+        "manifest_now_bytes": at_l["manifest_now_size"],
         "rank_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
-        + sized["manifest_bytes"],
+        + at_l["manifest_now_size"],
         # a non-coordinator rank up to fd5185e: its scattered plan, every rank's file
         # list (all-gather), the manifest, marker and .metadata (broadcast)
         "save_received_bytes_per_rank": sized["scatter_rank1_bytes"]
         + sized["file_list_bytes"] + sized["broadcast_payload_bytes"],
         "manifest_over_read_limit": sized["manifest_bytes"] > 64 << 20,
-        "manifest_over_manifest_limit": sized["manifest_bytes"] > MANIFEST_LIMIT,
+        "manifest_over_manifest_limit": at_l["manifest_now_size"] > MANIFEST_LIMIT,
         "wall_seconds": time.perf_counter() - started,
         "raw": {"at_layers": at_l, "at_0": at_0},
     }

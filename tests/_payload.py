@@ -58,9 +58,7 @@ def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = 
     fs.write_durably(meta, data)
     m = mf.Manifest.from_bytes((ckpt_dir / layout.MANIFEST).read_bytes())
     crc = checksum.extend(0, data)
-    files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc,
-                                      chunks=() if member == layout.METADATA else
-                                      (mf.Chunk(0, len(data), crc),))
+    files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc, chunks=())
                   if f.name == member else f for f in m.files)
     mbytes = dataclasses.replace(m, files=files).to_bytes()
     fs.write_durably(ckpt_dir / layout.MANIFEST, mbytes)

@@ -142,7 +142,9 @@ class Manifest:
             "domains": [list(d) for d in self.domains],
             "files": [f.to_json() for f in self.files],
         }
-        return json.dumps(body, sort_keys=True, indent=1).encode("utf-8") + b"\n"
+        # compact: the manifest lists a few files per rank, read whole by every restoring
+        # rank (manifests written with indentation before parse the same)
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:

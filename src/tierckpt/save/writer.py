@@ -189,14 +189,13 @@ class ShardWriter(StorageWriter):
 
     def write_rank_metadata(self, metadata: Metadata) -> FileEntry:
         """Write this rank's own DCP metadata (``__<rank>.metadata``: ``metadata`` describes
-        only the items this rank wrote) and list it among :attr:`files` (one record: the
-        whole file). A restore on the saved layout reads it instead of ``.metadata``."""
+        only the items this rank wrote) and list it among :attr:`files` (read whole: no
+        per-record CRC32Cs). A restore on the saved layout reads it instead of ``.metadata``."""
         metadata.version = _CURRENT_DCP_VERSION
         metadata.storage_meta = self.storage_meta()
         name = layout.rank_metadata_filename(self.rank)
         size, crc = self._write_small(name, pickle.dumps(metadata))
-        entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank,
-                          chunks=(Chunk(0, size, crc),))
+        entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank)
         with self._lock:
             self.files.append(entry)
         return entry
@@ -210,8 +209,7 @@ class ShardWriter(StorageWriter):
             shards = [f for f in self.files if f.chunks and f.name.endswith(".distcp")]
             name = layout.rank_records_filename(self.rank)
             size, crc = self._write_small(name, records.to_bytes(self.rank, shards))
-            entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank,
-                              chunks=(Chunk(0, size, crc),))
+            entry = FileEntry(name=name, size=size, crc32c=crc, rank=self.rank)
             moved = {f.name for f in shards}
             self.files = [dataclasses.replace(f, chunks=()) if f.name in moved else f
                           for f in self.files] + [entry]

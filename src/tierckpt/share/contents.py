@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from tierckpt.format import layout
 from tierckpt.share.source import Checkpoint
 
 
@@ -92,7 +93,7 @@ def contents(ckpt: Checkpoint) -> Contents:
             entries.append(Entry(name=fqn, key=key, shape=None, dtype="bytes", bytes=stored,
                                  stored=stored, chunks=len(infos), files=files))
     chunked = all(ckpt.chunk_index.has_chunks(f.name) for f in ckpt.manifest.files
-                  if f.rank is not None)
+                  if layout.shard_rank(f.name) is not None)
     return Contents(step=ckpt.step, location=ckpt.location,
                     world_size=ckpt.manifest.world_size,
                     checkpoint_bytes=ckpt.manifest.total_bytes, entries=tuple(entries),
