@@ -20,7 +20,8 @@ JSON layout (bytes, seconds)::
                scatter_rank1_bytes, broadcast_payload_bytes, restore_read_bytes_per_rank,
                save_received_bytes_per_rank, manifest_over_read_limit,
                manifest_over_manifest_limit, rank_metadata_bytes, records_bytes,
-               manifest_now_bytes,
+               manifest_now_bytes, now_coordinator_seconds, now_coordinator_peak_bytes,
+               now_received_bytes,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
@@ -121,17 +122,19 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "file, `__<rank>.metadata` and `__<rank>.records`, no per-record CRC32Cs: "
              "those are in `__<rank>.records`, read only for a reshard or a ranged read; "
              "its shard sizes are the full state's, so it is not scaled); received per rank "
-             "on save: a "
+             "on save (up to fd5185e): a "
              "non-coordinator's scattered plan, every rank's file list (all-gather) and "
              "the manifest, marker and `.metadata` "
              "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
-             "timing.", "",
+             "timing. *Coordinator since*: a save with the plan cached and no rank's "
+             "records changed (the steady state): W digests and file entries received, the "
+             "manifest built, the previous `.metadata` bytes written again.", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
              "restore | parse per rank s | manifest.json since | __<rank>.metadata | "
              "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
-             "| received per rank on save |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| received per rank on save | coordinator since: s | peak | received |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
@@ -147,7 +150,9 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_b(p.get('records_bytes'))} | "
             f"{_b(p.get('rank_restore_read_bytes_per_rank'))} | "
             f"{_s(p['rank_restore_seconds']) if 'rank_restore_seconds' in p else '—'} | "
-            f"{_b(p['save_received_bytes_per_rank'])} |")
+            f"{_b(p['save_received_bytes_per_rank'])} | "
+            f"{_s(p['now_coordinator_seconds']) if 'now_coordinator_seconds' in p else '—'} | "
+            f"{_b(p.get('now_coordinator_peak_bytes'))} | {_b(p.get('now_received_bytes'))} |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []
     lines += ["", "### Seconds by phase", "",
               "| W | " + " | ".join(phases) + " |", "|---" * (len(phases) + 1) + "|"]
@@ -231,8 +236,16 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
     line(ax_s, [p["seconds"]["dcp.validate"] for p in pts], "… of which validation", "v")
     line(ax_s, [p["tierckpt_commit_seconds"] for p in pts], "tierckpt manifest (save)", "s")
     line(ax_s, [p["restore_rank_seconds"] for p in pts], "per rank: parse (restore)", "^")
+    if all("now_coordinator_seconds" in p for p in pts):
+        line(ax_s, [p["now_coordinator_seconds"] for p in pts],
+             "coordinator since (cached save)", "x")
+        line(ax_s, [p["rank_restore_seconds"] for p in pts],
+             "per rank since: parse (saved layout)", ">")
     ax_s.axhline(1.0, color="grey", lw=0.8, ls=":", label="target: coordinator 1 s")
     line(ax_b, [p["coordinator_peak_bytes"] for p in pts], "coordinator peak (save)", "o")
+    if all("now_coordinator_peak_bytes" in p for p in pts):
+        line(ax_b, [p["now_coordinator_peak_bytes"] for p in pts],
+             "coordinator peak since (cached save)", "P")
     line(ax_b, [p["metadata_bytes"] for p in pts], ".metadata", "v")
     line(ax_b, [p["manifest_bytes"] for p in pts], "manifest.json", "s")
     if all("manifest_now_bytes" in p for p in pts):

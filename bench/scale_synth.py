@@ -25,9 +25,11 @@ would send it. Then, timed phase by phase (seconds, perf_counter):
 - a rank since the rank files (``rank.*``): building its own ``__<rank>.metadata``
   (``save.coordinate.rank_metadata`` of rank 0's plan and write results) and
   ``__<rank>.records`` on save and, on a restore on the saved layout, unpickling the
-  metadata instead of ``.metadata``; ``now.*``: the manifest since (each rank's shard file
-  without chunks plus its two small files; rank 0's sizes for all), built at the
-  coordinator and parsed by every restoring rank.
+  metadata instead of ``.metadata``; ``now.*``: a save's coordinator since (the plan
+  cached and no rank's records changed: it unpickles W messages of a digest and three file
+  entries — each rank's shard file without chunks and its two small files, rank 0's sizes
+  for all —, builds the manifest and writes the previous ``.metadata`` bytes again: its
+  seconds, peak and bytes received), and every restoring rank's parse of that manifest.
 
 Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
 received pickles themselves excluded), in a second pass so tracing does not slow the timed
@@ -246,6 +248,17 @@ def _rank_files(rank: int, shard: mf.FileEntry, own: bytes, rec: bytes
             small(f"__{rank}.metadata", own), small(f"__{rank}.records", rec)]
 
 
+def _coordinator_now(gathered: list[bytes], md_bytes: bytes, world: int
+                     ) -> tuple[bytes, bytes]:
+    """The coordinator of a cached save since the rank files (``save/coordinate.save``,
+    ``save/saver.py``): unpickle each rank's (digest, no results, files, no error), check
+    that no rank sent results, build the manifest and marker; ``.metadata`` is the previous
+    save's bytes."""
+    msgs = _loads(gathered)
+    assert all(m[1] is None for m in msgs)
+    return _manifest([m[2] for m in msgs], md_bytes, world)
+
+
 def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
                  ) -> dict[str, Any]:
     """DCP's default save path at the coordinator, then tierckpt's manifest; fills the
@@ -346,12 +359,20 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     full = LAYERS / layers if layers else 1
     now = [_rank_files(r, dataclasses.replace(f, size=round(f.size * full)), own, rec)
            for r, f in enumerate(shards)]
-    manifest_now = clock("now.manifest", _manifest, now, sizes["metadata"], world)[0]
+    # a save with the plan cached and no rank's records changed: each rank sends a digest
+    # and its three file entries; the coordinator builds the manifest and writes the
+    # previous .metadata bytes again (nothing to build)
+    gather_now = [pickle.dumps((bytes(32), None, files, None)) for files in now]
+    manifest_now = clock("now.coordinator", _coordinator_now, gather_now, sizes["metadata"],
+                         world)[0]
     clock("now.parse_manifest", mf.Manifest.from_bytes, manifest_now)
     del shards, now
     gc.collect()
     tracemalloc.start()
     try:
+        _coordinator_now(gather_now, sizes["metadata"], world)
+        now_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
         _coordinator(wire, world, _Clock(), validate=False)  # allocates little; see above
         coordinator_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
@@ -371,7 +392,8 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "file_list_bytes": sum(map(len, wire.files)),
         "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": sent,
         "rank_metadata_bytes": len(own), "records_bytes": len(rec),
-        "manifest_now_size": len(manifest_now),
+        "manifest_now_size": len(manifest_now), "now_peak_size": now_peak,
+        "now_gathered_size": sum(map(len, gather_now)),
     }
 
 
@@ -401,7 +423,8 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
 
     def scale(key: str) -> float:
         return _scaled(at_0[key], at_l[key], layers)
-    seconds = {k: _scaled(at_0["seconds"].get(k, 0.0), v, layers)
+    # now.*: O(W), nothing in it grows with layers (file sizes are the full state's)
+    seconds = {k: v if k.startswith("now.") else _scaled(at_0["seconds"].get(k, 0.0), v, layers)
                for k, v in at_l["seconds"].items()}
     seconds["dcp.validate"] = seconds["dcp.validate"] if full else val["estimate_seconds"]
     if layers != LAYERS:
@@ -419,6 +442,9 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         + seconds["restore.unpickle_metadata"],
         # a restore on the saved layout since the rank files: the manifest and its own
         # __<rank>.metadata (rank 0's, built as save/coordinate.rank_metadata builds it)
+        "now_coordinator_seconds": seconds["now.coordinator"],
+        "now_coordinator_peak_bytes": at_l["now_peak_size"],
+        "now_received_bytes": at_l["now_gathered_size"],
         "rank_restore_seconds": seconds["now.parse_manifest"]
         + seconds["rank.parse_metadata"],
         **sized, "restore_read_bytes_per_rank": per_rank_read,

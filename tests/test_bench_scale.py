@@ -83,11 +83,14 @@ def test_synthetic_points_have_every_quantity(scale: tuple[dict[str, Any], str, 
         for key in ("coordinator_peak_bytes", "metadata_bytes", "manifest_bytes",
                     "restore_read_bytes_per_rank", "save_received_bytes_per_rank",
                     "gathered_plan_bytes", "file_list_bytes", "rank_metadata_bytes",
-                    "rank_restore_read_bytes_per_rank"):
+                    "rank_restore_read_bytes_per_rank", "records_bytes", "manifest_now_bytes",
+                    "now_coordinator_peak_bytes", "now_received_bytes"):
             assert _count(p[key]), key
         assert p["restore_read_bytes_per_rank"] == p["metadata_bytes"] + p["manifest_bytes"]
         assert p["rank_restore_read_bytes_per_rank"] == \
-            p["rank_metadata_bytes"] + p["manifest_bytes"]
+            p["rank_metadata_bytes"] + p["manifest_now_bytes"]
+        assert p["manifest_now_bytes"] < p["manifest_bytes"]  # no per-record CRC32Cs
+        assert 0 < p["now_coordinator_seconds"] < p["dcp_coordinator_seconds"]
         assert p["rank_metadata_bytes"] < p["metadata_bytes"] / (p["world"] / 2)
         assert not p["validate"]["measured"]
         assert p["seconds"]["dcp.validate"] == p["validate"]["estimate_seconds"] > 0

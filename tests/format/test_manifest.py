@@ -58,7 +58,7 @@ def test_marker_vouches_for_exact_manifest_bytes() -> None:
     marker = mf.marker_bytes(b, 5, "abc-5")
     assert mf.verify_marker(marker, b) == _m()
     with pytest.raises(IntegrityError, match="digest"):
-        mf.verify_marker(marker, b.replace(b'"size": 10', b'"size": 11'))
+        mf.verify_marker(marker, b.replace(b'"size":10', b'"size":11'))
     with pytest.raises(IntegrityError, match="malformed"):
         mf.verify_marker(b"not json", b)
     other = mf.marker_bytes(b, 6, "abc-5")

@@ -51,6 +51,10 @@ def _worker(rank: int, world: int, port: int, root: str, out: str) -> None:
                 ck.save(step, state).wait()
             result[f"save{step}"] = c.to_json()
         result["plans"] = saver._plans.plans
+        result["reused"] = saver._plans.reused
+    metas = [(Path(root) / layout.step_dirname(s) / layout.METADATA).read_bytes()
+             for s in (1, 2)]
+    result["metadata_same"] = metas[0] == metas[1]
     with tierckpt.CheckpointManager(tier1=root) as ck, counting() as c:
         ck.restore(state)
     result["restore"] = c.to_json()
@@ -84,6 +88,16 @@ def test_the_plan_is_built_once_while_the_layout_stays(runs: dict[int, list[dict
         assert first["by_kind"].get("scatter_object_list") == 1
         assert "scatter_object_list" not in later["by_kind"]
         assert later["collectives"] < first["collectives"]
+
+
+def test_an_unchanged_layout_rewrites_the_same_metadata(runs: dict[int, list[dict]]) -> None:
+    """Saves 1 and 2 (same plan, same records): every rank sends a digest, not its write
+    results, and the coordinator writes the previous ``.metadata`` bytes again (plain
+    ``dcp.load`` still reads them: the last test)."""
+    for ranks in runs.values():
+        assert ranks[0]["reused"] == 2 and ranks[0]["metadata_same"]
+        first, later = ranks[0]["save0"]["received"], ranks[0]["save2"]["received"]
+        assert later < first, (first, later)
 
 
 def test_collectives_per_save_and_restore_do_not_grow_with_w(
@@ -125,4 +139,30 @@ def test_a_changed_layout_is_replanned(tmp_path: Path) -> None:
         loaded = {"w": torch.zeros(shape)}
         dcp.load(loaded, checkpoint_id=str(d), no_dist=True)
         assert torch.equal(loaded["w"], torch.ones(shape) * i)
-    assert cache.plans == 2
+    assert cache.plans == 2 and cache.reused == 1  # the second save: same .metadata
+
+
+def test_a_digest_the_coordinator_cannot_match_fails_the_save_once(tmp_path: Path) -> None:
+    """The coordinator lost the write results a rank's digest stands for: that save fails
+    with the reason (never a .metadata from stale results), the saver clears the rank's
+    digest on a failed save, and the next save sends in full and succeeds."""
+    from tierckpt.runtime.topology import Comm
+    from tierckpt.save.coordinate import PlanCache, save
+    from tierckpt.save.writer import ShardWriter
+
+    cache, comm = PlanCache(), Comm()
+
+    def one(i: int) -> str | None:
+        d = tmp_path / f"c{i}"
+        d.mkdir()
+        return save({"w": torch.ones(4, 4) * i}, ShardWriter(d), comm, cache).error
+    assert one(0) is None
+    cache.results.clear()
+    err = one(1)
+    assert err is not None and "does not hold" in err
+    assert not (tmp_path / "c1" / layout.METADATA).exists()
+    cache.sent = b""  # what AsyncSaver does after a failed save
+    assert one(2) is None and cache.reused == 0
+    loaded = {"w": torch.zeros(4, 4)}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "c2"), no_dist=True)
+    assert torch.equal(loaded["w"], torch.ones(4, 4) * 2)

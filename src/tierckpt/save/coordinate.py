@@ -22,6 +22,11 @@ byte-for-byte the same, ``dcp.load`` reads them) with:
   coordinator (a gather: O(1) sent per rank). Nothing O(W) comes back: the caller decides
   what the others need (the saver sends the manifest to the domain owners only).
 
+- **the same ``.metadata``.** With the plan cached, a rank's write results (records,
+  offsets, lengths) are those of its previous save: it sends their digest instead, and when
+  no rank's changed the coordinator writes the previous ``.metadata`` bytes again instead
+  of rebuilding and pickling O(W × tensors) of it (:attr:`PlanCache.reused`).
+
 Collectives per save, every rank: 1 all-reduce (the plan check), 1 gather (results), and
 with a changed layout 1 gather + 1 scatter more. A failed write on any rank fails the save
 on every rank (:func:`first_error` of the caller).
@@ -59,6 +64,15 @@ class PlanCache:
     central: SavePlan | None = None
     metadata: Metadata | None = None
     plans: int = 0
+    sent: bytes = b""
+    """Digest of the write results this rank last sent whole (cleared when a save fails)."""
+    results: dict[int, tuple[bytes, list[WriteResult]]] = dataclasses.field(
+        default_factory=dict)
+    """Coordinator: each rank's last write results received, with their digest."""
+    metadata_bytes: bytes | None = None
+    """Coordinator: the last ``.metadata`` written, reused while no rank's results changed."""
+    reused: int = 0
+    """Saves whose ``.metadata`` was the previous one's bytes (no rank's results changed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,10 @@ class Written:
     all_files: list[list[FileEntry]] | None = None
     all_errors: list[str | None] | None = None
     replanned: bool = False
+
+
+def _digest(results: list[WriteResult]) -> bytes:
+    return hashlib.sha256(pickle.dumps(results, protocol=5)).digest()
 
 
 def _fingerprint(plan: SavePlan) -> bytes:
@@ -135,16 +153,48 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
         writer.write_rank_records()
     except Exception as e:  # reported through the gather: every rank fails together
         error, exc = f"rank {comm.rank}: {type(e).__name__}: {e}", e
-    gathered = comm.gather((results, writer.files, error))
+    # the same plan writes the same records at the same offsets: a rank whose results did
+    # not change since it last sent them sends their digest only (O(1) per rank)
+    digest = _digest(results)
+    same = error is None and not replan and digest == cache.sent
+    gathered = comm.gather((digest, None if same else results, writer.files, error))
+    cache.sent = digest if error is None else b""
     if not coordinator:
         return Written(files=writer.files, error=error, exception=exc, replanned=replan)
     assert gathered is not None and cache.metadata is not None
-    errors = [g[2] for g in gathered]
+    errors = [g[3] for g in gathered]
+    all_results, changed = _results(gathered, cache, errors)
     if not any(errors):
         try:
-            writer.finish(metadata=cache.metadata, results=[g[0] for g in gathered])
+            if changed or cache.metadata_bytes is None:
+                writer.finish(metadata=cache.metadata, results=all_results)
+                cache.metadata_bytes = writer.metadata_bytes
+            else:  # nothing changed anywhere: the same .metadata, not rebuilt (O(1))
+                writer.finish_bytes(cache.metadata_bytes)
+                cache.reused += 1
         except Exception as e:
             errors[0] = f"rank 0: writing .metadata: {type(e).__name__}: {e}"
             exc = exc or e
-    return Written(files=writer.files, error=error or errors[0], exception=exc,
-                   all_files=[g[1] for g in gathered], all_errors=errors, replanned=replan)
+    return Written(files=writer.files, error=error or next((e for e in errors if e), None),
+                   exception=exc, all_files=[g[2] for g in gathered], all_errors=errors,
+                   replanned=replan)
+
+
+def _results(gathered: list[Any], cache: PlanCache, errors: list[str | None]
+             ) -> tuple[list[list[WriteResult]], bool]:
+    """Coordinator: every rank's write results (those sent as a digest from the cache) and
+    whether any rank sent new ones. A digest with no cached results to match (the cache
+    was lost) is an error of that rank's: the save fails and every rank sends in full
+    next time."""
+    out: list[list[WriteResult]] = []
+    changed = False
+    for r, (digest, results, _files, _err) in enumerate(gathered):
+        if results is not None:
+            cache.results[r] = (digest, results)
+            changed = True
+        elif cache.results.get(r, (b"", []))[0] != digest:
+            errors[r] = errors[r] or (f"rank {r}: sent the digest of write results the "
+                                      "coordinator does not hold (it resends them next save)")
+            cache.results.pop(r, None)
+        out.append(cache.results.get(r, (b"", []))[1])
+    return out, changed or len(cache.results) != len(gathered)

@@ -156,6 +156,7 @@ class AsyncSaver:
                     f"rank {self.comm.rank}: save of step {job.step} failed: "
                     f"{type(e).__name__}: {e}"))
                 err.__cause__ = e if err is not e else e.__cause__
+                self._plans.sent = b""  # the next save sends its write results whole
                 self.log.emit(events.SAVE_FAILED, step=job.step, error=str(err))
                 self._discard(job)
                 handle.durable.set_exception(err)

@@ -187,6 +187,13 @@ class ShardWriter(StorageWriter):
         self.metadata_bytes = data
         self.metadata_entry = FileEntry(name=layout.METADATA, size=size, crc32c=crc, rank=None)
 
+    def finish_bytes(self, data: bytes) -> None:
+        """:meth:`finish` with ``.metadata``'s bytes already built (a previous save's, when
+        nothing it describes changed)."""
+        size, crc = self._write_small(layout.METADATA, data)
+        self.metadata_bytes = data
+        self.metadata_entry = FileEntry(name=layout.METADATA, size=size, crc32c=crc, rank=None)
+
     def write_rank_metadata(self, metadata: Metadata) -> FileEntry:
         """Write this rank's own DCP metadata (``__<rank>.metadata``: ``metadata`` describes
         only the items this rank wrote) and list it among :attr:`files` (read whole: no
@@ -229,7 +236,10 @@ class ShardWriter(StorageWriter):
         return f.size, f.crc
 
     def storage_meta(self) -> StorageMeta | None:
-        return StorageMeta(checkpoint_id=str(self.path))
+        """No id: where a checkpoint is read from is its id (the tmp directory it was
+        written into is gone by then), and the same layout then pickles to the same
+        ``.metadata`` every save (``coordinate.PlanCache.metadata_bytes``)."""
+        return StorageMeta()
 
     @property
     def checkpoint_id(self) -> str:
