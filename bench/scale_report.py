@@ -21,7 +21,7 @@ JSON layout (bytes, seconds)::
                save_received_bytes_per_rank, manifest_over_read_limit,
                manifest_over_manifest_limit, rank_metadata_bytes, records_bytes,
                manifest_now_bytes, now_coordinator_seconds, now_coordinator_peak_bytes,
-               now_received_bytes,
+               now_received_bytes, replan_coordinator_seconds,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
@@ -128,13 +128,16 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
              "timing. *Coordinator since*: a save with the plan cached and no rank's "
              "records changed (the steady state): W digests and file entries received, the "
-             "manifest built, the previous `.metadata` bytes written again.", "",
+             "manifest built, the previous `.metadata` bytes written again. *Replanning save "
+             "since*: DCP's coordinator with `save/planner.py`'s validation and merge (the "
+             "first save of a run, or a new layout).", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "
              "restore | parse per rank s | manifest.json since | __<rank>.metadata | "
              "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
-             "| received per rank on save | coordinator since: s | peak | received |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| received per rank on save | coordinator since: s | peak | received | "
+             "replanning save since s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
@@ -152,7 +155,9 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_s(p['rank_restore_seconds']) if 'rank_restore_seconds' in p else '—'} | "
             f"{_b(p['save_received_bytes_per_rank'])} | "
             f"{_s(p['now_coordinator_seconds']) if 'now_coordinator_seconds' in p else '—'} | "
-            f"{_b(p.get('now_coordinator_peak_bytes'))} | {_b(p.get('now_received_bytes'))} |")
+            f"{_b(p.get('now_coordinator_peak_bytes'))} | {_b(p.get('now_received_bytes'))} | "
+            f"{_s(p['replan_coordinator_seconds']) if 'replan_coordinator_seconds' in p else '—'}"
+            " |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []
     lines += ["", "### Seconds by phase", "",
               "| W | " + " | ".join(phases) + " |", "|---" * (len(phases) + 1) + "|"]
@@ -167,7 +172,10 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
     for p in s["points"]:
         ps = p["validate"]["per_shape"]
         lines.append(f"| {p['world']:,} | " + " | ".join(
-            f"{v['seconds_per_key'] * 1e3:.3g} ms × {v['keys']}" for v in ps.values()) + " |")
+            f"{v['seconds_per_key'] * 1e3:.3g} ms"
+            + (f" (since {v['ours_seconds_per_key'] * 1e3:.3g} ms)"
+               if "ours_seconds_per_key" in v else "") + f" × {v['keys']}"
+            for v in ps.values()) + " |")
     return [*lines, ""]
 
 
@@ -235,6 +243,9 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
     line(ax_s, [p["dcp_coordinator_seconds"] for p in pts], "DCP coordinator (save)", "o")
     line(ax_s, [p["seconds"]["dcp.validate"] for p in pts], "… of which validation", "v")
     line(ax_s, [p["tierckpt_commit_seconds"] for p in pts], "tierckpt manifest (save)", "s")
+    if all("replan_coordinator_seconds" in p for p in pts):
+        line(ax_s, [p["replan_coordinator_seconds"] for p in pts],
+             "coordinator since, replanning save", "D")
     line(ax_s, [p["restore_rank_seconds"] for p in pts], "per rank: parse (restore)", "^")
     if all("now_coordinator_seconds" in p for p in pts):
         line(ax_s, [p["now_coordinator_seconds"] for p in pts],

@@ -88,6 +88,7 @@ from tierckpt.format import manifest as mf
 from tierckpt.format import records
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
+from tierckpt.save.planner import merge_first_wins, validate_global_plan
 from tierckpt.tier1.catalog import MANIFEST_LIMIT
 
 LAYERS = 80
@@ -311,17 +312,26 @@ def _validate_per_shape(world: int) -> dict[str, Any]:
             continue
         one = Metadata({k: v for k, v in md.state_dict_metadata.items()
                         if k == f"model.layers.0.{name}"})
-        runs: list[float] = []
-        while len(runs) < 3 and sum(runs) < 1.0:  # best of 3 (noise only slows) under 1 s
-            t = time.perf_counter()
-            _validate_global_plan(global_plan, one)
-            runs.append(time.perf_counter() - t)
-        per_shape[label] = {"seconds_per_key": min(runs), "keys": keys}
+        per_shape[label] = {"seconds_per_key": _best(_validate_global_plan, global_plan, one),
+                            "ours_seconds_per_key": _best(validate_global_plan, global_plan,
+                                                          one),
+                            "keys": keys}
     total = sum(v["seconds_per_key"] * v["keys"] for v in per_shape.values())
-    return {"per_shape": per_shape, "estimate_seconds": total}
+    ours = sum(v["ours_seconds_per_key"] * v["keys"] for v in per_shape.values())
+    return {"per_shape": per_shape, "estimate_seconds": total, "ours_estimate_seconds": ours}
 
 
-def _merge_full(world: int) -> float:
+def _best(fn: Callable[..., Any], *args: Any) -> float:
+    """Best of up to 3 runs of ``fn(*args)`` (noise only slows), stopping after 1 s."""
+    runs: list[float] = []
+    while len(runs) < 3 and sum(runs) < 1.0:
+        t = time.perf_counter()
+        fn(*args)
+        runs.append(time.perf_counter() - t)
+    return min(runs)
+
+
+def _merge_full(world: int, merge: Callable[[list[dict]], dict] | None = None) -> float:
     """Seconds of the ``planner_data`` merge (``dict(ChainMap(*maps))``) for the full
     80-layer state at ``world``. Not scaled from fewer layers: its main cost is W² failed
     lookups (each rank's ``rank_state.<r>`` key is found only after every earlier rank's
@@ -332,7 +342,7 @@ def _merge_full(world: int) -> float:
     del shared["rank_state.0"]
     maps = [{**shared, f"rank_state.{r}": ("rank_state", str(r))} for r in range(world)]
     t = time.perf_counter()
-    merged = dict(ChainMap(*maps))
+    merged = merge(maps) if merge is not None else dict(ChainMap(*maps))
     seconds = time.perf_counter() - t
     assert len(merged) == len(shared) + world
     return seconds
@@ -429,7 +439,12 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
     seconds["dcp.validate"] = seconds["dcp.validate"] if full else val["estimate_seconds"]
     if layers != LAYERS:
         seconds["dcp.merge_planner_data"] = _merge_full(world)
+    seconds["now.validate"] = val["ours_estimate_seconds"]
+    seconds["now.merge_planner_data"] = _merge_full(world, merge_first_wins)
     dcp = sum(v for k, v in seconds.items() if k.startswith("dcp."))
+    # a save that plans (the first, or a new layout) since save/planner.py
+    replan = dcp - seconds["dcp.validate"] - seconds["dcp.merge_planner_data"] \
+        + seconds["now.validate"] + seconds["now.merge_planner_data"]
     ours = sum(v for k, v in seconds.items() if k.startswith("tierckpt."))
     sized = {k: round(scale(k)) for k in at_l if k.endswith("_bytes")}
     per_rank_read = sized["metadata_bytes"] + sized["manifest_bytes"]
@@ -443,6 +458,7 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         # a restore on the saved layout since the rank files: the manifest and its own
         # __<rank>.metadata (rank 0's, built as save/coordinate.rank_metadata builds it)
         "now_coordinator_seconds": seconds["now.coordinator"],
+        "replan_coordinator_seconds": replan,
         "now_coordinator_peak_bytes": at_l["now_peak_size"],
         "now_received_bytes": at_l["now_gathered_size"],
         "rank_restore_seconds": seconds["now.parse_manifest"]

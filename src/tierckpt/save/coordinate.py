@@ -7,6 +7,7 @@ results and **broadcasts the whole global** ``Metadata`` **to every rank**. This
 the same protocol (``StorageWriter``/``SavePlanner`` calls in DCP's order, the files
 byte-for-byte the same, ``dcp.load`` reads them) with:
 
+- **a global plan without O(W²) work** when one is built (:mod:`tierckpt.save.planner`).
 - **a cached plan.** The state's layout does not change between saves, so each rank
   fingerprints its local plan; one all-reduce of a flag says whether any rank's changed.
   Only then are plans gathered and the global plan rebuilt (the first save, or a new
@@ -41,16 +42,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.default_planner import (
-    DefaultSavePlanner,
-    create_default_global_save_plan,
-)
+from torch.distributed.checkpoint.default_planner import create_default_global_save_plan
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 
 from tierckpt.format.manifest import FileEntry
 from tierckpt.runtime.topology import Comm
+from tierckpt.save.planner import SavePlanner
 from tierckpt.save.writer import ShardWriter
 
 
@@ -123,7 +122,7 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
     The coordinator also writes ``.metadata`` (``writer.finish``) when every rank wrote its
     shards. Errors are returned, not raised, so every rank reaches the same collectives."""
     coordinator = comm.rank == 0
-    planner = DefaultSavePlanner()
+    planner = SavePlanner()
     planner.set_up_planner(state_dict=state_dict, storage_meta=writer.storage_meta(),
                            is_coordinator=coordinator)
     writer.set_up_storage_writer(coordinator, rank=comm.rank, use_collectives=True)
