@@ -46,6 +46,8 @@ def test_round_trip_through_the_index_reads_each_rank_once() -> None:
     assert index.chunks("__1_0.distcp") == CHUNKS[1]
     assert reads == ["__0.records", "__1.records"] == index.loaded
     assert index.chunks("__0.records") == ()  # the small files have no records file
+    assert index.record("__0_0.distcp", 4, 6) == mf.Chunk(4, 6, 0xB)
+    assert index.record("__0_0.distcp", 4, 5) is None
 
 
 def test_inline_chunks_of_an_older_manifest_win_and_nothing_is_read() -> None:

@@ -72,6 +72,7 @@ class ChunkIndex:
                  location: str = "") -> None:
         self.manifest, self._read, self.location = manifest, read, location
         self._by_rank: dict[int, dict[str, tuple[mf.Chunk, ...]]] = {}
+        self._by_range: dict[str, dict[tuple[int, int], mf.Chunk]] = {}
         self._lock = threading.Lock()
         self.loaded: list[str] = []
         """Records files read so far, in order."""
@@ -106,6 +107,16 @@ class ChunkIndex:
                                                   source=where)
                 self.loaded.append(rec.name)
             return self._by_rank[entry.rank].get(name, ())
+
+    def record(self, name: str, offset: int, length: int) -> mf.Chunk | None:
+        """The chunk of file ``name`` with exactly this range, or None: O(1) after the
+        file's first lookup (``FileEntry.chunk`` scans)."""
+        found = self._by_range.get(name)
+        if found is None:
+            found = {(c.offset, c.length): c for c in self.chunks(name)}
+            with self._lock:
+                self._by_range[name] = found
+        return found.get((offset, length))
 
     def entry(self, name: str) -> mf.FileEntry:
         """The manifest's entry of ``name`` with its chunks filled in (see :meth:`chunks`)."""

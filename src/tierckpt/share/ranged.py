@@ -119,7 +119,8 @@ class RecordFetcher:
 
     def check(self, info: _StorageInfo, data: memoryview, what: str) -> memoryview:
         """``data`` (the record ``info``), verified against its chunk CRC32C."""
-        chunk = self.ckpt.entry(info.relative_path).chunk(info.offset, info.length)
+        self.ckpt.entry(info.relative_path)  # IntegrityError for a file it does not list
+        chunk = self.ckpt.chunk_index.record(info.relative_path, info.offset, info.length)
         if chunk is None:
             raise CorruptDataError(f"{self.ckpt.location}/{info.relative_path}: the manifest "
                                    f"lists no record at {info.offset}+{info.length} ({what}); "
