@@ -173,20 +173,26 @@ def _nbytes(item: WriteItem) -> int:
         torch._utils._element_size(item.tensor_data.properties.dtype)
 
 
-def _written(rank: int, plan: SavePlan) -> tuple[list[WriteResult], mf.FileEntry]:
+def _written(rank: int, plan: SavePlan, stretch: float = 1.0
+             ) -> tuple[list[WriteResult], mf.FileEntry]:
     """What rank ``rank`` reports after writing ``plan`` into one file: DCP's write results
-    and tierckpt's ``FileEntry`` (a CRC ``Chunk`` per record)."""
+    and tierckpt's ``FileEntry`` (a CRC ``Chunk`` per record).
+
+    Offsets and the file's size are multiplied by ``stretch`` (80 / layers built): in the
+    full state they run to the whole shard's size, and their digits (JSON) and pickled
+    widths are part of every size measured here."""
     name, offset = f"__{rank}_0.distcp", 0
     results, chunks = [], []
     for item in plan.items:
         length = _nbytes(item) + RECORD_OVERHEAD
         crc = zlib.crc32(item.index.fqn.encode())
+        at = round(offset * stretch)
         results.append(WriteResult(index=item.index, size_in_bytes=length,
-                                   storage_data=_StorageInfo(name, offset, length)))
-        chunks.append(mf.Chunk(offset, length, crc))
+                                   storage_data=_StorageInfo(name, at, length)))
+        chunks.append(mf.Chunk(at, length, crc))
         offset += length
-    return results, mf.FileEntry(name=name, size=offset, crc32c=rank, rank=rank,
-                                 chunks=tuple(chunks))
+    return results, mf.FileEntry(name=name, size=round(offset * stretch), crc32c=rank,
+                                 rank=rank, chunks=tuple(chunks))
 
 
 @dataclasses.dataclass
@@ -194,6 +200,7 @@ class _Wire:
     """What the ranks send the coordinator, pickled once and reused by both passes."""
 
     plans: list[bytes]
+    stretch: float = 1.0
     results: list[bytes] | None = None
     files: list[bytes] | None = None
 
@@ -276,7 +283,7 @@ def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
     scattered = clock("dcp.pickle_scatter", lambda ps: [pickle.dumps(p) for p in ps],
                       global_plan)
     if wire.results is None:  # the ranks write (not the coordinator's cost)
-        done = [_written(r, p) for r, p in enumerate(global_plan)]
+        done = [_written(r, p, wire.stretch) for r, p in enumerate(global_plan)]
         wire.results = [pickle.dumps(r) for r, _ in done]
         wire.files = [pickle.dumps([f]) for _, f in done]
         del done
@@ -354,21 +361,20 @@ def _scaled(v0: float, vl: float, layers: int) -> float:
 
 def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     """One pass timed and one traced at ``layers``; seconds, peak and sizes."""
-    wire = _Wire([pickle.dumps(local_plan(r, world, layers)) for r in range(world)])
+    full = LAYERS / layers if layers else 1
+    wire = _Wire([pickle.dumps(local_plan(r, world, layers)) for r in range(world)], full)
     clock = _Clock()
     sizes = _coordinator(wire, world, clock, validate)
     _restore_rank(sizes, clock)
     plan0 = local_plan(0, world, layers)
-    results0, _ = _written(0, plan0)
+    results0, _ = _written(0, plan0, full)
     own = clock("rank.build_metadata", lambda: pickle.dumps(rank_metadata(plan0, results0)))
     clock("rank.parse_metadata", lambda b: load_metadata(b, source="__0.metadata"), own)
     assert wire.files is not None
     shards = [pickle.loads(b)[0] for b in wire.files]
     rec = clock("rank.build_records", records.to_bytes, 0, shards[:1])
-    # shard sizes as in the full state (the entries' digits), so this needs no scaling
-    full = LAYERS / layers if layers else 1
-    now = [_rank_files(r, dataclasses.replace(f, size=round(f.size * full)), own, rec)
-           for r, f in enumerate(shards)]
+    # shard sizes as in the full state (stretched), so this needs no scaling
+    now = [_rank_files(r, f, own, rec) for r, f in enumerate(shards)]
     # a save with the plan cached and no rank's records changed: each rank sends a digest
     # and its three file entries; the coordinator builds the manifest and writes the
     # previous .metadata bytes again (nothing to build)
