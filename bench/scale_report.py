@@ -21,7 +21,8 @@ JSON layout (bytes, seconds)::
                save_received_bytes_per_rank, manifest_over_read_limit,
                manifest_over_manifest_limit, rank_metadata_bytes, records_bytes,
                manifest_now_bytes, now_coordinator_seconds, now_coordinator_peak_bytes,
-               now_received_bytes, replan_coordinator_seconds,
+               now_received_bytes, owner_received_bytes, now_owner_received_bytes,
+               replan_coordinator_seconds,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
     errors    [str]
@@ -128,7 +129,10 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "(broadcast), as `save/saver.py` sent them up to fd5185e. Cyclic GC off while "
              "timing. *Coordinator since*: a save with the plan cached and no rank's "
              "records changed (the steady state): W digests and file entries received, the "
-             "manifest built, the previous `.metadata` bytes written again. *Replanning save "
+             "manifest built, the previous `.metadata` bytes written again; *to each owner*: "
+             "what a domain owner receives per save, before (manifest, marker, `.metadata`) "
+             "→ since (manifest, marker, the digest of the `.metadata` it holds). "
+             "*Replanning save "
              "since*: DCP's coordinator with `save/planner.py`'s validation and merge (the "
              "first save of a run, or a new layout).", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
@@ -136,8 +140,9 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "restore | parse per rank s | manifest.json since | __<rank>.metadata | "
              "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
              "| received per rank on save | coordinator since: s | peak | received | "
-             "replanning save since s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "to each owner: before → since | replanning save since s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
@@ -156,6 +161,7 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_b(p['save_received_bytes_per_rank'])} | "
             f"{_s(p['now_coordinator_seconds']) if 'now_coordinator_seconds' in p else '—'} | "
             f"{_b(p.get('now_coordinator_peak_bytes'))} | {_b(p.get('now_received_bytes'))} | "
+            f"{_b(p.get('owner_received_bytes'))} → {_b(p.get('now_owner_received_bytes'))} | "
             f"{_s(p['replan_coordinator_seconds']) if 'replan_coordinator_seconds' in p else '—'}"
             " |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []

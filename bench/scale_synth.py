@@ -37,7 +37,7 @@ one. Bytes on the wire are pickled sizes (see ``tierckpt.runtime.commcount``).
 
 Scaling, labelled in the results: a point measures ``layers`` of the 80 (all 80 while
 W × 80 ≤ ``item_cap``; fewer above, so memory and time stay bounded) and also 0 layers
-(the param group and the W blobs alone); every quantity is then ``v(0) + (v(L) − v(0)) ×
+(the param group and the W blobs alone; each phase the least of three passes); every quantity is then ``v(0) + (v(L) − v(0)) ×
 80 / L`` — exact for sums over tensors, which every phase is but two. The
 ``planner_data`` merge is W² lookups whose unit cost grows with the maps (cache misses):
 it is measured on maps of the full state instead (:func:`_merge_full`). Validation is
@@ -261,7 +261,7 @@ def _coordinator_now(gathered: list[bytes], md_bytes: bytes, world: int
     """The coordinator of a cached save since the rank files (``save/coordinate.save``,
     ``save/saver.py``): unpickle each rank's (digest, no results, files, no error), check
     that no rank sent results, build the manifest and marker; ``.metadata`` is the previous
-    save's bytes."""
+    save's bytes. Returns the manifest and the marker."""
     msgs = _loads(gathered)
     assert all(m[1] is None for m in msgs)
     return _manifest([m[2] for m in msgs], md_bytes, world)
@@ -378,9 +378,13 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     # a save with the plan cached and no rank's records changed: each rank sends a digest
     # and its three file entries; the coordinator builds the manifest and writes the
     # previous .metadata bytes again (nothing to build)
-    gather_now = [pickle.dumps((bytes(32), None, files, None)) for files in now]
-    manifest_now = clock("now.coordinator", _coordinator_now, gather_now, sizes["metadata"],
-                         world)[0]
+    # and the SHA-256 of the .metadata it holds (domain owners; others send None)
+    gather_now = [pickle.dumps((bytes(32), None, files, None, bytes(32))) for files in now]
+    manifest_now, marker_now = clock("now.coordinator", _coordinator_now, gather_now,
+                                     sizes["metadata"], world)
+    # what each domain owner receives: the manifest, the marker, and the digest of the
+    # .metadata it already holds (not the bytes)
+    owner_now = len(pickle.dumps((manifest_now, marker_now, None, bytes(32))))
     clock("now.parse_manifest", mf.Manifest.from_bytes, manifest_now)
     del shards, now
     gc.collect()
@@ -409,8 +413,18 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": sent,
         "rank_metadata_bytes": len(own), "records_bytes": len(rec),
         "manifest_now_size": len(manifest_now), "now_peak_size": now_peak,
-        "now_gathered_size": sum(map(len, gather_now)),
+        "now_gathered_size": sum(map(len, gather_now)), "now_owner_size": owner_now,
     }
+
+
+def _measure_base(world: int, passes: int = 3) -> dict[str, Any]:
+    """``_measure`` at 0 layers, each phase's seconds the least of ``passes`` (it is cheap):
+    a scaled time is ``v(0) + (v(L) − v(0)) × 80 / L``, so a v(0) slowed by a busy
+    machine would be subtracted 80 / L times over (negative phases at L = 1)."""
+    runs = [_measure(world, 0, validate=False) for _ in range(passes)]
+    best = runs[0]
+    best["seconds"] = {k: min(r["seconds"][k] for r in runs) for k in best["seconds"]}
+    return best
 
 
 def synthetic_point(world: int, item_cap: int = ITEM_CAP,
@@ -435,7 +449,7 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
     started = time.perf_counter()
     val = _validate_per_shape(world)
     full = layers == LAYERS and val["estimate_seconds"] <= validate_full_s
-    at_l, at_0 = _measure(world, layers, validate=full), _measure(world, 0, validate=False)
+    at_l, at_0 = _measure(world, layers, validate=full), _measure_base(world)
 
     def scale(key: str) -> float:
         return _scaled(at_0[key], at_l[key], layers)
@@ -467,6 +481,10 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         "replan_coordinator_seconds": replan,
         "now_coordinator_peak_bytes": at_l["now_peak_size"],
         "now_received_bytes": at_l["now_gathered_size"],
+        # each domain owner, per save: before, the manifest, marker and whole .metadata;
+        # since, the manifest, marker and the .metadata's digest (it holds the bytes)
+        "owner_received_bytes": sized["broadcast_payload_bytes"],
+        "now_owner_received_bytes": at_l["now_owner_size"],
         "rank_restore_seconds": seconds["now.parse_manifest"]
         + seconds["rank.parse_metadata"],
         **sized, "restore_read_bytes_per_rank": per_rank_read,

@@ -85,8 +85,12 @@ def test_synthetic_points_have_every_quantity(scale: tuple[dict[str, Any], str, 
                     "restore_read_bytes_per_rank", "save_received_bytes_per_rank",
                     "gathered_plan_bytes", "file_list_bytes", "rank_metadata_bytes",
                     "rank_restore_read_bytes_per_rank", "records_bytes", "manifest_now_bytes",
-                    "now_coordinator_peak_bytes", "now_received_bytes"):
+                    "now_coordinator_peak_bytes", "now_received_bytes", "owner_received_bytes",
+                    "now_owner_received_bytes"):
             assert _count(p[key]), key
+        # an owner holds the .metadata: a steady save sends it the manifest and a digest
+        assert p["now_owner_received_bytes"] < p["metadata_bytes"] / 10
+        assert p["owner_received_bytes"] > p["metadata_bytes"]
         assert p["restore_read_bytes_per_rank"] == p["metadata_bytes"] + p["manifest_bytes"]
         assert p["rank_restore_read_bytes_per_rank"] == \
             p["rank_metadata_bytes"] + p["manifest_now_bytes"]

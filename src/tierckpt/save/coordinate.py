@@ -27,6 +27,9 @@ byte-for-byte the same, ``dcp.load`` reads them) with:
   offsets, lengths) are those of its previous save: it sends their digest instead, and when
   no rank's changed the coordinator writes the previous ``.metadata`` bytes again instead
   of rebuilding and pickling O(W × tensors) of it (:attr:`PlanCache.reused`).
+  Each rank also says which ``.metadata`` it holds (``held``: the SHA-256 of the bytes a
+  domain owner last committed), so the caller sends those O(W × tensors) bytes to the
+  owners only when one of them does not hold them.
 
 Collectives per save, every rank: 1 all-reduce (the plan check), 1 gather (results), and
 with a changed layout 1 gather + 1 scatter more. A failed write on any rank fails the save
@@ -84,6 +87,8 @@ class Written:
     exception: BaseException | None = None
     all_files: list[list[FileEntry]] | None = None
     all_errors: list[str | None] | None = None
+    all_held: list[bytes | None] | None = None
+    """Coordinator: the ``held`` each rank passed, in rank order."""
     replanned: bool = False
 
 
@@ -117,10 +122,11 @@ def rank_metadata(local: SavePlan, results: list[WriteResult]) -> Metadata:
 
 
 def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
-         cache: PlanCache) -> Written:
+         cache: PlanCache, held: bytes | None = None) -> Written:
     """Collective: write ``state_dict`` through ``writer`` (see the module docstring).
     The coordinator also writes ``.metadata`` (``writer.finish``) when every rank wrote its
-    shards. Errors are returned, not raised, so every rank reaches the same collectives."""
+    shards. ``held`` (32 bytes or None) reaches the coordinator in ``Written.all_held``.
+    Errors are returned, not raised, so every rank reaches the same collectives."""
     coordinator = comm.rank == 0
     planner = SavePlanner()
     planner.set_up_planner(state_dict=state_dict, storage_meta=writer.storage_meta(),
@@ -156,7 +162,7 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
     # not change since it last sent them sends their digest only (O(1) per rank)
     digest = _digest(results)
     same = error is None and not replan and digest == cache.sent
-    gathered = comm.gather((digest, None if same else results, writer.files, error))
+    gathered = comm.gather((digest, None if same else results, writer.files, error, held))
     cache.sent = digest if error is None else b""
     if not coordinator:
         return Written(files=writer.files, error=error, exception=exc, replanned=replan)
@@ -176,7 +182,7 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
             exc = exc or e
     return Written(files=writer.files, error=error or next((e for e in errors if e), None),
                    exception=exc, all_files=[g[2] for g in gathered], all_errors=errors,
-                   replanned=replan)
+                   all_held=[g[4] for g in gathered], replanned=replan)
 
 
 def _results(gathered: list[Any], cache: PlanCache, errors: list[str | None]
@@ -187,7 +193,7 @@ def _results(gathered: list[Any], cache: PlanCache, errors: list[str | None]
     next time."""
     out: list[list[WriteResult]] = []
     changed = False
-    for r, (digest, results, _files, _err) in enumerate(gathered):
+    for r, (digest, results, *_) in enumerate(gathered):
         if results is not None:
             cache.results[r] = (digest, results)
             changed = True

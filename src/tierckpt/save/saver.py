@@ -4,7 +4,10 @@
 this rank's shard files into the save's tmp directory through DCP with :class:`ShardWriter`
 (CRC32C on the same pass, fsync), (2) gathers every rank's file list to rank 0, which builds
 the manifest and marker, (3) has each domain owner run :func:`commit.commit_domain`, and
-(4) agrees with every rank on the outcome. All collectives use the manager's dedicated gloo
+(4) agrees with every rank on the outcome. Domain owners keep the ``.metadata`` bytes they
+last committed; while every owner holds the bytes a save needs (its SHA-256 came with the
+gather), rank 0 sends their digest only, so a steady save sends the owners O(W) bytes, not
+the O(W × tensors) ``.metadata``. All collectives use the manager's dedicated gloo
 group with its own timeout, so a dead peer turns into an error, not a hang.
 
 Errors never escape the thread: they complete the handle's ``durable`` future with a
@@ -17,6 +20,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import logging
 import os
 import threading
@@ -142,6 +146,11 @@ class AsyncSaver:
         self.tier0 = tier0
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._plans = coordinate.PlanCache()
+        self._meta_held: tuple[bytes, bytes] | None = None
+        """Owners: (SHA-256, bytes) of the ``.metadata`` this rank last committed."""
+        self._meta_digest: tuple[bytes, bytes] | None = None
+        """Rank 0: (bytes, SHA-256) of the last ``.metadata`` digested (the same object
+        while the coordinator reuses it, so it is hashed once per change)."""
         self._owners = comm.subgroup(tuple(d[0] for d in domains))  # collective
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
@@ -230,7 +239,8 @@ class AsyncSaver:
         writer = ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                              fsync=w.fsync and not in_ram,
                              direct_io=w.direct_io and not in_ram)
-        written = coordinate.save(job.staged, writer, comm, self._plans)
+        held = self._meta_held[0] if self._meta_held is not None else None
+        written = coordinate.save(job.staged, writer, comm, self._plans, held)
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
         if written.error is None:
@@ -249,8 +259,12 @@ class AsyncSaver:
                                     created_unix=time.time(), torch_version=torch.__version__,
                                     tierckpt_version=__version__)
                 mbytes = built.to_bytes()
+                digest = self._digest(writer.metadata_bytes)
+                assert written.all_held is not None
+                held_by_all = all(written.all_held[d[0]] == digest for d in self.domains)
                 payload = (mbytes, mf.marker_bytes(mbytes, job.step, job.save_id,
-                                                   mf.signing_key()), writer.metadata_bytes)
+                                                   mf.signing_key()),
+                           None if held_by_all else writer.metadata_bytes, digest)
                 status = (None, built.total_bytes)
         failed, total = comm.broadcast(status)  # O(1): the error, or the checkpoint's bytes
         if failed is not None:
@@ -260,10 +274,16 @@ class AsyncSaver:
         error = None
         if self.is_owner:
             assert payload is not None
-            mbytes, marker, meta_bytes = payload
+            mbytes, marker, meta_bytes, digest = payload
             try:
+                if meta_bytes is None:  # rank 0 saw in the gather that this owner holds them
+                    if self._meta_held is None or self._meta_held[0] != digest:
+                        raise SaveError("rank 0 sent the digest of a .metadata this owner "
+                                        "does not hold")
+                    meta_bytes = self._meta_held[1]
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
                               metadata_bytes=meta_bytes, file_mode=w.file_mode)
+                self._meta_held = (digest, meta_bytes)
             except Exception as e:
                 error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
         failed = comm.first_error(error)
@@ -293,6 +313,11 @@ class AsyncSaver:
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
                       write_seconds=result.write_seconds, bytes=result.bytes_total, tier=tier)
         return result
+
+    def _digest(self, data: bytes) -> bytes:
+        if self._meta_digest is None or self._meta_digest[0] is not data:
+            self._meta_digest = (data, hashlib.sha256(data).digest())
+        return self._meta_digest[1]
 
     def _replicate(self, committed: mf.Committed | None) -> None:
         """Owners: the ring exchange of tier-0 replicas. A failure is an event and a
