@@ -37,8 +37,9 @@ one. Bytes on the wire are pickled sizes (see ``tierckpt.runtime.commcount``).
 
 Scaling, labelled in the results: a point measures ``layers`` of the 80 (all 80 while
 W × 80 ≤ ``item_cap``; fewer above, so memory and time stay bounded) and also 0 layers
-(the param group and the W blobs alone; each phase the least of three passes); every quantity is then ``v(0) + (v(L) − v(0)) ×
-80 / L`` — exact for sums over tensors, which every phase is but two. The
+(the param group and the W blobs alone; each phase the least of three passes); every
+quantity is then ``v(0) + (v(L) − v(0)) × 80 / L`` — exact for sums over tensors, which
+every phase is but two. The
 ``planner_data`` merge is W² lookups whose unit cost grows with the maps (cache misses):
 it is measured on maps of the full state instead (:func:`_merge_full`). Validation is
 timed per distinct tensor shape on one key each (``_validate_global_plan`` loops over keys
