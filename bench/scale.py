@@ -170,6 +170,15 @@ def _side(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         out["metadata_read_by_file"] = reads[worst]["by_file"]
         out["metadata_read_rank"] = worst
         out["shard_files_max"] = max(r["shard_files"] for r in reads)
+        # every rank but rank 0, the owner of the one domain here (it verifies the
+        # checkpoint: the whole manifest); None at W = 1
+        other = max(range(1, len(reads)), key=lambda i: reads[i]["metadata_bytes"],
+                    default=None)
+        out["metadata_read_other_max"] = None if other is None else \
+            reads[other]["metadata_bytes"]
+        out["metadata_read_other_by_file"] = None if other is None else reads[other]["by_file"]
+        out["metadata_read_owner"] = reads[0]["metadata_bytes"]
+        out["metadata_read_owner_by_file"] = reads[0]["by_file"]
     return out
 
 

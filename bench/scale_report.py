@@ -11,7 +11,9 @@ JSON layout (bytes, seconds)::
               each operation: {collectives, by_kind, coordinator_received, coordinator_sent,
               other_received_max (None at W=1), per_rank [{collectives, sent, received}],
               restores also metadata_read_max, metadata_read_min, metadata_read_by_file,
-              metadata_read_rank, shard_files_max}
+              metadata_read_rank, shard_files_max, metadata_read_other_max,
+              metadata_read_other_by_file (ranks but 0; None at W = 1),
+              metadata_read_owner, metadata_read_owner_by_file (rank 0)}
     synthetic {layers, tensors, item_cap, points [{world, layers_built, scaled,
                validate {measured, per_shape, estimate_seconds}, seconds {phase: s},
                dcp_coordinator_seconds, tierckpt_commit_seconds, restore_rank_seconds,
@@ -22,6 +24,8 @@ JSON layout (bytes, seconds)::
                manifest_over_manifest_limit, rank_metadata_bytes, records_bytes,
                manifest_now_bytes, now_coordinator_seconds, now_coordinator_peak_bytes,
                now_received_bytes, owner_received_bytes, now_owner_received_bytes,
+               marker_bytes, part_bytes, part_restore_read_bytes_per_rank,
+               owner_restore_read_bytes_per_rank, part_restore_seconds,
                replan_coordinator_seconds,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
@@ -84,18 +88,24 @@ def _real(r: dict[str, Any]) -> list[str]:
     lines += ["", "### Restore", "",
               "Metadata read per rank: every file other than shard data that a rank opened "
               "below the checkpoint (read whole), the most over ranks; the files of that "
-              "rank; shard files: the most any rank opened.", "",
+              "rank; shard files: the most any rank opened. *Ranks but 0*: the most any "
+              "rank other than the domain's owner (rank 0: it verifies the checkpoint, "
+              "so it reads the whole manifest) read, tierckpt only.", "",
               "| W | collectives | coordinator received | other rank received | "
-              "metadata read per rank | its files (tierckpt) | shard files |",
-              "|---|---|---|---|---|---|---|"]
+              "metadata read per rank | its files (tierckpt) | ranks but 0 | their files | "
+              "shard files |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for p in pts:
         t, d = p["tierckpt"]["restore"], p["dcp"]["restore"]
         files = ", ".join(f"{k} {_b(v)}" for k, v in sorted(t["metadata_read_by_file"].items()))
+        others = ", ".join(f"{k} {_b(v)}" for k, v in
+                           sorted((t.get("metadata_read_other_by_file") or {}).items())) or "—"
         lines.append(f"| {p['world']} | {t['collectives']} \\| {d['collectives']} | "
                      f"{_b(t['coordinator_received'])} \\| {_b(d['coordinator_received'])} | "
                      f"{_b(t['other_received_max'])} \\| {_b(d['other_received_max'])} | "
                      f"{_b(t['metadata_read_max'])} \\| {_b(d['metadata_read_max'])} | "
-                     f"{files} | {t['shard_files_max']} \\| {d['shard_files_max']} |")
+                     f"{files} | {_b(t.get('metadata_read_other_max'))} | {others} | "
+                     f"{t['shard_files_max']} \\| {d['shard_files_max']} |")
     lines += ["", "### Collectives by kind (ag all-gather, g gather, sc scatter, bc broadcast,"
               " ar all-reduce)", "",
               "| W | tierckpt save | tierckpt restore | tierckpt open | DCP save | DCP load |",
@@ -131,7 +141,11 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "records changed (the steady state): W digests and file entries received, the "
              "manifest built, the previous `.metadata` bytes written again; *to each owner*: "
              "what a domain owner receives per save, before (manifest, marker, `.metadata`) "
-             "→ since (manifest, marker, the digest of the `.metadata` it holds). "
+             "→ since (manifest, marker, the digest of the `.metadata` it holds). *Since "
+             "the parts*: what a rank reads on a same-layout restore — a rank that is "
+             "not its domain's owner: `COMPLETE` (every part's SHA-256), its part "
+             "`manifest.<k>.json` (8 ranks' entries) and its `__<rank>.metadata`; an owner "
+             "the whole manifest besides. "
              "*Replanning save "
              "since*: DCP's coordinator with `save/planner.py`'s validation and merge (the "
              "first save of a run, or a new layout).", "",
@@ -140,9 +154,10 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "restore | parse per rank s | manifest.json since | __<rank>.metadata | "
              "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
              "| received per rank on save | coordinator since: s | peak | received | "
-             "to each owner: before → since | replanning save since s |",
+             "to each owner: before → since | replanning save since s | since the parts: "
+             "read per rank \\| owner | parse per rank s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-             "---|"]
+             "---|---|---|"]
     for p in s["points"]:
         val = p["seconds"]["dcp.validate"]
         est = "" if p["validate"]["measured"] else " est."
@@ -163,7 +178,9 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_b(p.get('now_coordinator_peak_bytes'))} | {_b(p.get('now_received_bytes'))} | "
             f"{_b(p.get('owner_received_bytes'))} → {_b(p.get('now_owner_received_bytes'))} | "
             f"{_s(p['replan_coordinator_seconds']) if 'replan_coordinator_seconds' in p else '—'}"
-            " |")
+            f" | {_b(p.get('part_restore_read_bytes_per_rank'))} \\| "
+            f"{_b(p.get('owner_restore_read_bytes_per_rank'))} | "
+            f"{_s(p['part_restore_seconds']) if 'part_restore_seconds' in p else '—'} |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []
     lines += ["", "### Seconds by phase", "",
               "| W | " + " | ".join(phases) + " |", "|---" * (len(phases) + 1) + "|"]

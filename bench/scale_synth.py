@@ -85,8 +85,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.distributed.checkpoint.storage import WriteResult
 
+from tierckpt.format import layout, records
 from tierckpt.format import manifest as mf
-from tierckpt.format import records
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
 from tierckpt.save.planner import merge_first_wins, validate_global_plan
@@ -234,16 +234,21 @@ def _finish(md: Metadata, results: list[list[WriteResult]]) -> bytes:
     return pickle.dumps(md)
 
 
-def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int
-              ) -> tuple[bytes, bytes]:
-    """The commit's manifest (``save/saver.py``) and its marker."""
+def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int,
+              parts: dict[str, bytes] | None = None) -> tuple[bytes, bytes]:
+    """The commit's manifest (``save/saver.py``) and its marker; with ``parts`` (a dict
+    to fill) also the manifest's parts, listed in it and vouched for by the marker."""
     domains = tuple(tuple(range(d, min(world, d + RANKS_PER_DOMAIN)))
                     for d in range(0, world, RANKS_PER_DOMAIN))
     entry = mf.FileEntry(name=".metadata", size=len(md_bytes), crc32c=0, rank=None)
+    listed: tuple[mf.FileEntry, ...] = (*(f for fl in files for f in fl), entry)
+    if parts is not None:
+        parts.update(mf.parts_of(listed, step=1000, save_id="synthetic", world_size=world))
+        listed = (*listed, *mf.part_entries(parts))
     m = mf.Manifest(step=1000, world_size=world, save_id="synthetic", domains=domains,
-                    files=(*(f for fl in files for f in fl), entry), created_unix=0.0)
+                    files=listed, created_unix=0.0)
     b = m.to_bytes()
-    return b, mf.marker_bytes(b, 1000, "synthetic")
+    return b, mf.marker_bytes(b, 1000, "synthetic", parts=parts)
 
 
 def _rank_files(rank: int, shard: mf.FileEntry, own: bytes, rec: bytes
@@ -258,14 +263,16 @@ def _rank_files(rank: int, shard: mf.FileEntry, own: bytes, rec: bytes
 
 
 def _coordinator_now(gathered: list[bytes], md_bytes: bytes, world: int
-                     ) -> tuple[bytes, bytes]:
+                     ) -> tuple[bytes, bytes, dict[str, bytes]]:
     """The coordinator of a cached save since the rank files (``save/coordinate.save``,
     ``save/saver.py``): unpickle each rank's (digest, no results, files, no error), check
     that no rank sent results, build the manifest and marker; ``.metadata`` is the previous
-    save's bytes. Returns the manifest and the marker."""
+    save's bytes; the manifest's parts beside it. Returns the manifest, the marker and the
+    parts."""
     msgs = _loads(gathered)
     assert all(m[1] is None for m in msgs)
-    return _manifest([m[2] for m in msgs], md_bytes, world)
+    parts: dict[str, bytes] = {}
+    return (*_manifest([m[2] for m in msgs], md_bytes, world, parts), parts)
 
 
 def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
@@ -381,12 +388,16 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     # previous .metadata bytes again (nothing to build)
     # and the SHA-256 of the .metadata it holds (domain owners; others send None)
     gather_now = [pickle.dumps((bytes(32), None, files, None, bytes(32))) for files in now]
-    manifest_now, marker_now = clock("now.coordinator", _coordinator_now, gather_now,
+    manifest_now, marker_now, parts = clock("now.coordinator", _coordinator_now, gather_now,
                                      sizes["metadata"], world)
     # what each domain owner receives: the manifest, the marker, and the digest of the
     # .metadata it already holds (not the bytes)
     owner_now = len(pickle.dumps((manifest_now, marker_now, None, bytes(32))))
     clock("now.parse_manifest", mf.Manifest.from_bytes, manifest_now)
+    # a rank that is not its domain's owner, since the parts: the marker and its part
+    part0 = parts[layout.part_filename(0)]
+    clock("now.parse_part", lambda: mf.verify_part(marker_now, layout.part_filename(0), part0,
+                                                   rank=0))
     del shards, now
     gc.collect()
     tracemalloc.start()
@@ -414,6 +425,7 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "scatter_rank1_bytes": sizes["scatter_rank1"], "broadcast_payload_bytes": sent,
         "rank_metadata_bytes": len(own), "records_bytes": len(rec),
         "manifest_now_size": len(manifest_now), "now_peak_size": now_peak,
+        "marker_now_size": len(marker_now), "part_size": len(part0),
         "now_gathered_size": sum(map(len, gather_now)), "now_owner_size": owner_now,
     }
 
@@ -493,6 +505,15 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         "manifest_now_bytes": at_l["manifest_now_size"],
         "rank_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
         + at_l["manifest_now_size"],
+        # since the manifest parts, on the saved layout: a rank that is not its domain's
+        # owner reads the marker (every part's digest), its part and its own metadata;
+        # an owner (it verifies the checkpoint) the whole manifest besides
+        "marker_bytes": at_l["marker_now_size"], "part_bytes": at_l["part_size"],
+        "part_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
+        + at_l["marker_now_size"] + at_l["part_size"],
+        "owner_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
+        + at_l["marker_now_size"] + at_l["part_size"] + at_l["manifest_now_size"],
+        "part_restore_seconds": seconds["now.parse_part"] + seconds["rank.parse_metadata"],
         # a non-coordinator rank up to fd5185e: its scattered plan, every rank's file
         # list (all-gather), the manifest, marker and .metadata (broadcast)
         "save_received_bytes_per_rank": sized["scatter_rank1_bytes"]

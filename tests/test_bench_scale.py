@@ -40,6 +40,7 @@ def test_real_runs_count_every_operation(scale: tuple[dict[str, Any], str, Path]
     assert r["schema"] == SCHEMA and r["errors"] == [] and r["code"]["label"] == "test"
     assert [p["world"] for p in r["real"]["points"]] == [1, 2, 4]
     own: dict[int, int] = {}
+    others: dict[int, int] = {}
     for p in r["real"]["points"]:
         assert "skipped" not in p and p["commit_s"] >= 0
         for side, ops in (("tierckpt", ("save", "restore", "open")),
@@ -63,11 +64,18 @@ def test_real_runs_count_every_operation(scale: tuple[dict[str, Any], str, Path]
         assert ".metadata" in p["dcp"]["restore"]["metadata_read_by_file"]
         ours = p["tierckpt"]["restore"]
         by_file = ours["metadata_read_by_file"]
-        # the saved layout: the manifest and the rank's own metadata, never .metadata
-        assert "manifest.json" in by_file and ".metadata" not in by_file, by_file
+        # the saved layout: the rank's own metadata, never .metadata; the domain's owner
+        # (rank 0) verified the checkpoint: the whole manifest
+        assert ".metadata" not in by_file, by_file
+        assert "manifest.json" in ours["metadata_read_owner_by_file"]
         own[p["world"]] = by_file[f"__{ours['metadata_read_rank']}.metadata"]
+        if p["world"] > 1:  # the other ranks: their manifest part, not the manifest
+            other = ours["metadata_read_other_by_file"]
+            assert "manifest.00000.json" in other and "manifest.json" not in other, other
+            others[p["world"]] = ours["metadata_read_other_max"]
     # what a rank plans from does not grow with W (its own chunks only)
     assert own[4] <= 1.25 * own[1], own
+    assert others[4] <= 1.25 * others[2], others
     assert not list((base / "target").iterdir()), "the scale run left files behind"
 
 
@@ -86,8 +94,13 @@ def test_synthetic_points_have_every_quantity(scale: tuple[dict[str, Any], str, 
                     "gathered_plan_bytes", "file_list_bytes", "rank_metadata_bytes",
                     "rank_restore_read_bytes_per_rank", "records_bytes", "manifest_now_bytes",
                     "now_coordinator_peak_bytes", "now_received_bytes", "owner_received_bytes",
-                    "now_owner_received_bytes"):
+                    "now_owner_received_bytes", "marker_bytes", "part_bytes",
+                    "part_restore_read_bytes_per_rank", "owner_restore_read_bytes_per_rank"):
             assert _count(p[key]), key
+        # since the parts a rank reads its part and the marker, not the whole manifest
+        assert p["part_restore_read_bytes_per_rank"] < p["rank_restore_read_bytes_per_rank"] \
+            < p["owner_restore_read_bytes_per_rank"]
+        assert p["part_bytes"] < 4096 and p["part_restore_seconds"] > 0
         # an owner holds the .metadata: a steady save sends it the manifest and a digest
         assert p["now_owner_received_bytes"] < p["metadata_bytes"] / 10
         assert p["owner_received_bytes"] > p["metadata_bytes"]

@@ -108,3 +108,58 @@ def test_entries_without_chunks_serialise_as_before() -> None:
 def test_malformed_chunks_are_integrity_errors(chunks: object) -> None:
     with pytest.raises(IntegrityError):
         mf.Manifest.from_bytes(_with_chunks(chunks))  # type: ignore[arg-type]
+
+
+def _ranks(world: int) -> list[mf.FileEntry]:
+    files = [mf.FileEntry(name=f"__{r}_0.distcp", size=100 + r, crc32c=r, rank=r)
+             for r in range(world)]
+    return [*files, mf.FileEntry(name=".metadata", size=3, crc32c=2)]
+
+
+def test_parts_group_eight_ranks_with_the_shared_files() -> None:
+    files = _ranks(20)
+    parts = mf.parts_of(files, step=5, save_id="abc-5", world_size=20)
+    assert list(parts) == ["manifest.00000.json", "manifest.00001.json", "manifest.00002.json"]
+    assert parts == mf.parts_of(reversed(files), step=5, save_id="abc-5", world_size=20)
+    marker = mf.marker_bytes(b"m", 5, "abc-5", parts=parts)
+    assert mf.marker_parts(marker) and not mf.marker_parts(mf.marker_bytes(b"m", 5, "abc-5"))
+    for rank in (0, 9, 19):
+        name = f"manifest.{rank // 8:05d}.json"
+        got = mf.verify_part(marker, name, parts[name], rank=rank)
+        lo = rank // 8 * 8
+        assert {f.name for f in got.files} == \
+            {".metadata", *(f"__{r}_0.distcp" for r in range(lo, min(lo + 8, 20)))}
+        assert (got.step, got.save_id, got.world_size) == (5, "abc-5", 20)
+    # the manifest lists every part as a shared file (every domain holds them all)
+    entries = mf.part_entries(parts)
+    assert [e.rank for e in entries] == [None] * 3
+    assert [e.size for e in entries] == [len(b) for b in parts.values()]
+
+
+def test_a_part_is_checked_against_its_marker() -> None:
+    parts = mf.parts_of(_ranks(16), step=5, save_id="abc-5", world_size=16)
+    marker = mf.marker_bytes(b"m", 5, "abc-5", parts=parts)
+    name, other = "manifest.00000.json", "manifest.00001.json"
+    with pytest.raises(IntegrityError, match="digest does not match"):
+        mf.verify_part(marker, name, parts[name].replace(b'"size":100', b'"size":101'), rank=0)
+    with pytest.raises(IntegrityError, match="not the manifest part of rank 9"):
+        mf.verify_part(marker, name, parts[name], rank=9)  # another group's part
+    with pytest.raises(IntegrityError, match="does not vouch"):
+        mf.verify_part(mf.marker_bytes(b"m", 5, "abc-5"), name, parts[name], rank=0)
+    # a part of another checkpoint, vouched for by a marker that names it (a mix-up)
+    stale = mf.parts_of(_ranks(16), step=4, save_id="abc-4", world_size=16)
+    mixed = mf.marker_bytes(b"m", 5, "abc-5", parts={**parts, other: stale[other]})
+    with pytest.raises(IntegrityError, match="disagrees with its COMPLETE marker"):
+        mf.verify_part(mixed, other, stale[other], rank=8)
+
+
+def test_signed_parts_refuse_unsigned_and_wrong_key() -> None:
+    parts = mf.parts_of(_ranks(2), step=5, save_id="abc-5", world_size=2)
+    name = "manifest.00000.json"
+    signed = mf.marker_bytes(b"m", 5, "abc-5", key=b"k1", parts=parts)
+    assert mf.verify_part(signed, name, parts[name], b"k1", rank=1).step == 5
+    with pytest.raises(SignatureError, match="does not verify"):
+        mf.verify_part(signed, name, parts[name], b"k2", rank=1)
+    with pytest.raises(SignatureError, match="unsigned"):
+        mf.verify_part(mf.marker_bytes(b"m", 5, "abc-5", parts=parts), name, parts[name],
+                       b"k1", rank=1)

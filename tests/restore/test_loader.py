@@ -22,11 +22,13 @@ from torch.distributed.checkpoint import FileSystemReader
 import tierckpt
 from bench.reads import Reads
 from tests._launch import free_port, spawn
+from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
-from tierckpt.restore.loader import uncovered
+from tierckpt.restore.loader import load_into, uncovered
 from tierckpt.restore.metadata import read_metadata_file
 from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm
 
 
 def _state(seed: int) -> tierckpt.TrainState:
@@ -111,6 +113,48 @@ def test_a_damaged_rank_metadata_falls_back_to_the_global_one_with_a_reason(
     assert not (tmp_path / "t1" / layout.QUARANTINE).exists()  # nothing was set aside
 
 
+def _garble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only a digest tells
+    path.write_bytes(bytes(data))
+
+
+def test_the_loader_takes_its_entries_from_its_part_not_the_manifest(tmp_path: Path) -> None:
+    """``load_into`` on the saved layout reads the marker and the rank's manifest part: a
+    garbled ``manifest.json`` does not reach it (the chooser, which verifies the whole
+    checkpoint, reads that one). A garbled part falls back to the whole manifest, noted."""
+    saved, d = _saved(tmp_path / "t1")
+    assert layout.part_filename(0) == "manifest.00000.json"
+    part = mf.Manifest.from_bytes((d / layout.MANIFEST).read_bytes()).file(
+        layout.part_filename(0))
+    assert part.rank is None and (d / layout.part_filename(0)).stat().st_size == part.size
+    _garble(d / layout.MANIFEST)
+    st, notes = _state(7), []
+    with Reads(d) as reads:
+        load_into(st, d, 1, Comm(), notes=notes)
+    assert _same(st, saved) and notes == []
+    opened = {name for name, _ in reads.files}
+    assert layout.part_filename(0) in opened and layout.MANIFEST not in opened
+    # a garbled part: the whole manifest is read instead (here garbled too: refused)
+    _garble(d / layout.part_filename(0))
+    with pytest.raises(IntegrityError, match="manifest"):
+        load_into(_state(8), d, 1, Comm(), notes=notes)
+    assert notes and "manifest.00000.json: COMPLETE marker digest does not match" in notes[0]
+
+
+def test_a_garbled_part_is_not_a_lost_checkpoint(tmp_path: Path) -> None:
+    saved, d = _saved(tmp_path / "t1")
+    _garble(d / layout.part_filename(0))
+    st = _state(7)
+    with tierckpt.CheckpointManager(tier1=tmp_path / "t1") as ck:
+        info = ck.restore(st)
+    assert info is not None and info.step == 5 and _same(st, saved)
+    (ev,) = [e for e in events.read_events(tmp_path / "t1" / layout.EVENTS)
+             if e["event"] == events.METADATA_FALLBACK]
+    assert "manifest.00000.json" in ev["reason"] and "whole manifest.json" in ev["reason"]
+    assert not (tmp_path / "t1" / layout.QUARANTINE).exists()
+
+
 def test_uncovered_names_what_a_rank_file_cannot_plan(tmp_path: Path) -> None:
     _, d = _saved(tmp_path / "t1")
     md = read_metadata_file(d / layout.rank_metadata_filename(0), load_id=None)
@@ -190,6 +234,10 @@ def test_ranks_plan_from_their_own_files_when_those_cover_their_shards(
         metas = [n for n in got["opened"] if n.endswith(layout.METADATA)]
         if kind == "fsdp2":
             assert metas == [layout.rank_metadata_filename(rank)], got
+            # the entries of its own files come from its part; rank 1 (not the domain's
+            # owner, which verified the checkpoint) never opens the whole manifest
+            assert layout.part_filename(rank) in got["opened"]
+            assert (layout.MANIFEST in got["opened"]) == (rank == 0), got
         else:
             assert layout.METADATA in metas, got
     assert not [e for e in events.read_events(root / layout.EVENTS)

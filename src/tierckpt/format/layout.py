@@ -9,6 +9,8 @@ A tier-1 root looks like this::
         __0.metadata ...        each rank's own DCP metadata (its items only: what a restore
                                 on the saved layout reads instead of .metadata)
         __0.records ...         each rank's per-record CRC32Cs of its shard files
+        manifest.00000.json ... the manifest's entries of ranks 0-7, 8-15, ... (and the
+                                shared files'): what one rank reads on the saved layout
         manifest.json           sizes and CRC32C of every file above
         COMPLETE                written last; holds the manifest digest
       step-00000200.tmp-<id>/   a save in progress (or a crashed one: removed at start-up)
@@ -47,6 +49,7 @@ _TMP_RE = re.compile(r"^step-(\d{8,})\.tmp-([0-9a-zA-Z_-]+)$")
 _DEL_RE = re.compile(r"^step-(\d{8,})\.del-([0-9a-zA-Z_-]+)$")
 _SHARD_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 _RANK_METADATA_RE = re.compile(r"^__(\d+)\.metadata$")
+_PART_RE = re.compile(r"^manifest\.(\d{5,})\.json$")
 
 
 def step_dirname(step: int) -> str:
@@ -104,6 +107,21 @@ def rank_records_filename(rank: int) -> str:
     """The file with the per-record CRC32Cs of ``rank``'s shard files
     (:mod:`tierckpt.format.records`)."""
     return f"__{rank}.records"
+
+
+PART_RANKS = 8
+"""Ranks per manifest part (:func:`part_filename`)."""
+
+
+def part_filename(rank: int) -> str:
+    """The manifest part that lists ``rank``'s files (ranks ``PART_RANKS`` × k to
+    ``PART_RANKS`` × k + ``PART_RANKS`` − 1 share part k)."""
+    return f"manifest.{rank // PART_RANKS:05d}.json"
+
+
+def is_part(name: str) -> bool:
+    """Whether ``name`` is a manifest part (:func:`part_filename`)."""
+    return _PART_RE.match(name) is not None
 
 
 def rank_metadata_rank(name: str) -> int | None:

@@ -8,6 +8,13 @@ the manifest's exact bytes, so a marker vouches for one manifest and nothing els
 Optional signing: with a key (``TIERCKPT_SIGNING_KEY``), the marker also carries an
 HMAC-SHA256 of the manifest bytes; :func:`verify_marker` refuses unsigned or badly signed
 markers when a key is configured.
+
+Parts: the manifest lists a few files per rank, so reading it is O(W). Beside it, each group
+of :data:`~tierckpt.format.layout.PART_RANKS` ranks has a part (:func:`parts_of`: their
+entries and the shared files'), listed in the manifest like any file, and the marker also
+holds each part's SHA-256 (signed with a key). A rank restoring on the saved layout reads
+the marker and its own part (:func:`verify_part`) instead of the whole manifest: O(W /
+PART_RANKS) small digests and O(1) entries.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any, NamedTuple
 
 from tierckpt.errors import IntegrityError, SignatureError
 from tierckpt.format import checksum
-from tierckpt.format.layout import safe_member_name
+from tierckpt.format.layout import PART_RANKS, part_filename, safe_member_name
 
 FORMAT_VERSION = 1
 SIGNING_KEY_ENV = "TIERCKPT_SIGNING_KEY"
@@ -174,6 +181,39 @@ class Manifest:
         return m
 
 
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def parts_of(files: Iterable[FileEntry], *, step: int, save_id: str, world_size: int
+             ) -> dict[str, bytes]:
+    """The canonical bytes of each manifest part, by file name: part k lists the files of
+    ranks ``PART_RANKS`` × k … × k + ``PART_RANKS`` − 1 and every shared file (rank None:
+    ``.metadata``), so a rank finds in its part every file a restore on the saved layout
+    may read. ``files`` are the manifest's files without the parts. Deterministic."""
+    files = sorted(files, key=lambda f: f.name)
+    shared = [f for f in files if f.rank is None]
+    by_part: dict[str, list[FileEntry]] = {}
+    for f in files:
+        if f.rank is not None:
+            by_part.setdefault(part_filename(f.rank), []).append(f)
+    return {name: _canonical({
+        "format_version": FORMAT_VERSION, "step": step, "save_id": save_id,
+        "world_size": world_size, "part": name,
+        "files": [f.to_json() for f in sorted([*own, *shared], key=lambda f: f.name)]})
+        for name, own in sorted(by_part.items())}
+
+
+def part_entries(parts: Mapping[str, bytes]) -> list[FileEntry]:
+    """The manifest's entries of ``parts`` (shared files: every domain holds them)."""
+    return [FileEntry(name=n, size=len(b), crc32c=checksum.extend(0, b), rank=None)
+            for n, b in sorted(parts.items())]
+
+
+def _parts_map(parts: Mapping[str, bytes]) -> dict[str, str]:
+    return {n: hashlib.sha256(b).hexdigest() for n, b in sorted(parts.items())}
+
+
 def digest(manifest_bytes: bytes) -> str:
     """SHA-256 hex digest of the exact manifest bytes (what COMPLETE vouches for)."""
     return hashlib.sha256(manifest_bytes).hexdigest()
@@ -186,13 +226,74 @@ def signing_key() -> bytes | None:
 
 
 def marker_bytes(manifest_bytes: bytes, step: int, save_id: str,
-                 key: bytes | None = None) -> bytes:
-    """Body of the ``COMPLETE`` marker for this manifest (signed when ``key`` is given)."""
+                 key: bytes | None = None, parts: Mapping[str, bytes] | None = None) -> bytes:
+    """Body of the ``COMPLETE`` marker for this manifest (signed when ``key`` is given),
+    with the SHA-256 of each of its ``parts`` (:func:`parts_of`) when given."""
     body: dict[str, Any] = {"step": step, "save_id": save_id,
                             "manifest_sha256": digest(manifest_bytes)}
     if key is not None:
         body["manifest_hmac_sha256"] = hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
+    if parts:
+        body["parts_sha256"] = _parts_map(parts)
+        if key is not None:
+            body["parts_hmac_sha256"] = hmac.new(key, _canonical(body["parts_sha256"]),
+                                                 hashlib.sha256).hexdigest()
     return json.dumps(body, sort_keys=True).encode("utf-8") + b"\n"
+
+
+def marker_parts(marker: bytes) -> bool:
+    """Whether ``marker`` vouches for manifest parts (markers before them do not)."""
+    try:
+        body = json.loads(marker.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"malformed COMPLETE marker: {e}") from e
+    return isinstance(body, dict) and isinstance(body.get("parts_sha256"), dict)
+
+
+def verify_part(marker: bytes, name: str, data: bytes, key: bytes | None = None,
+                *, rank: int) -> Manifest:
+    """Check that ``marker`` vouches for part ``name`` (``data``, the part of ``rank``)
+    and return it as a manifest that lists **only** the part's files: ``rank``'s group's
+    and the shared ones. Enough for that rank's own reads on the saved layout, nothing
+    else (no domains, no other rank's files). Raises :class:`IntegrityError` (digest, step,
+    save id or ranks disagree) or :class:`SignatureError` as :func:`verify_marker` does."""
+    try:
+        body = json.loads(marker.decode("utf-8"))
+        digests = body["parts_sha256"]
+        want = str(digests[name])
+        step, save_id = int(body["step"]), str(body["save_id"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"COMPLETE marker does not vouch for {name}: {e}") from e
+    if name != part_filename(rank):
+        raise IntegrityError(f"{name} is not the manifest part of rank {rank}")
+    if not hmac.compare_digest(want, hashlib.sha256(data).hexdigest()):
+        raise IntegrityError(f"COMPLETE marker digest does not match {name}")
+    if key is not None:
+        sig = body.get("parts_hmac_sha256")
+        good = hmac.new(key, _canonical(digests), hashlib.sha256).hexdigest()
+        if not isinstance(sig, str):
+            raise SignatureError(
+                f"checkpoint is unsigned but {SIGNING_KEY_ENV} is set; refusing to load it")
+        if not hmac.compare_digest(sig, good):
+            raise SignatureError("manifest part signature does not verify with the "
+                                 "configured key")
+    try:
+        d = json.loads(data.decode("utf-8"))
+        if d.get("format_version") != FORMAT_VERSION or d.get("part") != name:
+            raise ValueError(f"not the part {name} of format {FORMAT_VERSION}")
+        files = tuple(FileEntry.from_json(f) for f in d["files"])
+        m = Manifest(step=int(d["step"]), world_size=int(d["world_size"]),
+                     save_id=str(d["save_id"]), files=files)
+    except IntegrityError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"malformed {name}: {e}") from e
+    lo = rank // PART_RANKS * PART_RANKS
+    if m.step != step or m.save_id != save_id or not all(
+            f.rank is None or lo <= f.rank < lo + PART_RANKS for f in files):
+        raise IntegrityError(f"{name} disagrees with its COMPLETE marker (step, save id or "
+                             "ranks)")
+    return m
 
 
 def verify_marker(marker: bytes, manifest_bytes: bytes, key: bytes | None = None) -> Manifest:

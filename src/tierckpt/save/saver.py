@@ -254,6 +254,9 @@ class AsyncSaver:
             if status[0] is None:
                 assert writer.metadata_entry is not None and writer.metadata_bytes is not None
                 files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
+                parts = mf.parts_of(files, step=job.step, save_id=job.save_id,
+                                    world_size=comm.world_size)
+                files = (*files, *mf.part_entries(parts))
                 built = mf.Manifest(step=job.step, world_size=comm.world_size,
                                     save_id=job.save_id, files=files, domains=self.domains,
                                     created_unix=time.time(), torch_version=torch.__version__,
@@ -263,7 +266,7 @@ class AsyncSaver:
                 assert written.all_held is not None
                 held_by_all = all(written.all_held[d[0]] == digest for d in self.domains)
                 payload = (mbytes, mf.marker_bytes(mbytes, job.step, job.save_id,
-                                                   mf.signing_key()),
+                                                   mf.signing_key(), parts),
                            None if held_by_all else writer.metadata_bytes, digest)
                 status = (None, built.total_bytes)
         failed, total = comm.broadcast(status)  # O(1): the error, or the checkpoint's bytes
@@ -271,25 +274,26 @@ class AsyncSaver:
             raise SaveError(f"save of step {job.step} failed: {failed}") from written.exception
         if self._owners is not None:  # the manifest goes to domain owners only (O(W) each)
             payload = self._owners.broadcast(payload)
-        error = None
+        error, manifest = None, None
         if self.is_owner:
             assert payload is not None
             mbytes, marker, meta_bytes, digest = payload
             try:
+                manifest = mf.Manifest.from_bytes(mbytes)
                 if meta_bytes is None:  # rank 0 saw in the gather that this owner holds them
                     if self._meta_held is None or self._meta_held[0] != digest:
                         raise SaveError("rank 0 sent the digest of a .metadata this owner "
                                         "does not hold")
                     meta_bytes = self._meta_held[1]
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
-                              metadata_bytes=meta_bytes, file_mode=w.file_mode)
+                              metadata_bytes=meta_bytes, file_mode=w.file_mode,
+                              parts=_parts(manifest))
                 self._meta_held = (digest, meta_bytes)
             except Exception as e:
                 error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
         failed = comm.first_error(error)
         if failed is not None:
             raise SaveError(failed)
-        manifest = mf.Manifest.from_bytes(payload[0]) if payload is not None else None
         tier = "tier1"
         if self.tier0 is not None:
             committed = mf.Committed(manifest, payload[0], payload[1]) \
@@ -366,6 +370,19 @@ class AsyncSaver:
         errors = [e for e in comm.all_gather(error) if e]
         if errors:
             raise SaveError("; ".join(errors) + " (the step stays in tier 0)")
+
+
+def _parts(manifest: mf.Manifest) -> dict[str, bytes]:
+    """The manifest's parts, rebuilt from its entries (the coordinator's bytes exactly: they
+    are a function of the entries), each checked against the manifest's entry."""
+    listed = {f.name: f for f in manifest.files if layout.is_part(f.name)}
+    parts = mf.parts_of((f for f in manifest.files if f.name not in listed),
+                        step=manifest.step, save_id=manifest.save_id,
+                        world_size=manifest.world_size)
+    if mf.part_entries(parts) != sorted(listed.values(), key=lambda f: f.name):
+        raise SaveError(f"step {manifest.step}: the manifest parts rebuilt here differ from "
+                        "the coordinator's entries")
+    return parts
 
 
 def _is_enospc(e: BaseException, depth: int = 0) -> bool:

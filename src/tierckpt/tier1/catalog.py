@@ -88,6 +88,26 @@ def read_committed(ckpt_dir: Path, *, step: int | None) -> mf.Committed:
     return mf.verify_committed(marker, mbytes, step=step, name="directory")
 
 
+def read_part(ckpt_dir: Path, rank: int) -> mf.Manifest | None:
+    """``rank``'s manifest part of the checkpoint directory ``ckpt_dir``, verified against
+    its marker (:func:`tierckpt.format.manifest.verify_part`: it lists only that rank's
+    group's files and the shared ones), or None when the marker vouches for no parts (a
+    checkpoint from before them). Raises :class:`IntegrityError` (no marker, a missing or
+    damaged part: the caller reads the whole manifest instead) or ``OSError``."""
+    try:
+        marker = read_small(ckpt_dir / layout.COMPLETE)
+    except FileNotFoundError:
+        raise IntegrityError("no COMPLETE marker (the save never committed)") from None
+    if not mf.marker_parts(marker):
+        return None
+    name = layout.part_filename(rank)
+    try:
+        data = read_small(ckpt_dir / name, MANIFEST_LIMIT)
+    except FileNotFoundError:
+        raise IntegrityError(f"COMPLETE names {name} but it is missing") from None
+    return mf.verify_part(marker, name, data, mf.signing_key(), rank=rank)
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordedPolicy:
     """The retention a job with a tier 2 recorded for its root when it started
