@@ -243,8 +243,7 @@ def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int,
     entry = mf.FileEntry(name=".metadata", size=len(md_bytes), crc32c=0, rank=None)
     listed: tuple[mf.FileEntry, ...] = (*(f for fl in files for f in fl), entry)
     if parts is not None:
-        parts.update(mf.parts_of(listed, step=1000, save_id="synthetic", world_size=world,
-                                 domains=domains))
+        parts.update(mf.parts_of(listed, step=1000, save_id="synthetic", world_size=world))
         listed = (*listed, *mf.part_entries(parts))
     m = mf.Manifest(step=1000, world_size=world, save_id="synthetic", domains=domains,
                     files=listed, created_unix=0.0)

@@ -163,16 +163,3 @@ def test_signed_parts_refuse_unsigned_and_wrong_key() -> None:
     with pytest.raises(SignatureError, match="unsigned"):
         mf.verify_part(mf.marker_bytes(b"m", 5, "abc-5", parts=parts), name, parts[name],
                        b"k1", rank=1)
-
-
-def test_a_domain_is_listed_in_the_parts_it_spans_when_they_are_few() -> None:
-    nodes = ((0, 1, 2, 3), (4, 5, 6, 7, 8, 9, 10, 11), tuple(range(12, 20)))
-    parts = mf.parts_of(_ranks(20), step=5, save_id="abc-5", world_size=20, domains=nodes)
-    marker = mf.marker_bytes(b"m", 5, "abc-5", parts=parts)
-    doms = {n: mf.verify_part(marker, n, parts[n], rank=8 * i).domains
-            for i, n in enumerate(parts)}
-    assert doms == {"manifest.00000.json": nodes[:2], "manifest.00001.json": nodes[1:],
-                    "manifest.00002.json": nodes[2:]}
-    shared = mf.parts_of(_ranks(40), step=5, save_id="abc-5", world_size=40,
-                         domains=(tuple(range(40)),))  # one shared file system: 5 parts
-    assert all(b'"domains":[]' in b for b in shared.values())

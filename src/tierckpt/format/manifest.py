@@ -185,35 +185,21 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-DOMAIN_PARTS = 4
-"""A domain whose ranks span at most this many parts is listed in them, and its owner
-verifies from them (:func:`tierckpt.restore.verify.verify_checkpoint`); a wider one (a
-shared file system: one domain for the job) from the whole manifest."""
-
-
-def parts_of(files: Iterable[FileEntry], *, step: int, save_id: str, world_size: int,
-             domains: tuple[tuple[int, ...], ...] = ()) -> dict[str, bytes]:
+def parts_of(files: Iterable[FileEntry], *, step: int, save_id: str, world_size: int
+             ) -> dict[str, bytes]:
     """The canonical bytes of each manifest part, by file name: part k lists the files of
     ranks ``PART_RANKS`` × k … × k + ``PART_RANKS`` − 1 and every shared file (rank None:
     ``.metadata``), so a rank finds in its part every file a restore on the saved layout
-    may read, and the ``domains`` that hold any of those ranks and span at most
-    :data:`DOMAIN_PARTS` parts (their owners verify from the parts of their ranks).
-    ``files`` are the manifest's files without the parts. Deterministic."""
+    may read. ``files`` are the manifest's files without the parts. Deterministic."""
     files = sorted(files, key=lambda f: f.name)
     shared = [f for f in files if f.rank is None]
     by_part: dict[str, list[FileEntry]] = {}
     for f in files:
         if f.rank is not None:
             by_part.setdefault(part_filename(f.rank), []).append(f)
-    held: dict[str, list[list[int]]] = {}  # O(W): each domain under each part it touches
-    for d in domains:
-        names = dict.fromkeys(part_filename(r) for r in d)
-        if len(names) <= DOMAIN_PARTS:  # a wider domain's owner reads the whole manifest
-            for name in names:
-                held.setdefault(name, []).append(list(d))
     return {name: _canonical({
         "format_version": FORMAT_VERSION, "step": step, "save_id": save_id,
-        "world_size": world_size, "part": name, "domains": held.get(name, []),
+        "world_size": world_size, "part": name,
         "files": [f.to_json() for f in sorted([*own, *shared], key=lambda f: f.name)]})
         for name, own in sorted(by_part.items())}
 
@@ -268,9 +254,8 @@ def verify_part(marker: bytes, name: str, data: bytes, key: bytes | None = None,
                 *, rank: int) -> Manifest:
     """Check that ``marker`` vouches for part ``name`` (``data``, the part of ``rank``)
     and return it as a manifest that lists **only** the part's files: ``rank``'s group's
-    and the shared ones, and the domains holding those ranks. Enough for that group's own
-    reads on the saved layout and for verifying them, nothing else (no other rank's files,
-    not the parts themselves). Raises :class:`IntegrityError` (digest, step,
+    and the shared ones. Enough for that rank's own reads on the saved layout, nothing
+    else (no domains, no other rank's files). Raises :class:`IntegrityError` (digest, step,
     save id or ranks disagree) or :class:`SignatureError` as :func:`verify_marker` does."""
     try:
         body = json.loads(marker.decode("utf-8"))
@@ -298,8 +283,7 @@ def verify_part(marker: bytes, name: str, data: bytes, key: bytes | None = None,
             raise ValueError(f"not the part {name} of format {FORMAT_VERSION}")
         files = tuple(FileEntry.from_json(f) for f in d["files"])
         m = Manifest(step=int(d["step"]), world_size=int(d["world_size"]),
-                     save_id=str(d["save_id"]), files=files,
-                     domains=tuple(tuple(int(r) for r in g) for g in d.get("domains", ())))
+                     save_id=str(d["save_id"]), files=files)
     except IntegrityError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:

@@ -2,12 +2,8 @@
 
 Marker and manifest first (bounded reads through :mod:`tierckpt.tier1.catalog`), then
 every file this domain needs: present, a regular file, of the manifest's size — and its
-CRC32C when asked. On the saved layout, a domain whose ranks span at most
-:data:`~tierckpt.format.manifest.DOMAIN_PARTS` manifest parts is verified from the marker
-and those parts instead of the whole manifest (O(ranks of the domain), not O(W)).
-
-DCP's pickled ``.metadata`` is CRC-checked here unless the restore will plan from each
-rank's own ``__<rank>.metadata`` (the saved layout): the reader checks
+CRC32C when asked. DCP's pickled ``.metadata`` is CRC-checked here unless the restore will
+plan from each rank's own ``__<rank>.metadata`` (the saved layout): the reader checks
 whichever metadata file it opens against the manifest before unpickling it, so a same-size
 substitute is never unpickled either way.
 """
@@ -22,7 +18,7 @@ from pathlib import Path
 from tierckpt.errors import IntegrityError, MissingFilesError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
-from tierckpt.tier1.catalog import MANIFEST_LIMIT, read_committed, read_small
+from tierckpt.tier1.catalog import read_committed
 
 
 class Verify(str, enum.Enum):
@@ -57,8 +53,7 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
     st = os.lstat(ckpt_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise IntegrityError(f"{ckpt_dir.name} is not a directory (symlink or file)")
-    m = _from_parts(ckpt_dir, step, domain, world_size) or \
-        read_committed(ckpt_dir, step=step).manifest
+    m = read_committed(ckpt_dir, step=step).manifest
     ranks = required_ranks(m, domain, world_size)
     wanted = m.files if ranks is None else m.files_for_ranks(ranks)
     # the global pickle is CRC-checked here unless each rank of this domain restores from
@@ -86,37 +81,6 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
     if missing:
         _raise_missing(ckpt_dir, m, missing)
     return m
-
-
-def _from_parts(ckpt_dir: Path, step: int | None, domain: tuple[int, ...] | None,
-                world_size: int | None) -> mf.Manifest | None:
-    """``domain``'s files and the shared ones, from the manifest parts of its ranks
-    (each checked against the marker), when this is the saved layout (the same world size,
-    the same domain); else None, and the whole manifest is read — also when anything here
-    is missing or fails its check, so that path reports it. ``manifest.json`` must be
-    present (its digest is checked whenever the checkpoint is read through it)."""
-    if domain is None or world_size is None or step is None:
-        return None
-    names = dict.fromkeys(layout.part_filename(r) for r in domain)
-    if len(names) > mf.DOMAIN_PARTS or not os.path.isfile(ckpt_dir / layout.MANIFEST):
-        return None
-    try:
-        marker = read_small(ckpt_dir / layout.COMPLETE)
-        if not mf.marker_parts(marker):
-            return None
-        parts = [mf.verify_part(marker, name, read_small(ckpt_dir / name, MANIFEST_LIMIT),
-                                mf.signing_key(), rank=next(r for r in domain if
-                                                            layout.part_filename(r) == name))
-                 for name in names]
-    except (IntegrityError, OSError):
-        return None
-    p0 = parts[0]
-    if p0.step != step or p0.world_size != world_size or \
-            any(tuple(domain) not in p.domains for p in parts):
-        return None
-    files = {f.name: f for p in parts for f in p.files}
-    return mf.Manifest(step=p0.step, world_size=p0.world_size, save_id=p0.save_id,
-                       files=tuple(files.values()), domains=(tuple(domain),))
 
 
 def _raise_missing(ckpt_dir: Path, m: mf.Manifest, missing: list[str]) -> None:

@@ -255,7 +255,7 @@ class AsyncSaver:
                 assert writer.metadata_entry is not None and writer.metadata_bytes is not None
                 files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
                 parts = mf.parts_of(files, step=job.step, save_id=job.save_id,
-                                    world_size=comm.world_size, domains=self.domains)
+                                    world_size=comm.world_size)
                 files = (*files, *mf.part_entries(parts))
                 built = mf.Manifest(step=job.step, world_size=comm.world_size,
                                     save_id=job.save_id, files=files, domains=self.domains,
@@ -378,7 +378,7 @@ def _parts(manifest: mf.Manifest) -> dict[str, bytes]:
     listed = {f.name: f for f in manifest.files if layout.is_part(f.name)}
     parts = mf.parts_of((f for f in manifest.files if f.name not in listed),
                         step=manifest.step, save_id=manifest.save_id,
-                        world_size=manifest.world_size, domains=manifest.domains)
+                        world_size=manifest.world_size)
     if mf.part_entries(parts) != sorted(listed.values(), key=lambda f: f.name):
         raise SaveError(f"step {manifest.step}: the manifest parts rebuilt here differ from "
                         "the coordinator's entries")
