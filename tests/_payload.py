@@ -50,18 +50,22 @@ def payload_bytes(real: bytes, marker_file: Path, where: Where = "top") -> bytes
 def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = "top",
                            member: str = layout.METADATA) -> None:
     """Replace ``ckpt_dir``'s ``member`` (``.metadata``, or a rank's ``__<r>.metadata``)
-    with :func:`payload_bytes`, then rewrite ``manifest.json`` (the entry's size and CRC32C)
-    and ``COMPLETE`` (unsigned) so that the checkpoint verifies again: only the restricted
-    unpickler can stop it."""
+    with :func:`payload_bytes`, then rewrite ``manifest.json`` (the entry's size and CRC32C),
+    its parts and ``COMPLETE`` (unsigned) so that the checkpoint verifies again on every
+    path: only the restricted unpickler can stop it."""
     meta = ckpt_dir / member
     data = payload_bytes(meta.read_bytes(), marker_file, where)
     fs.write_durably(meta, data)
     m = mf.Manifest.from_bytes((ckpt_dir / layout.MANIFEST).read_bytes())
     crc = checksum.extend(0, data)
     files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc, chunks=())
-                  if f.name == member else f for f in m.files)
-    mbytes = dataclasses.replace(m, files=files).to_bytes()
+                  if f.name == member else f for f in m.files if not layout.is_part(f.name))
+    parts = mf.parts_of(files, step=m.step, save_id=m.save_id, world_size=m.world_size)
+    for name, part in parts.items():
+        (ckpt_dir / name).unlink(missing_ok=True)
+        fs.write_durably(ckpt_dir / name, part)
+    mbytes = dataclasses.replace(m, files=(*files, *mf.part_entries(parts))).to_bytes()
     fs.write_durably(ckpt_dir / layout.MANIFEST, mbytes)
     (ckpt_dir / layout.COMPLETE).unlink()  # the marker is create-only
-    fs.write_durably(ckpt_dir / layout.COMPLETE, mf.marker_bytes(mbytes, m.step, m.save_id),
-                     exclusive=True)
+    fs.write_durably(ckpt_dir / layout.COMPLETE,
+                     mf.marker_bytes(mbytes, m.step, m.save_id, parts=parts), exclusive=True)
