@@ -226,7 +226,7 @@ def _loglog(ax: Any, title: str, ylabel: str) -> None:
     ax.set_xlabel("world size W")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2 if len(ax.get_lines()) > 10 else 1)
 
 
 def _positive(ax: Any, pts: list[dict[str, Any]], value: Any, style: str, marker: str,
@@ -250,6 +250,8 @@ def _plot_real(ax_calls: Any, ax_bytes: Any, r: dict[str, Any]) -> None:
                   style, "o", f"{side} coordinator received (save)")
         _positive(ax_bytes, pts, lambda p, s=side: p[s]["save"]["other_received_max"],
                   style, "^", f"{side} other rank received (save)")
+    _positive(ax_bytes, pts, lambda p: p["tierckpt"]["restore"].get("metadata_read_other_max"),
+              "-", "*", "tierckpt metadata read, ranks but the owner (restore)")
     _loglog(ax_calls, "real: collectives per operation", "collectives")
     _loglog(ax_bytes, "real: bytes per rank", "bytes")
 
@@ -290,6 +292,11 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
         line(ax_b, [p["rank_restore_read_bytes_per_rank"] for p in pts],
              "read per rank, saved layout (rank files)", ">")
         line(ax_b, [p["rank_metadata_bytes"] for p in pts], "__<rank>.metadata", "<")
+    if all("part_restore_read_bytes_per_rank" in p for p in pts):
+        line(ax_b, [p["part_restore_read_bytes_per_rank"] for p in pts],
+             "read per rank since the parts (not an owner)", "*")
+        line(ax_b, [p["now_owner_received_bytes"] for p in pts],
+             "to each owner since (cached save)", "h")
     line(ax_b, [p["save_received_bytes_per_rank"] for p in pts], "received per rank (save)",
          "D")
     ax_b.axhline(100e6, color="grey", lw=0.8, ls=":", label="target: coordinator 100 MB")
