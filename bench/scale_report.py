@@ -265,40 +265,36 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
         for w, y, p in zip(ws, ys, pts, strict=True):  # hollow: scaled from fewer layers
             ax.plot([w], [y], marker, color=line.get_color(),
                     markerfacecolor="none" if p["scaled"] else line.get_color())
-    line(ax_s, [p["dcp_coordinator_seconds"] for p in pts], "DCP coordinator (save)", "o")
+
+    def series(ax: Any, key: str, label: str, marker: str) -> None:
+        if all(key in p for p in pts):  # a quantity older results lack is left out
+            line(ax, [p[key] for p in pts], label, marker)
+
+    series(ax_s, "dcp_coordinator_seconds", "DCP coordinator (save)", "o")
     line(ax_s, [p["seconds"]["dcp.validate"] for p in pts], "… of which validation", "v")
-    line(ax_s, [p["tierckpt_commit_seconds"] for p in pts], "tierckpt manifest (save)", "s")
-    if all("replan_coordinator_seconds" in p for p in pts):
-        line(ax_s, [p["replan_coordinator_seconds"] for p in pts],
-             "coordinator since, replanning save", "D")
-    line(ax_s, [p["restore_rank_seconds"] for p in pts], "per rank: parse (restore)", "^")
-    if all("now_coordinator_seconds" in p for p in pts):
-        line(ax_s, [p["now_coordinator_seconds"] for p in pts],
-             "coordinator since (cached save)", "x")
-        line(ax_s, [p["rank_restore_seconds"] for p in pts],
-             "per rank since: parse (saved layout)", ">")
+    for key, label, marker in (
+            ("tierckpt_commit_seconds", "tierckpt manifest (save)", "s"),
+            ("replan_coordinator_seconds", "coordinator since, replanning save", "D"),
+            ("restore_rank_seconds", "per rank: parse (restore)", "^"),
+            ("now_coordinator_seconds", "coordinator since (cached save)", "x"),
+            ("rank_restore_seconds", "per rank since: parse (saved layout)", ">")):
+        series(ax_s, key, label, marker)
     ax_s.axhline(1.0, color="grey", lw=0.8, ls=":", label="target: coordinator 1 s")
-    line(ax_b, [p["coordinator_peak_bytes"] for p in pts], "coordinator peak (save)", "o")
-    if all("now_coordinator_peak_bytes" in p for p in pts):
-        line(ax_b, [p["now_coordinator_peak_bytes"] for p in pts],
-             "coordinator peak since (cached save)", "P")
-    line(ax_b, [p["metadata_bytes"] for p in pts], ".metadata", "v")
-    line(ax_b, [p["manifest_bytes"] for p in pts], "manifest.json", "s")
-    if all("manifest_now_bytes" in p for p in pts):
-        line(ax_b, [p["manifest_now_bytes"] for p in pts], "manifest.json since", "x")
-    line(ax_b, [p["restore_read_bytes_per_rank"] for p in pts], "read per rank (restore)",
-         "^")
-    if all("rank_restore_read_bytes_per_rank" in p for p in pts):
-        line(ax_b, [p["rank_restore_read_bytes_per_rank"] for p in pts],
-             "read per rank, saved layout (rank files)", ">")
-        line(ax_b, [p["rank_metadata_bytes"] for p in pts], "__<rank>.metadata", "<")
-    if all("part_restore_read_bytes_per_rank" in p for p in pts):
-        line(ax_b, [p["part_restore_read_bytes_per_rank"] for p in pts],
-             "read per rank since the parts (not an owner)", "*")
-        line(ax_b, [p["now_owner_received_bytes"] for p in pts],
-             "to each owner since (cached save)", "h")
-    line(ax_b, [p["save_received_bytes_per_rank"] for p in pts], "received per rank (save)",
-         "D")
+    for key, label, marker in (
+            ("coordinator_peak_bytes", "coordinator peak (save)", "o"),
+            ("now_coordinator_peak_bytes", "coordinator peak since (cached save)", "P"),
+            ("metadata_bytes", ".metadata", "v"),
+            ("manifest_bytes", "manifest.json", "s"),
+            ("manifest_now_bytes", "manifest.json since", "x"),
+            ("restore_read_bytes_per_rank", "read per rank (restore)", "^"),
+            ("rank_restore_read_bytes_per_rank", "read per rank, saved layout (rank files)",
+             ">"),
+            ("rank_metadata_bytes", "__<rank>.metadata", "<"),
+            ("part_restore_read_bytes_per_rank",
+             "read per rank since the parts (not an owner)", "*"),
+            ("now_owner_received_bytes", "to each owner since (cached save)", "h"),
+            ("save_received_bytes_per_rank", "received per rank (save)", "D")):
+        series(ax_b, key, label, marker)
     ax_b.axhline(100e6, color="grey", lw=0.8, ls=":", label="target: coordinator 100 MB")
     ax_b.axhline(1e6, color="grey", lw=0.8, ls="-.", label="target: 1 MB read per rank")
     _loglog(ax_s, "synthetic 70B: seconds (hollow: scaled)", "seconds")
