@@ -1,15 +1,9 @@
 """Synthetic planning at scale, in one process with no ranks: what a save's coordinator and a
 restoring rank do with a Llama-70B-shaped state sharded W ways, for W up to thousands.
 
-The state (:data:`LAYER`, 80 layers × 9 tensors = 720 parameters, fp32, each with AdamW's
-``exp_avg`` and ``exp_avg_sq`` and a scalar ``step``; one param group; the per-rank blob
-``rank_state.<r>``) is what ``tierckpt.TrainState`` hands DCP for an FSDP2 model: every
-parameter and moment sharded along dim 0 with ``torch.chunk``'s rule (ranks past the end
-hold an empty shard at offset = the dim's size, as DTensor gives them), ``step`` and the
-param group's values replicated on every rank. Each rank's ``SavePlan`` is built item by
-item as ``create_default_local_save_plan`` would (``WriteItem``, ``MetadataIndex``,
-``ChunkStorageMetadata``, the flattening's ``planner_data``), pickled as ``gather_object``
-would send it. Then, timed phase by phase (seconds, perf_counter):
+The state and each rank's ``SavePlan`` come from :mod:`bench.scale_state` (80 layers × 9
+tensors, each with AdamW's two moments and ``step``, FSDP-sharded along dim 0), pickled as
+``gather_object`` would send it. Then, timed phase by phase (seconds, perf_counter):
 
 - the coordinator of DCP's default path: unpickle the W plans; ``dedup_save_plans``;
   ``create_default_global_save_plan``; merge the ``planner_data`` (``DefaultSavePlanner.
@@ -29,7 +23,9 @@ would send it. Then, timed phase by phase (seconds, perf_counter):
   cached and no rank's records changed: it unpickles W messages of a digest and three file
   entries — each rank's shard file without chunks and its two small files, rank 0's sizes
   for all —, builds the manifest and writes the previous ``.metadata`` bytes again: its
-  seconds, peak and bytes received), and every restoring rank's parse of that manifest.
+  seconds, peak and bytes received), and every restoring rank's parse of that manifest;
+  ``now.parse_part``: since the manifest parts, a rank that is not its domain's owner
+  checks its part against the marker instead (``format.manifest.verify_part``).
 
 Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
 received pickles themselves excluded), in a second pass so tracing does not slow the timed
@@ -55,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import pickle
 import time
 import tracemalloc
@@ -64,27 +59,21 @@ from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 from torch.distributed.checkpoint.default_planner import (
     _validate_global_plan,
     create_default_global_save_plan,
 )
-from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
     Metadata,
-    MetadataIndex,
-    TensorProperties,
 )
 from torch.distributed.checkpoint.planner import (
     SavePlan,
-    TensorWriteData,
-    WriteItem,
-    WriteItemType,
 )
 from torch.distributed.checkpoint.storage import WriteResult
 
+from bench.scale_state import LAYER, LAYERS, MOMENTS, local_plan, written
 from tierckpt.format import layout, records
 from tierckpt.format import manifest as mf
 from tierckpt.restore.metadata import load_metadata
@@ -92,108 +81,11 @@ from tierckpt.save.coordinate import rank_metadata
 from tierckpt.save.planner import merge_first_wins, validate_global_plan
 from tierckpt.tier1.catalog import MANIFEST_LIMIT
 
-LAYERS = 80
-DIM, KV, FFN = 8192, 1024, 28672
-LAYER: tuple[tuple[str, tuple[int, ...]], ...] = (
-    ("attention.wq.weight", (DIM, DIM)), ("attention.wk.weight", (KV, DIM)),
-    ("attention.wv.weight", (KV, DIM)), ("attention.wo.weight", (DIM, DIM)),
-    ("feed_forward.w1.weight", (FFN, DIM)), ("feed_forward.w2.weight", (DIM, FFN)),
-    ("feed_forward.w3.weight", (FFN, DIM)), ("attention_norm.weight", (DIM,)),
-    ("ffn_norm.weight", (DIM,)))
-"""One Llama-3-70B decoder layer (dim 8192, 8 KV heads of 128, FFN 28672)."""
-MOMENTS = ("exp_avg", "exp_avg_sq")
-PARAM_GROUP = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach",
-               "capturable", "differentiable", "fused", "decoupled_weight_decay", "params")
-BLOB_BYTES = 18_269
-"""The per-rank blob (RNG streams, step) as measured in the real runs."""
-RECORD_OVERHEAD = 1_088
-"""Bytes a shard file's record adds to its tensor's data (``torch.save``'s zip framing)."""
 RANKS_PER_DOMAIN = 8
 ITEM_CAP = 4096
 """Default ``item_cap``: the most W × layers a point builds (W ≤ 51 builds all 80 layers;
 W = 4,096 one). About 100 s and 1.3 GB of this process per point at the cap."""
 VALIDATE_FULL_S = 30.0
-
-
-def _shard(n: int, world: int, rank: int) -> tuple[int, int]:
-    """(offset, length) of ``rank``'s dim-0 shard of ``n`` rows (``torch.chunk``'s rule)."""
-    c = -(-n // world)
-    start = min(rank * c, n)
-    length = max(0, min(n, start + c) - start)
-    return (start if length else n), length
-
-
-def _item(fqn: str, size: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...],
-          kind: WriteItemType, dtype: torch.dtype = torch.float32) -> WriteItem:
-    off = torch.Size(offsets)
-    return WriteItem(index=MetadataIndex(fqn, off), type=kind, tensor_data=TensorWriteData(
-        chunk=ChunkStorageMetadata(offsets=off, sizes=torch.Size(sizes)),
-        properties=TensorProperties(dtype=dtype), size=torch.Size(size)))
-
-
-def _layer_indices(layers: int) -> list[int]:
-    """Which of the 80 layers a point builds: spread out, so that its names have the
-    full state's mix of one- and two-digit layer numbers (their pickled sizes differ)."""
-    return [k * LAYERS // layers for k in range(layers)]
-
-
-def local_plan(rank: int, world: int, layers: int) -> SavePlan:
-    """Rank ``rank``'s ``SavePlan`` for ``layers`` layers of the 70B state, as the default
-    local planner builds it (``planner_data``: the flattening's fqn → path)."""
-    items: list[WriteItem] = []
-    paths: dict[str, tuple[str, ...]] = {}
-    for i in _layer_indices(layers):
-        for name, shape in LAYER:
-            off, length = _shard(shape[0], world, rank)
-            offsets, sizes = (off, *(0,) * (len(shape) - 1)), (length, *shape[1:])
-            key = f"layers.{i}.{name}"
-            items.append(_item(f"model.{key}", shape, offsets, sizes, WriteItemType.SHARD))
-            paths[f"model.{key}"] = ("model", key)
-            for m in MOMENTS:
-                fqn = f"optim.state.{key}.{m}"
-                items.append(_item(fqn, shape, offsets, sizes, WriteItemType.SHARD))
-                paths[fqn] = ("optim", "state", key, m)
-            fqn = f"optim.state.{key}.step"
-            items.append(_item(fqn, (), (), (), WriteItemType.TENSOR))
-            paths[fqn] = ("optim", "state", key, "step")
-    for k in PARAM_GROUP:
-        fqn = f"optim.param_groups.0.{k}"
-        items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
-        paths[fqn] = ("optim", "param_groups", "0", k)
-    blob = f"rank_state.{rank}"
-    items.append(_item(blob, (BLOB_BYTES,), (0,), (BLOB_BYTES,), WriteItemType.TENSOR,
-                       torch.uint8))
-    paths[blob] = ("rank_state", str(rank))
-    return SavePlan(items, planner_data=paths)
-
-
-def _nbytes(item: WriteItem) -> int:
-    if item.tensor_data is None:
-        return 420  # a pickled param-group value
-    return math.prod(item.tensor_data.chunk.sizes) * \
-        torch._utils._element_size(item.tensor_data.properties.dtype)
-
-
-def _written(rank: int, plan: SavePlan, stretch: float = 1.0
-             ) -> tuple[list[WriteResult], mf.FileEntry]:
-    """What rank ``rank`` reports after writing ``plan`` into one file: DCP's write results
-    and tierckpt's ``FileEntry`` (a CRC ``Chunk`` per record).
-
-    Offsets and the file's size are multiplied by ``stretch`` (80 / layers built): in the
-    full state they run to the whole shard's size, and their digits (JSON) and pickled
-    widths are part of every size measured here."""
-    name, offset = f"__{rank}_0.distcp", 0
-    results, chunks = [], []
-    for item in plan.items:
-        length = _nbytes(item) + RECORD_OVERHEAD
-        crc = zlib.crc32(item.index.fqn.encode())
-        at = round(offset * stretch)
-        results.append(WriteResult(index=item.index, size_in_bytes=length,
-                                   storage_data=_StorageInfo(name, at, length)))
-        chunks.append(mf.Chunk(at, length, crc))
-        offset += length
-    return results, mf.FileEntry(name=name, size=round(offset * stretch), crc32c=rank,
-                                 rank=rank, chunks=tuple(chunks))
 
 
 @dataclasses.dataclass
@@ -291,7 +183,7 @@ def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool
     scattered = clock("dcp.pickle_scatter", lambda ps: [pickle.dumps(p) for p in ps],
                       global_plan)
     if wire.results is None:  # the ranks write (not the coordinator's cost)
-        done = [_written(r, p, wire.stretch) for r, p in enumerate(global_plan)]
+        done = [written(r, p, wire.stretch) for r, p in enumerate(global_plan)]
         wire.results = [pickle.dumps(r) for r, _ in done]
         wire.files = [pickle.dumps([f]) for _, f in done]
         del done
@@ -375,7 +267,7 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     sizes = _coordinator(wire, world, clock, validate)
     _restore_rank(sizes, clock)
     plan0 = local_plan(0, world, layers)
-    results0, _ = _written(0, plan0, full)
+    results0, _ = written(0, plan0, full)
     own = clock("rank.build_metadata", lambda: pickle.dumps(rank_metadata(plan0, results0)))
     clock("rank.parse_metadata", lambda b: load_metadata(b, source="__0.metadata"), own)
     assert wire.files is not None

@@ -15,7 +15,8 @@ import pytest
 from bench.reads import Reads
 from bench.run import main as bench_main
 from bench.scale import SCHEMA, parse_world_list, run_scale
-from bench.scale_synth import LAYER, LAYERS, local_plan, synthetic_point
+from bench.scale_state import LAYER, LAYERS, local_plan
+from bench.scale_synth import synthetic_point
 from tierckpt.errors import ConfigError
 
 
