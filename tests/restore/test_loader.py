@@ -7,6 +7,7 @@ checkpoint stays readable by plain ``dcp.load``, with or without the global file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -153,6 +154,23 @@ def test_a_garbled_part_is_not_a_lost_checkpoint(tmp_path: Path) -> None:
              if e["event"] == events.METADATA_FALLBACK]
     assert "manifest.00000.json" in ev["reason"] and "whole manifest.json" in ev["reason"]
     assert not (tmp_path / "t1" / layout.QUARANTINE).exists()
+
+
+def test_a_checkpoint_from_before_the_parts_loads_through_the_manifest(tmp_path: Path) -> None:
+    saved, d = _saved(tmp_path / "t1")
+    m = mf.Manifest.from_bytes((d / layout.MANIFEST).read_bytes())
+    for f in m.files:
+        if layout.is_part(f.name):
+            (d / f.name).unlink()
+    old = dataclasses.replace(m, files=tuple(f for f in m.files if not layout.is_part(f.name)))
+    mbytes = old.to_bytes()
+    (d / layout.MANIFEST).write_bytes(mbytes)
+    (d / layout.COMPLETE).write_bytes(mf.marker_bytes(mbytes, m.step, m.save_id))
+    st, notes = _state(7), []
+    with Reads(d) as reads:
+        load_into(st, d, 1, Comm(), notes=notes)
+    assert _same(st, saved) and notes == []  # nothing to fall back from: no part promised
+    assert layout.MANIFEST in {name for name, _ in reads.files}
 
 
 def test_uncovered_names_what_a_rank_file_cannot_plan(tmp_path: Path) -> None:
