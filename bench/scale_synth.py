@@ -126,21 +126,21 @@ def _finish(md: Metadata, results: list[list[WriteResult]]) -> bytes:
     return pickle.dumps(md)
 
 
-def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int,
-              parts: dict[str, bytes] | None = None) -> tuple[bytes, bytes]:
-    """The commit's manifest (``save/saver.py``) and its marker; with ``parts`` (a dict
-    to fill) also the manifest's parts, listed in it and vouched for by the marker."""
+def _unsealed(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int) -> mf.Manifest:
+    """The commit's manifest (``save/saver.py``) before its parts: the ranks' files, the
+    ``.metadata`` entry, one domain per 8 ranks."""
     domains = tuple(tuple(range(d, min(world, d + RANKS_PER_DOMAIN)))
                     for d in range(0, world, RANKS_PER_DOMAIN))
     entry = mf.FileEntry(name=".metadata", size=len(md_bytes), crc32c=0, rank=None)
-    listed: tuple[mf.FileEntry, ...] = (*(f for fl in files for f in fl), entry)
-    if parts is not None:
-        parts.update(mf.parts_of(listed, step=1000, save_id="synthetic", world_size=world))
-        listed = (*listed, *mf.part_entries(parts))
-    m = mf.Manifest(step=1000, world_size=world, save_id="synthetic", domains=domains,
-                    files=listed, created_unix=0.0)
-    b = m.to_bytes()
-    return b, mf.marker_bytes(b, 1000, "synthetic", parts=parts)
+    return mf.Manifest(step=1000, world_size=world, save_id="synthetic", domains=domains,
+                       files=(*(f for fl in files for f in fl), entry), created_unix=0.0)
+
+
+def _manifest(files: list[list[mf.FileEntry]], md_bytes: bytes, world: int
+              ) -> tuple[bytes, bytes]:
+    """The manifest and marker as committed up to fd5185e (no parts)."""
+    b = _unsealed(files, md_bytes, world).to_bytes()
+    return b, mf.marker_bytes(b, 1000, "synthetic")
 
 
 def _rank_files(rank: int, shard: mf.FileEntry, own: bytes, rec: bytes
@@ -163,8 +163,8 @@ def _coordinator_now(gathered: list[bytes], md_bytes: bytes, world: int
     parts."""
     msgs = _loads(gathered)
     assert all(m[1] is None for m in msgs)
-    parts: dict[str, bytes] = {}
-    return (*_manifest([m[2] for m in msgs], md_bytes, world, parts), parts)
+    sealed = mf.seal(_unsealed([m[2] for m in msgs], md_bytes, world))
+    return sealed.manifest_bytes, sealed.marker_bytes, sealed.parts
 
 
 def _coordinator(wire: _Wire, world: int, clock: _Clock, validate: bool

@@ -60,12 +60,9 @@ def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = 
     crc = checksum.extend(0, data)
     files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc, chunks=())
                   if f.name == member else f for f in m.files if not layout.is_part(f.name))
-    parts = mf.parts_of(files, step=m.step, save_id=m.save_id, world_size=m.world_size)
-    for name, part in parts.items():
-        (ckpt_dir / name).unlink(missing_ok=True)
+    sealed = mf.seal(dataclasses.replace(m, files=files))
+    for name, part in sealed.parts.items():
         fs.write_durably(ckpt_dir / name, part)
-    mbytes = dataclasses.replace(m, files=(*files, *mf.part_entries(parts))).to_bytes()
-    fs.write_durably(ckpt_dir / layout.MANIFEST, mbytes)
+    fs.write_durably(ckpt_dir / layout.MANIFEST, sealed.manifest_bytes)
     (ckpt_dir / layout.COMPLETE).unlink()  # the marker is create-only
-    fs.write_durably(ckpt_dir / layout.COMPLETE,
-                     mf.marker_bytes(mbytes, m.step, m.save_id, parts=parts), exclusive=True)
+    fs.write_durably(ckpt_dir / layout.COMPLETE, sealed.marker_bytes, exclusive=True)

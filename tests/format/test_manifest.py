@@ -163,3 +163,18 @@ def test_signed_parts_refuse_unsigned_and_wrong_key() -> None:
     with pytest.raises(SignatureError, match="unsigned"):
         mf.verify_part(mf.marker_bytes(b"m", 5, "abc-5", parts=parts), name, parts[name],
                        b"k1", rank=1)
+
+
+def test_a_sealed_manifest_lists_its_parts_and_rebuilds_them() -> None:
+    m = mf.Manifest(step=5, world_size=12, save_id="abc-5", files=tuple(_ranks(12)))
+    sealed = mf.seal(m, key=b"k1")
+    assert list(sealed.parts) == ["manifest.00000.json", "manifest.00001.json"]
+    assert mf.Manifest.from_bytes(sealed.manifest_bytes) == sealed.manifest
+    assert mf.verify_marker(sealed.marker_bytes, sealed.manifest_bytes, key=b"k1") \
+        == sealed.manifest
+    assert mf.rebuild_parts(mf.Manifest.from_bytes(sealed.manifest_bytes)) == sealed.parts
+    wrong = tuple(f if f.name != "manifest.00001.json" else
+                  mf.FileEntry(name=f.name, size=f.size, crc32c=f.crc32c ^ 1)
+                  for f in sealed.manifest.files)
+    with pytest.raises(IntegrityError, match="differ from the ones it lists"):
+        mf.rebuild_parts(mf.Manifest(step=5, world_size=12, save_id="abc-5", files=wrong))

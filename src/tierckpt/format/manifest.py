@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from tierckpt.errors import IntegrityError, SignatureError
 from tierckpt.format import checksum
-from tierckpt.format.layout import PART_RANKS, part_filename, safe_member_name
+from tierckpt.format.layout import PART_RANKS, is_part, part_filename, safe_member_name
 
 FORMAT_VERSION = 1
 SIGNING_KEY_ENV = "TIERCKPT_SIGNING_KEY"
@@ -208,6 +208,39 @@ def part_entries(parts: Mapping[str, bytes]) -> list[FileEntry]:
     """The manifest's entries of ``parts`` (shared files: every domain holds them)."""
     return [FileEntry(name=n, size=len(b), crc32c=checksum.extend(0, b), rank=None)
             for n, b in sorted(parts.items())]
+
+
+class Sealed(NamedTuple):
+    """A manifest ready to commit: its parts listed in it, its bytes, the marker vouching
+    for both, and the parts' bytes by name."""
+
+    manifest: Manifest
+    manifest_bytes: bytes
+    marker_bytes: bytes
+    parts: dict[str, bytes]
+
+
+def seal(m: Manifest, key: bytes | None = None) -> Sealed:
+    """``m`` (its files, without parts) with its parts (:func:`parts_of`) listed, its
+    canonical bytes and its marker (signed when ``key`` is given): what a commit writes."""
+    parts = parts_of(m.files, step=m.step, save_id=m.save_id, world_size=m.world_size)
+    full = dataclasses.replace(m, files=(*m.files, *part_entries(parts)))
+    data = full.to_bytes()
+    return Sealed(full, data, marker_bytes(data, m.step, m.save_id, key, parts), parts)
+
+
+def rebuild_parts(m: Manifest) -> dict[str, bytes]:
+    """The parts of a sealed manifest, rebuilt from its other entries (the sealer's bytes
+    exactly: parts are a function of the entries); raises :class:`IntegrityError` when they
+    differ from the part entries ``m`` lists."""
+    listed = sorted((f for f in m.files if is_part(f.name)), key=lambda f: f.name)
+    names = {f.name for f in listed}
+    parts = parts_of((f for f in m.files if f.name not in names), step=m.step,
+                     save_id=m.save_id, world_size=m.world_size)
+    if part_entries(parts) != listed:
+        raise IntegrityError(f"step {m.step}: the manifest parts rebuilt from its entries "
+                             "differ from the ones it lists")
+    return parts
 
 
 def _parts_map(parts: Mapping[str, bytes]) -> dict[str, str]:

@@ -247,28 +247,24 @@ class AsyncSaver:
             self.log.emit(events.SAVE_DURABLE, step=job.step,
                           seconds=durable_at - staged_at, bytes=my_bytes,
                           tier="tier0" if in_ram else "tier1")
-        payload, status = None, None
+        payload, status, sealed = None, None, None
         if comm.rank == 0:
             assert written.all_files is not None and written.all_errors is not None
             status = (next((e for e in written.all_errors if e), None), 0)
             if status[0] is None:
                 assert writer.metadata_entry is not None and writer.metadata_bytes is not None
                 files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
-                parts = mf.parts_of(files, step=job.step, save_id=job.save_id,
-                                    world_size=comm.world_size)
-                files = (*files, *mf.part_entries(parts))
-                built = mf.Manifest(step=job.step, world_size=comm.world_size,
-                                    save_id=job.save_id, files=files, domains=self.domains,
-                                    created_unix=time.time(), torch_version=torch.__version__,
-                                    tierckpt_version=__version__)
-                mbytes = built.to_bytes()
+                sealed = mf.seal(mf.Manifest(
+                    step=job.step, world_size=comm.world_size, save_id=job.save_id,
+                    files=files, domains=self.domains, created_unix=time.time(),
+                    torch_version=torch.__version__, tierckpt_version=__version__),
+                    mf.signing_key())
                 digest = self._digest(writer.metadata_bytes)
                 assert written.all_held is not None
                 held_by_all = all(written.all_held[d[0]] == digest for d in self.domains)
-                payload = (mbytes, mf.marker_bytes(mbytes, job.step, job.save_id,
-                                                   mf.signing_key(), parts),
+                payload = (sealed.manifest_bytes, sealed.marker_bytes,
                            None if held_by_all else writer.metadata_bytes, digest)
-                status = (None, built.total_bytes)
+                status = (None, sealed.manifest.total_bytes)
         failed, total = comm.broadcast(status)  # O(1): the error, or the checkpoint's bytes
         if failed is not None:
             raise SaveError(f"save of step {job.step} failed: {failed}") from written.exception
@@ -285,9 +281,10 @@ class AsyncSaver:
                         raise SaveError("rank 0 sent the digest of a .metadata this owner "
                                         "does not hold")
                     meta_bytes = self._meta_held[1]
+                # rank 0 sealed the manifest; other owners rebuild its parts from it
+                parts = sealed.parts if sealed is not None else mf.rebuild_parts(manifest)
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
-                              metadata_bytes=meta_bytes, file_mode=w.file_mode,
-                              parts=_parts(manifest))
+                              metadata_bytes=meta_bytes, file_mode=w.file_mode, parts=parts)
                 self._meta_held = (digest, meta_bytes)
             except Exception as e:
                 error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
@@ -370,19 +367,6 @@ class AsyncSaver:
         errors = [e for e in comm.all_gather(error) if e]
         if errors:
             raise SaveError("; ".join(errors) + " (the step stays in tier 0)")
-
-
-def _parts(manifest: mf.Manifest) -> dict[str, bytes]:
-    """The manifest's parts, rebuilt from its entries (the coordinator's bytes exactly: they
-    are a function of the entries), each checked against the manifest's entry."""
-    listed = {f.name: f for f in manifest.files if layout.is_part(f.name)}
-    parts = mf.parts_of((f for f in manifest.files if f.name not in listed),
-                        step=manifest.step, save_id=manifest.save_id,
-                        world_size=manifest.world_size)
-    if mf.part_entries(parts) != sorted(listed.values(), key=lambda f: f.name):
-        raise SaveError(f"step {manifest.step}: the manifest parts rebuilt here differ from "
-                        "the coordinator's entries")
-    return parts
 
 
 def _is_enospc(e: BaseException, depth: int = 0) -> bool:
