@@ -25,7 +25,9 @@ JSON layout (bytes, seconds)::
                manifest_now_bytes, now_coordinator_seconds, now_coordinator_peak_bytes,
                now_received_bytes, owner_received_bytes, now_owner_received_bytes,
                marker_bytes, part_bytes, part_restore_read_bytes_per_rank,
-               owner_restore_read_bytes_per_rank, part_restore_seconds,
+               owner_restore_read_bytes_per_rank,
+               manifest_owner_restore_read_bytes_per_rank (an owner up to 7d06d96),
+               header_bytes, part_restore_seconds,
                replan_coordinator_seconds,
                rank_restore_read_bytes_per_rank, rank_restore_seconds, wall_seconds,
                raw {at_layers, at_0}: the two measured points before scaling}]}
@@ -145,7 +147,8 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "the parts*: what a rank reads on a same-layout restore — a rank that is "
              "not its domain's owner: `COMPLETE` (every part's SHA-256), its part "
              "`manifest.<k>.json` (8 ranks' entries) and its `__<rank>.metadata`; an owner "
-             "the whole manifest besides. "
+             "(it verifies its domain) before → since: the whole manifest besides → the "
+             "marker again, the first part (the header) and its own part again. "
              "*Replanning save "
              "since*: DCP's coordinator with `save/planner.py`'s validation and merge (the "
              "first save of a run, or a new layout).", "",
@@ -155,7 +158,7 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "__<rank>.records | read per rank, saved layout | parse per rank, saved layout s "
              "| received per rank on save | coordinator since: s | peak | received | "
              "to each owner: before → since | replanning save since s | since the parts: "
-             "read per rank \\| owner | parse per rank s |",
+             "read per rank \\| owner: before → since | parse per rank s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
              "---|---|---|"]
     for p in s["points"]:
@@ -179,6 +182,7 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
             f"{_b(p.get('owner_received_bytes'))} → {_b(p.get('now_owner_received_bytes'))} | "
             f"{_s(p['replan_coordinator_seconds']) if 'replan_coordinator_seconds' in p else '—'}"
             f" | {_b(p.get('part_restore_read_bytes_per_rank'))} \\| "
+            f"{_b(p.get('manifest_owner_restore_read_bytes_per_rank'))} → "
             f"{_b(p.get('owner_restore_read_bytes_per_rank'))} | "
             f"{_s(p['part_restore_seconds']) if 'part_restore_seconds' in p else '—'} |")
     phases = list(s["points"][0]["seconds"]) if s["points"] else []
@@ -292,6 +296,8 @@ def _plot_synthetic(ax_s: Any, ax_b: Any, r: dict[str, Any]) -> None:
             ("rank_metadata_bytes", "__<rank>.metadata", "<"),
             ("part_restore_read_bytes_per_rank",
              "read per rank since the parts (not an owner)", "*"),
+            ("owner_restore_read_bytes_per_rank",
+             "read per domain owner since it verifies from the parts", "X"),
             ("now_owner_received_bytes", "to each owner since (cached save)", "h"),
             ("save_received_bytes_per_rank", "received per rank (save)", "D")):
         series(ax_b, key, label, marker)

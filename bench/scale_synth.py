@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import pickle
 import time
 import tracemalloc
@@ -318,6 +319,7 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
         "rank_metadata_bytes": len(own), "records_bytes": len(rec),
         "manifest_now_size": len(manifest_now), "now_peak_size": now_peak,
         "marker_now_size": len(marker_now), "part_size": len(part0),
+        "header_size": len(json.dumps(json.loads(part0)["header"], separators=(",", ":"))),
         "now_gathered_size": sum(map(len, gather_now)), "now_owner_size": owner_now,
     }
 
@@ -399,11 +401,17 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
         + at_l["manifest_now_size"],
         # since the manifest parts, on the saved layout: a rank that is not its domain's
         # owner reads the marker (every part's digest), its part and its own metadata;
-        # an owner (it verifies the checkpoint) the whole manifest besides
+        # an owner (it verifies its domain from the parts) besides the marker again, the
+        # first part (the header: domains) and its own part again. Part 0 (rank 0's, the
+        # header in it) is the largest part: the worst rank of each kind
         "marker_bytes": at_l["marker_now_size"], "part_bytes": at_l["part_size"],
+        "header_bytes": at_l["header_size"],
         "part_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
         + at_l["marker_now_size"] + at_l["part_size"],
         "owner_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
+        + 2 * at_l["marker_now_size"] + 2 * at_l["part_size"],
+        # up to 7d06d96 an owner verified the checkpoint through the whole manifest
+        "manifest_owner_restore_read_bytes_per_rank": sized["rank_metadata_bytes"]
         + at_l["marker_now_size"] + at_l["part_size"] + at_l["manifest_now_size"],
         "part_restore_seconds": seconds["now.parse_part"] + seconds["rank.parse_metadata"],
         # a non-coordinator rank up to fd5185e: its scattered plan, every rank's file

@@ -13,9 +13,12 @@ from tierckpt.tier1 import fs
 
 def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
                     domains: tuple[tuple[int, ...], ...] = (), world_size: int = 1,
-                    only_ranks: set[int] | None = None) -> mf.Manifest:
+                    only_ranks: set[int] | None = None, sealed: bool = False,
+                    key: bytes | None = None) -> mf.Manifest:
     """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
-    ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node)."""
+    ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node).
+    ``sealed``: with manifest parts, as the saver commits (:func:`~tierckpt.format.
+    manifest.seal`; signed with ``key``); the manifest returned then lists them."""
     rng = random.Random(step)
     d = root / layout.step_dirname(step)
     d.mkdir(parents=True)
@@ -28,8 +31,14 @@ def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | Non
             fs.write_durably(d / name, data)
     m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
                     files=tuple(entries), domains=domains)
-    mb = m.to_bytes()
+    if sealed:
+        s = mf.seal(m, key)
+        for name, data in s.parts.items():
+            fs.write_durably(d / name, data)
+        m, mb, marker = s.manifest, s.manifest_bytes, s.marker_bytes
+    else:
+        mb = m.to_bytes()
+        marker = mf.marker_bytes(mb, step, m.save_id, key)
     fs.write_durably(d / layout.MANIFEST, mb)
-    fs.write_durably(d / layout.COMPLETE, mf.marker_bytes(mb, step, m.save_id),
-                      exclusive=True)
+    fs.write_durably(d / layout.COMPLETE, marker, exclusive=True)
     return m

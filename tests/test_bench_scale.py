@@ -66,9 +66,10 @@ def test_real_runs_count_every_operation(scale: tuple[dict[str, Any], str, Path]
         ours = p["tierckpt"]["restore"]
         by_file = ours["metadata_read_by_file"]
         # the saved layout: the rank's own metadata, never .metadata; the domain's owner
-        # (rank 0) verified the checkpoint: the whole manifest
+        # (rank 0) verified the checkpoint from its parts: no rank reads the manifest
         assert ".metadata" not in by_file, by_file
-        assert "manifest.json" in ours["metadata_read_owner_by_file"]
+        assert "manifest.json" not in ours["metadata_read_owner_by_file"]
+        assert "manifest.00000.json" in ours["metadata_read_owner_by_file"]
         own[p["world"]] = by_file[f"__{ours['metadata_read_rank']}.metadata"]
         if p["world"] > 1:  # the other ranks: their manifest part, not the manifest
             other = ours["metadata_read_other_by_file"]
@@ -98,9 +99,14 @@ def test_synthetic_points_have_every_quantity(scale: tuple[dict[str, Any], str, 
                     "now_owner_received_bytes", "marker_bytes", "part_bytes",
                     "part_restore_read_bytes_per_rank", "owner_restore_read_bytes_per_rank"):
             assert _count(p[key]), key
-        # since the parts a rank reads its part and the marker, not the whole manifest
-        assert p["part_restore_read_bytes_per_rank"] < p["rank_restore_read_bytes_per_rank"] \
-            < p["owner_restore_read_bytes_per_rank"]
+        # since the parts a rank reads its part and the marker, not the whole manifest;
+        # an owner its domain's parts, the first (the header) and the marker again
+        assert p["part_restore_read_bytes_per_rank"] < p["rank_restore_read_bytes_per_rank"]
+        assert p["part_restore_read_bytes_per_rank"] < p["owner_restore_read_bytes_per_rank"] \
+            < 2 * p["part_restore_read_bytes_per_rank"]
+        assert p["manifest_owner_restore_read_bytes_per_rank"] == \
+            p["part_restore_read_bytes_per_rank"] + p["manifest_now_bytes"]
+        assert 0 < p["header_bytes"] < p["part_bytes"]
         assert p["part_bytes"] < 4096 and p["part_restore_seconds"] > 0
         # an owner holds the .metadata: a steady save sends it the manifest and a digest
         assert p["now_owner_received_bytes"] < p["metadata_bytes"] / 10

@@ -69,13 +69,16 @@ def test_failed_upload_and_damaged_marker(template: Path, tmp_path: Path) -> Non
     (tmp_path / "t2").mkdir()  # a file:// tier 2 must exist
     [r] = upload(t1, (tmp_path / "t2").as_uri())
     assert r.status == "failed"
-    (t1 / "step-00000001" / layout.MANIFEST).write_bytes(b"{}")
+    (t1 / "step-00000001" / layout.MANIFEST).write_bytes(b"{}")  # its parts rebuild it
+    marker = t1 / "step-00000002" / layout.COMPLETE
+    marker.write_bytes(marker.read_bytes().replace(b'"step": 2', b'"step": 7'))
     one = _rows(invoke_json("ls", "--tier1", str(t1)), 1)
     assert one["step-00000003"]["state"] == "upload_failed"  # not "uploading"
     assert one["step-00000003"]["upload_status"] == "failed"
     assert "has 10 bytes" in one["step-00000003"]["detail"]
-    assert one["step-00000001"]["state"] == "invalid"
-    assert "digest" in one["step-00000001"]["detail"]
+    assert one["step-00000001"]["state"] != "invalid"
+    assert one["step-00000002"]["state"] == "invalid"
+    assert "digest" in one["step-00000002"]["detail"]
 
 
 def test_human_table(template: Path, tmp_path: Path) -> None:

@@ -52,6 +52,22 @@ def test_tier1_ok_then_a_flipped_byte_is_named(template: Path, tmp_path: Path) -
     assert bad.exists() and not (t1 / layout.QUARANTINE).exists()
 
 
+def test_a_damaged_manifest_is_reported_and_said_to_be_restorable(
+        template: Path, tmp_path: Path) -> None:
+    """The parts rebuild a damaged ``manifest.json`` (a restore loses nothing), yet verify
+    names the damaged file; with a part damaged too, only the damage is said."""
+    t1 = clone(template, tmp_path / "t1")
+    d = t1 / layout.step_dirname(2)
+    flip_byte(d / layout.MANIFEST)
+    result = invoke("verify", "2", "--tier1", str(t1))
+    assert result.exit_code == 1, result.output
+    said = _flat(result.stderr)
+    assert "manifest.json" in said and "a restore loses nothing" in said
+    flip_byte(d / layout.part_filename(0))
+    said = _flat(invoke("verify", "2", "--tier1", str(t1)).stderr)
+    assert "manifest.json" in said and "loses nothing" not in said
+
+
 def test_tier1_missing_step_and_files(template: Path, tmp_path: Path) -> None:
     t1 = clone(template, tmp_path / "t1")
     result = invoke("verify", "9", "--tier1", str(t1))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import pytest
 
@@ -116,11 +117,17 @@ def _ranks(world: int) -> list[mf.FileEntry]:
     return [*files, mf.FileEntry(name=".metadata", size=3, crc32c=2)]
 
 
+def _parts(files: Iterable[mf.FileEntry], step: int, save_id: str, world: int
+           ) -> dict[str, bytes]:
+    return mf.parts_of(mf.Manifest(step=step, world_size=world, save_id=save_id,
+                                   files=tuple(files)))
+
+
 def test_parts_group_eight_ranks_with_the_shared_files() -> None:
     files = _ranks(20)
-    parts = mf.parts_of(files, step=5, save_id="abc-5", world_size=20)
+    parts = _parts(files, 5, "abc-5", 20)
     assert list(parts) == ["manifest.00000.json", "manifest.00001.json", "manifest.00002.json"]
-    assert parts == mf.parts_of(reversed(files), step=5, save_id="abc-5", world_size=20)
+    assert parts == _parts(reversed(files), 5, "abc-5", 20)
     marker = mf.marker_bytes(b"m", 5, "abc-5", parts=parts)
     assert mf.marker_parts(marker) and not mf.marker_parts(mf.marker_bytes(b"m", 5, "abc-5"))
     for rank in (0, 9, 19):
@@ -137,7 +144,7 @@ def test_parts_group_eight_ranks_with_the_shared_files() -> None:
 
 
 def test_a_part_is_checked_against_its_marker() -> None:
-    parts = mf.parts_of(_ranks(16), step=5, save_id="abc-5", world_size=16)
+    parts = _parts(_ranks(16), 5, "abc-5", 16)
     marker = mf.marker_bytes(b"m", 5, "abc-5", parts=parts)
     name, other = "manifest.00000.json", "manifest.00001.json"
     with pytest.raises(IntegrityError, match="digest does not match"):
@@ -147,14 +154,14 @@ def test_a_part_is_checked_against_its_marker() -> None:
     with pytest.raises(IntegrityError, match="does not vouch"):
         mf.verify_part(mf.marker_bytes(b"m", 5, "abc-5"), name, parts[name], rank=0)
     # a part of another checkpoint, vouched for by a marker that names it (a mix-up)
-    stale = mf.parts_of(_ranks(16), step=4, save_id="abc-4", world_size=16)
+    stale = _parts(_ranks(16), 4, "abc-4", 16)
     mixed = mf.marker_bytes(b"m", 5, "abc-5", parts={**parts, other: stale[other]})
     with pytest.raises(IntegrityError, match="disagrees with its COMPLETE marker"):
         mf.verify_part(mixed, other, stale[other], rank=8)
 
 
 def test_signed_parts_refuse_unsigned_and_wrong_key() -> None:
-    parts = mf.parts_of(_ranks(2), step=5, save_id="abc-5", world_size=2)
+    parts = _parts(_ranks(2), 5, "abc-5", 2)
     name = "manifest.00000.json"
     signed = mf.marker_bytes(b"m", 5, "abc-5", key=b"k1", parts=parts)
     assert mf.verify_part(signed, name, parts[name], b"k1", rank=1).step == 5
@@ -178,3 +185,50 @@ def test_a_sealed_manifest_lists_its_parts_and_rebuilds_them() -> None:
                   for f in sealed.manifest.files)
     with pytest.raises(IntegrityError, match="differ from the ones it lists"):
         mf.rebuild_parts(mf.Manifest(step=5, world_size=12, save_id="abc-5", files=wrong))
+
+
+def _sealed(world: int = 20) -> mf.Sealed:
+    domains = tuple(tuple(range(lo, min(lo + 3, world))) for lo in range(0, world, 3))
+    return mf.seal(mf.Manifest(step=5, world_size=world, save_id="abc-5",
+                               files=tuple(_ranks(world)), domains=domains,
+                               created_unix=1234.5678, torch_version="2.13.0",
+                               tierckpt_version="0.3.0"), key=b"k1")
+
+
+def test_the_first_part_carries_the_header_the_others_do_not() -> None:
+    sealed = _sealed()
+    first, second, _ = sealed.parts
+    head = mf.verify_part(sealed.marker_bytes, first, sealed.parts[first], b"k1")
+    assert mf.has_header(head) and head.domains == sealed.manifest.domains
+    assert (head.created_unix, head.torch_version) == (1234.5678, "2.13.0")
+    other = mf.verify_part(sealed.marker_bytes, second, sealed.parts[second], b"k1")
+    assert not mf.has_header(other) and b"header" not in sealed.parts[second]
+
+
+def test_the_parts_alone_rebuild_the_manifest_byte_for_byte() -> None:
+    sealed = _sealed()
+    rebuilt = mf.assemble(sealed.parts)
+    assert rebuilt == sealed.manifest_bytes
+    assert mf.verify_marker(sealed.marker_bytes, rebuilt, key=b"k1") == sealed.manifest
+    # one part short: the rebuilt manifest is another one, and the marker says so
+    short = dict(sealed.parts)
+    short.pop("manifest.00001.json")
+    with pytest.raises(IntegrityError, match="digest does not match"):
+        mf.verify_marker(sealed.marker_bytes, mf.assemble(short), key=b"k1")
+
+
+def test_parts_that_cannot_rebuild_a_manifest_say_why() -> None:
+    sealed = _sealed()
+    _, second, third = sealed.parts
+    with pytest.raises(IntegrityError, match="no manifest parts"):
+        mf.assemble({})
+    with pytest.raises(IntegrityError, match="carries no manifest header"):
+        mf.assemble({second: sealed.parts[second], third: sealed.parts[third]})
+    changed = sealed.parts[second].replace(b'"size":3', b'"size":4')  # .metadata's entry
+    with pytest.raises(IntegrityError, match=r"disagree about \.metadata"):
+        mf.assemble({**sealed.parts, second: changed})
+    stale = _parts(_ranks(20), 4, "abc-4", 20)
+    with pytest.raises(IntegrityError, match="another checkpoint"):
+        mf.assemble({**sealed.parts, third: stale[third]})
+    with pytest.raises(IntegrityError, match="malformed"):
+        mf.assemble({**sealed.parts, third: b"{"})

@@ -60,8 +60,15 @@ def _bad_digest(d: Path) -> None:
     (d / layout.COMPLETE).write_text(json.dumps(body))
 
 
-def _edit_manifest(d: Path) -> None:
-    _flip(d, layout.MANIFEST)
+def _edit_manifest_and_part(d: Path) -> None:
+    _flip(d, layout.MANIFEST)  # alone, the parts rebuild it (below)
+    _flip(d, layout.part_filename(0))
+
+
+def _flip_marker_digest(d: Path) -> None:
+    body = json.loads((d / layout.COMPLETE).read_text())
+    body["manifest_sha256"] = "f" + body["manifest_sha256"][1:]
+    (d / layout.COMPLETE).write_text(json.dumps(body, sort_keys=True) + "\n")
 
 
 def _delete_shard(d: Path) -> None:
@@ -74,7 +81,8 @@ def _delete_shard(d: Path) -> None:
     (lambda d: _flip(d, layout.METADATA), "full", "CRC32C"),
     (_drop_marker, "sizes", "no COMPLETE"),
     (_bad_digest, "sizes", "digest"),
-    (_edit_manifest, "sizes", "digest"),
+    (_edit_manifest_and_part, "sizes", "digest"),
+    (_flip_marker_digest, "sizes", "damaged"),
     (_delete_shard, "sizes", "missing"),
 ])
 def test_damaged_newest_is_skipped_and_previous_used(
@@ -92,6 +100,22 @@ def test_damaged_newest_is_skipped_and_previous_used(
     skipped = [e for e in events.read_events(tmp_path / layout.EVENTS)
                if e["event"] == "checkpoint_skipped"]
     assert skipped[0]["step"] == 2 and reason in skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_damaged_manifest_beside_its_parts_loses_nothing(tmp_path: Path, damage: str) -> None:
+    """``manifest.json`` is redundant beside its parts: the restore reads only the parts it
+    needs (each checked against the marker), and whoever reads the whole manifest gets it
+    rebuilt from them, byte for byte what the marker vouches for."""
+    from tierckpt.tier1.catalog import read_committed
+    _two_checkpoints(tmp_path)
+    d = tmp_path / "step-00000002"
+    intact = (d / layout.MANIFEST).read_bytes()
+    _flip(d, layout.MANIFEST) if damage == "flip" else (d / layout.MANIFEST).unlink()
+    with tierckpt.CheckpointManager(tier1=tmp_path) as ck:
+        info = ck.restore(_state())
+    assert info is not None and info.step == 2 and info.skipped == ()
+    assert read_committed(d, step=2).manifest_bytes == intact
 
 
 def test_directory_renamed_by_hand_is_skipped(tmp_path: Path) -> None:

@@ -146,6 +146,23 @@ def test_corrupt_tier1_file_is_never_marked(tmp_path: Path) -> None:
     assert [i.key for i in store.list() if i.key.endswith(("COMPLETE", "manifest.json"))] == []
 
 
+def test_a_damaged_manifest_is_uploaded_as_its_marker_vouches(tmp_path: Path) -> None:
+    """A ``manifest.json`` damaged on tier 1 beside intact parts: tier 2 gets the manifest
+    the parts rebuild (the bytes the marker vouches for) and verifies."""
+    m = make_checkpoint(tmp_path, 2, SMALL, domains=((0,),), sealed=True)
+    d = tmp_path / "step-00000002"
+    intact = (d / layout.MANIFEST).read_bytes()
+    (d / layout.MANIFEST).write_bytes(b"{}")
+    store = MemoryStorage()
+    with Uploader(cfg(tmp_path), storage=store) as up:
+        r = up.run_once()
+    assert r is not None and r.status == "verified", r
+    assert store.get_bytes("step-00000002/manifest.json") == intact
+    assert Tier2Catalog(store).read_committed(2).manifest == m
+    assert store.get_bytes(f"step-00000002/{layout.part_filename(0)}") == \
+        (d / layout.part_filename(0)).read_bytes()
+
+
 def test_conflicting_remote_checkpoint_is_left_alone(tmp_path: Path) -> None:
     make_checkpoint(tmp_path, 3, SMALL)
     store = MemoryStorage()

@@ -124,6 +124,13 @@ def is_part(name: str) -> bool:
     return _PART_RE.match(name) is not None
 
 
+def part_number(name: str) -> int | None:
+    """k of part ``manifest.<k>.json`` (its ranks are ``PART_RANKS`` × k onwards), or None
+    when ``name`` is not a part."""
+    m = _PART_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 def rank_metadata_rank(name: str) -> int | None:
     """The rank of a rank-metadata file, or None when ``name`` is not one."""
     m = _RANK_METADATA_RE.match(name)

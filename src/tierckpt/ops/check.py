@@ -19,11 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tierckpt.errors import ConfigError, IntegrityError, MissingFilesError, StorageError
+from tierckpt.errors import (
+    ConfigError,
+    IntegrityError,
+    MissingFilesError,
+    SignatureError,
+    StorageError,
+)
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.restore.verify import verify_checkpoint
-from tierckpt.tier1.catalog import read_committed
+from tierckpt.tier1.catalog import read_committed, read_small, rebuild_manifest
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 
@@ -55,6 +61,19 @@ def _check_step(step: int) -> None:
         raise ConfigError(f"STEP must be >= 0, got {step}")
 
 
+def _unverified(d: Path, step: int, e: Exception) -> str:
+    """Why ``d``'s marker and manifest do not verify, saying when the manifest parts
+    rebuild the manifest (restorable, yet a damaged file on disk)."""
+    try:
+        rebuilt = rebuild_manifest(d, read_small(d / layout.COMPLETE), step=step)
+    except (IntegrityError, OSError):
+        rebuilt = None
+    if rebuilt is None:
+        return str(e)
+    return (f"{e}; its manifest parts rebuild the manifest the marker vouches for, so a "
+            "restore loses nothing, but the file on disk is damaged")
+
+
 def check_tier1(root: Path, step: int) -> CheckReport:
     """Verify marker, manifest, sizes and the CRC32C of every file of ``root``'s checkpoint
     of ``step`` (reads every byte once)."""
@@ -68,6 +87,12 @@ def check_tier1(root: Path, step: int) -> CheckReport:
     if not os.path.lexists(d):
         return report(ok=False, error=f"no checkpoint {d.name} in {root}")
     elsewhere: tuple[str, ...] = ()
+    try:
+        read_committed(d, step=step, rebuild=False)
+    except SignatureError as e:
+        return report(ok=False, seconds=time.monotonic() - t0, error=str(e))
+    except (IntegrityError, OSError) as e:
+        return report(ok=False, seconds=time.monotonic() - t0, error=_unverified(d, step, e))
     try:
         m = verify_checkpoint(d, step=step, full=True)
     except MissingFilesError as e:  # every file present passed; the rest is on other nodes

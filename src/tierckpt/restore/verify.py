@@ -1,7 +1,8 @@
 """Verify one tier-1 checkpoint before anything in it is opened. Torch-free.
 
-Marker and manifest first (bounded reads through :mod:`tierckpt.tier1.catalog`), then
-every file this domain needs: present, a regular file, of the manifest's size — and its
+Marker and manifest first (bounded reads through :mod:`tierckpt.tier1.catalog`; on the
+saved layout only the marker and this domain's manifest parts, whatever the world size),
+then every file this domain needs: present, a regular file, of the manifest's size — and its
 CRC32C when asked. DCP's pickled ``.metadata`` is CRC-checked here unless the restore will
 plan from each rank's own ``__<rank>.metadata`` (the saved layout): the reader checks
 whichever metadata file it opens against the manifest before unpickling it, so a same-size
@@ -15,10 +16,10 @@ import os
 import stat
 from pathlib import Path
 
-from tierckpt.errors import IntegrityError, MissingFilesError
+from tierckpt.errors import IntegrityError, MissingFilesError, SignatureError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
-from tierckpt.tier1.catalog import read_committed
+from tierckpt.tier1.catalog import read_committed, read_domain
 
 
 class Verify(str, enum.Enum):
@@ -46,14 +47,15 @@ def required_ranks(m: mf.Manifest, domain: tuple[int, ...] | None,
 def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
                       domain: tuple[int, ...] | None = None, world_size: int | None = None,
                       full: bool = False) -> mf.Manifest:
-    """Verify one tier-1 checkpoint directory; return its manifest or raise
+    """Verify one tier-1 checkpoint directory; return its manifest (on the saved layout,
+    one that lists only this domain's files and the shared ones) or raise
     :class:`IntegrityError` with the reason (:class:`MissingFilesError` when the only
     problem is files this domain needs but does not hold; see :func:`required_ranks`).
     ``step`` (when given) must be the manifest's; ``full`` checks every file's CRC32C."""
     st = os.lstat(ckpt_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise IntegrityError(f"{ckpt_dir.name} is not a directory (symlink or file)")
-    m = read_committed(ckpt_dir, step=step).manifest
+    m = _read_manifest(ckpt_dir, step, domain, world_size)
     ranks = required_ranks(m, domain, world_size)
     wanted = m.files if ranks is None else m.files_for_ranks(ranks)
     # the global pickle is CRC-checked here unless each rank of this domain restores from
@@ -81,6 +83,24 @@ def verify_checkpoint(ckpt_dir: Path, *, step: int | None = None,
     if missing:
         _raise_missing(ckpt_dir, m, missing)
     return m
+
+
+def _read_manifest(ckpt_dir: Path, step: int | None, domain: tuple[int, ...] | None,
+                   world_size: int | None) -> mf.Manifest:
+    """On the saved layout, the domain's view from the manifest parts (O(domain): see
+    :func:`~tierckpt.tier1.catalog.read_domain`); else, or when a part is damaged, the
+    whole manifest. A damaged ``manifest.json`` beside intact parts loses nothing: every
+    reader of the whole manifest rebuilds it from them (:func:`read_committed`)."""
+    if domain is not None and world_size is not None:
+        try:
+            view = read_domain(ckpt_dir, step=step, domain=domain, world_size=world_size)
+            if view is not None:
+                return view
+        except SignatureError:
+            raise
+        except IntegrityError:
+            pass  # a damaged part: the whole manifest decides (the loader notes the part)
+    return read_committed(ckpt_dir, step=step).manifest
 
 
 def _raise_missing(ckpt_dir: Path, m: mf.Manifest, missing: list[str]) -> None:
