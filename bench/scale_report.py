@@ -91,8 +91,9 @@ def _real(r: dict[str, Any]) -> list[str]:
               "Metadata read per rank: every file other than shard data that a rank opened "
               "below the checkpoint (read whole), the most over ranks; the files of that "
               "rank; shard files: the most any rank opened. *Ranks but 0*: the most any "
-              "rank other than the domain's owner (rank 0: it verifies the checkpoint, "
-              "so it reads the whole manifest) read, tierckpt only.", "",
+              "rank other than the domain's owner read, tierckpt only (rank 0: it verifies "
+              "its domain from the domain's manifest parts, and reads the marker and its "
+              "part twice; one simulated node here, so its domain is all W ranks).", "",
               "| W | collectives | coordinator received | other rank received | "
               "metadata read per rank | its files (tierckpt) | ranks but 0 | their files | "
               "shard files |",
