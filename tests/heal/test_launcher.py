@@ -110,7 +110,9 @@ def test_a_spare_runs_the_script_in_the_environment_it_is_given(tmp_path: Path) 
     out = tmp_path / "out.json"
     script.write_text("import json, os, sys\n"
                       "json.dump({'argv': sys.argv, 'rank': os.environ['RANK'], "
-                      "'name': __name__, 'torch': 'torch' in sys.modules}, "
+                      "'name': __name__, 'torch': 'torch' in sys.modules, "
+                      "'lazy': [m in sys.modules for m in ('torch._dynamo', "
+                      "'tierckpt.manager', 'tierckpt.restore.restorer')]}, "
                       f"open({str(out)!r}, 'w'))\n")
     pool = SparePool([sys.executable, str(script), "--flag"], 1)
     try:
@@ -125,7 +127,8 @@ def test_a_spare_runs_the_script_in_the_environment_it_is_given(tmp_path: Path) 
         pool.close()
     got = json.loads(out.read_text())
     assert got == {"argv": [str(script), "--flag"], "rank": "3", "name": "__main__",
-                   "torch": True}  # imported before the assignment: the point of a spare
+                   "torch": True,  # imported before the assignment: the point of a spare
+                   "lazy": [True, True, True]}  # and what a worker imports on first use
 
 
 def test_cli_run_help_does_not_need_torch() -> None:
