@@ -13,7 +13,10 @@ them:
   after ``settle_s`` (deaths that close together are one heal) it opens generation g + 1
   naming the dead ranks and starts their replacements in it — a pre-warmed spare when one
   waits (:mod:`tierckpt.heal.spares`), else a fresh process; the survivors re-form the group
-  with them (:meth:`tierckpt.CheckpointManager.heal`);
+  with them (:meth:`tierckpt.CheckpointManager.heal`). The spare taken is replaced only
+  once every rank of the healed generation has completed a step (``stepped/<g>``), or
+  ``timeout_s`` after it was whole, so a new spare's imports never compete with the heal
+  or its first step for the node's CPUs;
 - anything else — a death during a heal, before the generation was whole, past
   ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: SIGKILL every
   worker left, start all again in a new incarnation, up to ``max_restarts`` times, as
@@ -88,6 +91,7 @@ class _Incarnation:
     gen: int = 0
     workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     healing: tuple[int, float] | None = None
+    refill: tuple[int, float] | None = None  # a healed generation, when whole: spares wait
 
 
 class HealLauncher:
@@ -163,12 +167,13 @@ class HealLauncher:
                     return 1
                 if self._ready(inc, gen) >= self.config.nproc:
                     self._say(f"generation {gen} healed in {time.monotonic() - opened:.2f} s")
-                    inc.healing = None
+                    inc.healing, inc.refill = None, (gen, time.monotonic())
                 elif time.monotonic() - opened > self.config.timeout_s:
                     self._say(f"generation {gen} not whole after {self.config.timeout_s:.0f} "
                               "s: falling back to a full restart")
                     return 1
                 continue
+            self._refill(inc)
             if not dead:
                 continue
             why = self._unhealable(inc, codes)
@@ -179,6 +184,17 @@ class HealLauncher:
             dead = self._settle(inc, handled)
             handled.update(inc.workers[r].pid for r in dead)
             self._open_generation(inc, dead)
+
+    def _refill(self, inc: _Incarnation) -> None:
+        """Replace the spares a heal took once its generation has stepped (see the module
+        doc)."""
+        if inc.refill is None:
+            return
+        gen, whole = inc.refill
+        stepped = int(self.store.add(self._key(inc, f"stepped/{gen}"), 0))
+        if stepped >= self.config.nproc or time.monotonic() - whole > self.config.timeout_s:
+            inc.refill = None
+            self._spares.fill()
 
     def _unhealable(self, inc: _Incarnation, codes: dict[int, int | None]) -> str | None:
         if not self.config.heal:

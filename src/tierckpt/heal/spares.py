@@ -42,9 +42,11 @@ class SparePool:
         self._cmd = spare_command(command) if size > 0 else None
         self._size = size
         self._idle: list[tuple[subprocess.Popen[bytes], int]] = []  # (spare, its ready pipe)
-        self._fill()
+        self.fill()
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
+        """Start spares until ``size`` are idle (a spare taken is not replaced until this is
+        called: the launcher does it once the heal that took it has stepped)."""
         if self._cmd is None:
             return
         while len(self._idle) < self._size:
@@ -74,9 +76,7 @@ class SparePool:
             assert p.stdin is not None
             p.stdin.write((json.dumps(env) + "\n").encode())
             p.stdin.close()
-            self._fill()
             return p
-        self._fill()
         return None
 
     def _drop(self, p: subprocess.Popen[bytes], r: int) -> None:

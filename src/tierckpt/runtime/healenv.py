@@ -14,6 +14,8 @@ Store keys, all under ``tierckpt/heal/<id>/``:
 ``dead/<g>``        the ranks replaced in generation g (JSON list)
 ``ready/<g>``       a counter: ranks of generation g whose state is loaded (a restore done);
                     at ``world_size`` the generation is whole and a later death can be healed
+``stepped/<g>``     a counter: ranks of generation g that completed a step (the launcher then
+                    starts the spares the heal took)
 ==================  ==========================================================================
 """
 

@@ -119,6 +119,14 @@ def mark_ready() -> None:
         j.store.add(j.heal.key(f"ready/{j.heal.gen}"), 1)
 
 
+def mark_stepped() -> None:
+    """Count this rank's first completed step in its generation (the launcher replaces the
+    spares a heal took once every rank has counted). No-op outside the heal launcher."""
+    j = healing()
+    if j is not None and j.heal is not None:
+        j.store.add(j.heal.key(f"stepped/{j.heal.gen}"), 1)
+
+
 def rebind_fsdp(model: object) -> int:
     """Point every FSDP2 module of ``model`` at the re-formed group; the number of FSDP2
     parameter groups rebound. FSDP2 resolves its device mesh's group by name, which a

@@ -68,3 +68,6 @@ def emit_first_step(log: events.EventLog, step: int) -> None:
     started = process_started_at()
     log.emit(events.FIRST_STEP, step=step, seconds_since_process_start=(
         None if started is None else time.time() - started))
+    from tierckpt.runtime import regroup  # torch.distributed: imported when a step is done
+
+    regroup.mark_stepped()
