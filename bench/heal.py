@@ -14,8 +14,12 @@ log). Its parts, from the job's events:
   torchrun's detection, the stop of the others, interpreter, imports, rendezvous),
   ``transfer`` (→ ``restore_done``), ``first step``.
 
-``ratio`` = R(heal) ÷ R(full), the target ≤ 0.25. A heal that fell back to a full restart
-is reported as such (``outcome``, with the launcher's lines), not as a heal.
+``ratio`` = R(heal) ÷ R(full), the target ≤ 0.25. R includes the first step, which does a
+step's work; ``step_s`` is the job's steady step (the median before the kill) and
+``downtime_s`` = R − ``step_s``, the time training made no progress, with its own ratio
+(``downtime_ratio``): at 1 GiB a step takes seconds here, and it is in both Rs. A heal that
+fell back to a full restart is reported as such (``outcome``, with the launcher's lines),
+not as a heal.
 ``python -m bench.heal [--world 2,4] [--mib 256,1024] [--out bench/out/heal.json]``: a
 Markdown table on stdout, JSON to --out.
 """
@@ -23,9 +27,11 @@ Markdown table on stdout, JSON to --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -82,10 +88,12 @@ def one(mode: str, world: int, mib: int, workdir: Path) -> dict[str, Any]:
         if proc.wait(TIMEOUT_S) != 0:
             raise RuntimeError(f"{d}: the job failed ({proc.returncode}); see {d / 'job.log'}")
     after = [s["t"] for s in _steps(log) if s["t"] > t_kill]
+    before = [s["t"] for s in _steps(log) if s["t"] <= t_kill]
+    step_s = statistics.median(b - a for a, b in itertools.pairwise(before[1:]))
     evs = [e for e in read_events(events) if e["t"] > t_kill]
     r = after[0] - t_kill
     row: dict[str, Any] = {"mode": mode, "world": world, "mib": mib, "R_s": r,
-                           "outcome": mode}
+                           "step_s": step_s, "downtime_s": r - step_s, "outcome": mode}
     if mode == "heal" and not any(e["event"] == "heal_done" for e in evs):
         lines = [x for x in (d / "job.log").read_text(errors="replace").splitlines()
                  if x.startswith("tierckpt run:")]
@@ -112,14 +120,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     def f(x: float | None) -> str:
         return "—" if x is None else f"{x:.2f}"
     out = ["| world | state | mode | R (s) | detect (+start) | re-form | transfer | "
-           "first step | heal ÷ full | outcome |", "|---|---|---|---|---|---|---|---|---|---|"]
-    full = {(r["world"], r["mib"]): r["R_s"] for r in rows if r["mode"] == "full"}
+           "first step | steady step | heal ÷ full (R) | downtime: R − step (s) | "
+           "heal ÷ full (downtime) | outcome |", "|---" * 13 + "|"]
+    full = {(r["world"], r["mib"]): r for r in rows if r["mode"] == "full"}
+
+    def ratio(r: dict[str, Any], key: str) -> float | None:
+        other = full.get((r["world"], r["mib"]))
+        return r[key] / other[key] if r["mode"] == "heal" and other else None
+
     for r in rows:
-        ratio = r["R_s"] / full[(r["world"], r["mib"])] if r["mode"] == "heal" and \
-            (r["world"], r["mib"]) in full else None
         out.append(f"| {r['world']} | {r['mib']} MiB | {r['mode']} | {f(r['R_s'])} | "
                    f"{f(r['detect_s'])} | {f(r['reform_s'])} | {f(r['transfer_s'])} | "
-                   f"{f(r['first_step_s'])} | {f(ratio)} | {r['outcome']} |")
+                   f"{f(r['first_step_s'])} | {f(r['step_s'])} | {f(ratio(r, 'R_s'))} | "
+                   f"{f(r['downtime_s'])} | {f(ratio(r, 'downtime_s'))} | {r['outcome']} |")
     return "\n".join(out)
 
 

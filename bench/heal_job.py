@@ -1,5 +1,6 @@
 """The training job of ``bench.heal``: an FSDP2 model of ``--mib`` MiB of state (parameters
-and two Adam moments, 12 bytes per parameter) in four square layers, a one-row batch (the
+and two Adam moments, 12 bytes per parameter) in four square layers, built on the meta
+device and initialised shard by shard (as FSDP2 jobs at scale are), a one-row batch (the
 step's cost is the optimizer's, not the matmuls'), a save every ``--save-every`` steps, and
 the heal loop of examples/train.py. Rank 0 appends ``{"step", "t"}`` per step to
 ``--steps-log``. Run it under ``tierckpt run --heal`` or torchrun."""
@@ -31,11 +32,16 @@ def main() -> int:
     info = tierckpt.init_distributed(timeout=timedelta(seconds=60),
                                      event_log=f"{args.tier1}/events.jsonl")
     n = int(math.sqrt(args.mib * (1 << 20) / 12 / 4))
-    torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(n, n, bias=False) for _ in range(4)))
+    with torch.device("meta"):  # built as FSDP2 jobs at scale build: shard, then allocate
+        model = nn.Sequential(*(nn.Linear(n, n, bias=False) for _ in range(4)))
     for layer in model:
         fully_shard(layer)
     fully_shard(model)
+    model.to_empty(device="cpu")
+    with torch.no_grad():  # each rank initialises its own shards
+        for i, param in enumerate(model.parameters()):
+            g = torch.Generator().manual_seed(1000 * i + info.rank)
+            param.to_local().uniform_(-1 / math.sqrt(n), 1 / math.sqrt(n), generator=g)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     state = tierckpt.TrainState(model=model, optimizer=opt)
     log = open(args.steps_log, "a") if info.rank == 0 else None  # noqa: SIM115

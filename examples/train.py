@@ -30,9 +30,11 @@ checkpoint chosen, state loaded, first step, saves, hangs) go to ``--events`` (d
 ``--kill-at STEP [--kill-rank R]`` is fault injection for drills and tests: on the first
 attempt only, rank R SIGKILLs itself right after completing STEP, once its newest save has
 committed (so the resume point is deterministic; ``tierckpt drill`` kills from outside at
-arbitrary times). ``--notice-at STEP [--notice-rank R] [--notice-signal SIGTERM]``: on the
-first attempt, rank R sends itself a termination notice after completing STEP; every rank
-then stops at the same agreed step, saves, and exits with status 75 (preempted, saved).
+arbitrary times); ``--stall-rank S`` makes rank S stop there too, asleep for an hour — a
+survivor blocked where no error reaches it, which ``tierckpt run --heal`` replaces.
+``--notice-at STEP [--notice-rank R] [--notice-signal SIGTERM]``: on the first attempt, rank
+R sends itself a termination notice after completing STEP; every rank then stops at the same
+agreed step, saves, and exits with status 75 (preempted, saved).
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "whose time limit must cut the run whatever the machine's speed)")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
+    p.add_argument("--stall-rank", type=int, default=None)
     p.add_argument("--notice-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--notice-rank", type=int, default=0)
     p.add_argument("--notice-signal", default="SIGTERM", choices=["SIGTERM", "SIGUSR1"])
@@ -296,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                     if step == args.kill_at and first_run and info.rank == args.kill_rank:
                         ckpt.wait()  # a deterministic resume point: the last save committed
                         os.kill(os.getpid(), signal.SIGKILL)
+                    if step == args.kill_at and first_run and info.rank == args.stall_rank:
+                        time.sleep(3600)  # blocked: the heal launcher must replace it
                     step += 1
     finally:
         if losses is not None:

@@ -122,11 +122,62 @@ def test_a_replaced_parameter_is_seen() -> None:
 
 def test_without_state_get_state_dict_initialises_it() -> None:
     model = _model()
-    opt = torch.optim.Adam(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     capture = StateCapture(model, opt)
     _, osd = capture()  # no step yet, no gradients: get_state_dict's zero-gradient step
     assert capture.reference_calls == 1
     assert set(osd["state"]) == {k for k, _ in model.named_parameters()}
+
+
+@pytest.mark.parametrize("cls, kw", [(torch.optim.Adam, {}), (torch.optim.AdamW, {}),
+                                      (torch.optim.Adam, {"amsgrad": True}),
+                                      (torch.optim.AdamW, {"foreach": True})],
+                         ids=["adam", "adamw", "amsgrad", "foreach"])
+def test_adam_state_is_primed_as_its_first_step_makes_it(cls: Any, kw: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    model, ref_model = _model(), _model()
+    model[1].weight.requires_grad_(False)
+    ref_model[1].weight.requires_grad_(False)
+    opt, ref = cls(model.parameters(), **kw), cls(ref_model.parameters(), **kw)
+    capture = StateCapture(model, opt)
+    _, osd = capture()
+    _init_optim_state(ref)  # DCP's zero-gradient step
+    assert capture.reference_calls == 1  # the renaming, learnt: no zero-gradient step
+    got = [sorted((k, v.dtype, v.device, tuple(v.shape)) for k, v in opt.state[p].items())
+           for p in model.parameters()]
+    want = [sorted((k, v.dtype, v.device, tuple(v.shape)) for k, v in ref.state[p].items())
+            for p in ref_model.parameters()]
+    assert got == want and got[2] == []  # the same state, none for a frozen parameter
+    assert set(osd["state"]) == {k for k, p in model.named_parameters() if p.requires_grad}
+    assert all(v.eq(0).all() for s in opt.state.values() for v in s.values())
+    # a primed optimizer's first step is a fresh one's, bit for bit (DCP's leaves step 1)
+    fresh_model = _model()
+    fresh_model[1].weight.requires_grad_(False)
+    fresh = cls(fresh_model.parameters(), **kw)
+    for m, o in ((model, opt), (fresh_model, fresh)):
+        torch.manual_seed(1)
+        _step(m, o)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh_model.parameters(),
+                                                strict=True))
+    assert [float(opt.state[p]["step"]) for p in model.parameters() if p.requires_grad] == \
+        [1.0] * 5
+
+
+def test_other_optimizers_and_stateful_ones_are_not_primed() -> None:
+    model = _model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert not state_capture.prime_state(sgd) and not sgd.state
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    assert not state_capture.prime_state(MyAdam(model.parameters()))
+    adam = torch.optim.Adam(model.parameters())
+    _step(model, adam)
+    before = {id(v) for s in adam.state.values() for v in s.values()}
+    assert not state_capture.prime_state(adam)  # it has state: left as it is
+    assert before == {id(v) for s in adam.state.values() for v in s.values()}
 
 
 def test_without_optimizer() -> None:

@@ -199,6 +199,7 @@ class CheckpointManager:
             raise error
         require_state(state)
         gen, phase, times = j.heal.gen, "leave", [time.monotonic()]
+        regroup.mark_left()  # else the launcher takes this rank for stuck and replaces it
         self._events.emit(events.HEAL_BEGIN, generation=gen,
                           error=f"{type(error).__name__}: {error}"[:500])
         traceback.clear_frames(error.__traceback__)  # the failed step's frames hold groups
@@ -230,7 +231,8 @@ class CheckpointManager:
                             f"{phase}: {e}") from e
         done = time.monotonic()
         self._events.emit(events.HEAL_DONE, step=info.step,
-                          generation=joined.gen, dead=list(joined.dead), source=info.source,
+                          generation=joined.gen, dead=list(regroup.replaced(joined.gen)),
+                          source=info.source,
                           seconds=done - times[0], leave_s=times[1] - times[0],
                           wait_s=joined.wait_s, form_s=joined.form_s,
                           open_s=times[3] - times[2], restore_s=done - times[3])

@@ -17,7 +17,12 @@ shape, strides, dtype, placement — and equal values); if they are not, the cap
 ``get_state_dict`` from then on. ``get_state_dict`` is also used, every call, for FSDP1
 (``FullyShardedDataParallel``) models, optimizers whose ``state_dict`` is not
 ``torch.optim.Optimizer``'s (containers, overrides), and an optimizer with no state and no
-gradients yet (``get_state_dict`` creates the state with a zero-gradient step).
+gradients yet (``get_state_dict`` creates the state with a zero-gradient step) — except
+``torch.optim.Adam`` and ``AdamW``, whose state :func:`prime_state` creates as their own first
+step would (zeros, step 0) without running one: a restore into a fresh process (a
+replacement rank, a restart) loads into that state, and the zero-gradient step was the
+largest part of its load (an Adam step over every parameter: 0.19 of 0.33 s for 128 MiB of
+state per rank here).
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class StateCapture:
         """The model and optimizer state dicts, as ``get_state_dict`` returns them."""
         self.calls += 1
         opt = self.optimizer
-        if not self._fast or (opt is not None and not opt.state and not _has_grads(opt)):
+        if not self._fast or (opt is not None and not opt.state and not _has_grads(opt)
+                              and not prime_state(opt)):
             return self._reference()  # it initialises the state with a zero-gradient step
         with torch.no_grad():
             raw = self.model.state_dict()
@@ -110,6 +116,40 @@ class StateCapture:
         groups = [{**g, "params": [fqns[pid] for pid in g["params"]]}
                   for g in osd["param_groups"]]
         return {"state": state, "param_groups": groups}
+
+
+_PRIMED = (torch.optim.Adam, torch.optim.AdamW)
+
+
+def prime_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Create the state of a ``torch.optim.Adam`` or ``AdamW`` (exactly those classes) that
+    has none, as its ``_init_group`` does before its first step: ``step`` a 0-d tensor (on
+    the parameter's device when ``capturable`` or ``fused``, else on the CPU), ``exp_avg``
+    and ``exp_avg_sq`` (and ``max_exp_avg_sq`` with ``amsgrad``) zeros shaped and placed like
+    the parameter (a DTensor for a DTensor parameter). Every parameter that requires grad
+    gets state, as DCP's zero-gradient step gives it. Returns False, changing nothing, for
+    any other optimizer or one that already has state; a later ``step()`` then behaves as
+    an optimizer's first."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    if type(optimizer) not in _PRIMED or optimizer.state:
+        return False
+    groups = optimizer.param_groups
+    if not all({"fused", "capturable", "amsgrad"} <= g.keys() for g in groups):
+        return False
+    for g in groups:
+        on_device = bool(g["capturable"] or g["fused"])
+        for p in g["params"]:
+            if not p.requires_grad:
+                continue
+            state = optimizer.state[p]
+            state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=g["fused"]),
+                                         device=p.device) if on_device
+                             else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu"))
+            names = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if g["amsgrad"] else ())
+            for name in names:
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return True
 
 
 def _supported(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> bool:

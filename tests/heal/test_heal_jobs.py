@@ -62,13 +62,14 @@ def reference(tmp: Path, nproc: int, *extra: str) -> dict[int, str]:
 class Job:
     """One ``tierckpt run --heal`` job of examples/train.py, started in the background."""
 
-    def __init__(self, tmp: Path, nproc: int, *extra: str, spares: int = 1) -> None:
+    def __init__(self, tmp: Path, nproc: int, *extra: str, spares: int = 1,
+                 launcher: tuple[str, ...] = ()) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.root, self.losses_path = tmp / "t1", tmp / "losses.jsonl"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
              "sys.argv[0] = 'tierckpt'; main()", "run", "--nproc-per-node", str(nproc),
-             "--spares", str(spares), "--heal-timeout", "60", "--",
+             "--spares", str(spares), "--heal-timeout", "60", *launcher, "--",
              sys.executable, str(EXAMPLE), "--tier1", str(self.root), "--losses",
              str(self.losses_path), *SMALL, *extra],
             env=_env(), stdout=subprocess.DEVNULL, stderr=open(tmp / "job.err", "w"))  # noqa: SIM115
@@ -116,6 +117,23 @@ def processes(root: Path) -> dict[int, list[int]]:
 @pytest.fixture(scope="module")
 def ref3(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return reference(tmp_path_factory.mktemp("ref3"), 3)
+
+
+@pytest.mark.slow
+def test_a_survivor_blocked_in_the_failed_step_is_replaced_in_the_same_heal(
+        tmp_path: Path, ref3: dict[int, str]) -> None:
+    # rank 2 never leaves step 12 (as a gloo send to a peer that stopped reading never
+    # returns): the launcher kills it after --heal-stuck and starts it again in the heal
+    job = Job(tmp_path, 3, "--kill-at", "12", "--kill-rank", "1", "--stall-rank", "2",
+              launcher=("--heal-stuck", "3"))
+    lines = job.finish()
+    assert "rank(s) [2] did not leave generation 0" in lines, lines
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref3)
+    procs = processes(job.root)
+    assert [len(procs[r]) for r in range(3)] == [1, 2, 2]  # rank 0 kept its process
+    done = _events(job.root, ev.HEAL_DONE)
+    assert [e["rank"] for e in done] == [0] and done[0]["dead"] == [1, 2]
 
 
 @pytest.mark.slow

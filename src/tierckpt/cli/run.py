@@ -28,6 +28,9 @@ def run(
                                              "(torch already imported).")] = 1,
     heal_timeout: Annotated[float, typer.Option(
         help="Seconds a heal may take before the launcher restarts everything.")] = 60.0,
+    heal_stuck: Annotated[float, typer.Option(
+        help="Seconds a surviving worker may take to leave the failed step before it is "
+             "replaced too (blocked in a collective that no error reaches).")] = 10.0,
     port: Annotated[int, typer.Option(help="The job's store port (0: any free one).")] = 0,
 ) -> None:
     """Run a training command on this node's workers and heal a dead one in place.
@@ -41,6 +44,6 @@ def run(
     with config_errors():
         cfg = HealLaunch(nproc=nproc_per_node, heal=heal, max_heals=max_heals,
                          max_restarts=max_restarts, spares=spares, timeout_s=heal_timeout,
-                         port=port)
+                         stuck_s=heal_stuck, port=port)
         launcher = HealLauncher(list(command or []), cfg)
     raise typer.Exit(launcher.run())

@@ -16,7 +16,11 @@ them:
   with them (:meth:`tierckpt.CheckpointManager.heal`). The spare taken is replaced only
   once every rank of the healed generation has completed a step (``stepped/<g>``), or
   ``timeout_s`` after it was whole, so a new spare's imports never compete with the heal
-  or its first step for the node's CPUs;
+  or its first step for the node's CPUs. A survivor that has not left the failed
+  generation (``left/<g>/<rank>``) ``stuck_s`` after the heal opened is blocked where no
+  error reaches it — gloo does not wake a send pending to a peer that stopped reading, and
+  it waits out the group's timeout — so it is SIGKILLed and replaced in the same heal: every
+  rank reloads the newest checkpoint anyway, and it loses only its warm process;
 - anything else — a death during a heal, before the generation was whole, past
   ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: SIGKILL every
   worker left, start all again in a new incarnation, up to ``max_restarts`` times, as
@@ -56,7 +60,8 @@ class HealLaunch:
     """How ``tierckpt run`` supervises: ``nproc`` workers; at most ``max_heals`` heals and
     ``max_restarts`` full restarts; ``spares`` pre-warmed processes (0: replacements start
     cold); ``timeout_s`` for a heal to be whole (and for survivors to see the next
-    generation); ``settle_s`` to gather deaths into one heal; ``heal=False`` is plain
+    generation); ``settle_s`` to gather deaths into one heal; ``stuck_s`` for a survivor
+    to leave the failed generation before it is replaced too; ``heal=False`` is plain
     torchrun behaviour (every death a full restart)."""
 
     nproc: int
@@ -66,6 +71,7 @@ class HealLaunch:
     spares: int = 1
     timeout_s: float = healenv.DEFAULT_TIMEOUT_S
     settle_s: float = 0.2
+    stuck_s: float = 10.0
     port: int = 0
 
     def __post_init__(self) -> None:
@@ -75,7 +81,7 @@ class HealLaunch:
                                                                     else 0):
                 raise ConfigError(f"HealLaunch.{name} must be an int >= "
                                   f"{1 if name == 'nproc' else 0}, got {v!r}")
-        for name in ("timeout_s", "settle_s"):
+        for name in ("timeout_s", "settle_s", "stuck_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
                 raise ConfigError(f"HealLaunch.{name} must be seconds > 0, got {v!r}")
@@ -92,6 +98,7 @@ class _Incarnation:
     workers: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     healing: tuple[int, float] | None = None
     refill: tuple[int, float] | None = None  # a healed generation, when whole: spares wait
+    replaced: set[int] = field(default_factory=set)  # ranks started for the open heal
 
 
 class HealLauncher:
@@ -165,6 +172,7 @@ class HealLauncher:
                     self._say(f"rank(s) {dead} died during the heal of generation {gen}: "
                               "falling back to a full restart")
                     return 1
+                self._replace_stuck(inc, handled)
                 if self._ready(inc, gen) >= self.config.nproc:
                     self._say(f"generation {gen} healed in {time.monotonic() - opened:.2f} s")
                     inc.healing, inc.refill = None, (gen, time.monotonic())
@@ -184,6 +192,31 @@ class HealLauncher:
             dead = self._settle(inc, handled)
             handled.update(inc.workers[r].pid for r in dead)
             self._open_generation(inc, dead)
+
+    def _replace_stuck(self, inc: _Incarnation, handled: set[int]) -> None:
+        """SIGKILL and replace, in the open heal, every survivor that has not left the
+        failed generation ``stuck_s`` after the heal opened (see the module doc)."""
+        assert inc.healing is not None
+        gen, opened = inc.healing
+        if time.monotonic() - opened < self.config.stuck_s:
+            return
+        stuck = [r for r in sorted(inc.workers) if r not in inc.replaced
+                 and not self.store.check([self._key(inc, f"left/{gen - 1}/{r}")])]
+        if not stuck:
+            return
+        self._say(f"rank(s) {stuck} did not leave generation {gen - 1} within "
+                  f"{self.config.stuck_s:g} s (blocked in a collective): replacing them too")
+        for r in stuck:
+            old = inc.workers[r]
+            with contextlib.suppress(ProcessLookupError):
+                old.kill()
+            old.wait()
+            handled.add(old.pid)
+        dead = sorted({*json.loads(self.store.get(self._key(inc, f"dead/{gen}"))), *stuck})
+        self.store.set(self._key(inc, f"dead/{gen}"), json.dumps(dead))
+        for r in stuck:
+            inc.workers[r] = self._start(inc, r, spare=True)
+        inc.replaced.update(stuck)
 
     def _refill(self, inc: _Incarnation) -> None:
         """Replace the spares a heal took once its generation has stepped (see the module
@@ -221,7 +254,7 @@ class HealLauncher:
         self._say(f"rank(s) {dead} died; healing: generation {inc.gen}")
         for r in dead:
             inc.workers[r] = self._start(inc, r, spare=True)
-        inc.healing = (inc.gen, time.monotonic())
+        inc.healing, inc.replaced = (inc.gen, time.monotonic()), set(dead)
 
     # -- workers ---------------------------------------------------------------------------
     def _env(self, inc: _Incarnation, rank: int) -> dict[str, str]:

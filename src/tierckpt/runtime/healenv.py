@@ -14,6 +14,8 @@ Store keys, all under ``tierckpt/heal/<id>/``:
 ``dead/<g>``        the ranks replaced in generation g (JSON list)
 ``ready/<g>``       a counter: ranks of generation g whose state is loaded (a restore done);
                     at ``world_size`` the generation is whole and a later death can be healed
+``left/<g>/<r>``     set by survivor r when it leaves the failed generation g (its heal
+                    began); one that has not, ``stuck_s`` after the heal opened, is replaced
 ``stepped/<g>``     a counter: ranks of generation g that completed a step (the launcher then
                     starts the spares the heal took)
 ==================  ==========================================================================

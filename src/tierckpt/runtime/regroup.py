@@ -61,8 +61,7 @@ def regroup() -> Regrouped:
     with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
         dist.destroy_process_group()  # every group of the old generation, ours included
     gen = _next_generation(j)
-    raw = j.store.get(heal.key(f"dead/{gen}"))
-    dead = tuple(int(r) for r in json.loads(raw))
+    dead = replaced(gen)
     t1 = time.monotonic()
     dist.init_process_group(backend=j.backend, store=dist.PrefixStore(heal.pg_prefix(gen),
                                                                        j.store),
@@ -117,6 +116,23 @@ def mark_ready() -> None:
     j = healing()
     if j is not None and j.heal is not None:
         j.store.add(j.heal.key(f"ready/{j.heal.gen}"), 1)
+
+
+def replaced(gen: int) -> tuple[int, ...]:
+    """The ranks the launcher replaced in generation ``gen`` (``dead/<g>``: the dead, and
+    any survivor it found stuck and replaced too — so read it again once the generation has
+    formed for the final list)."""
+    j = healing()
+    assert j is not None and j.heal is not None
+    return tuple(int(r) for r in json.loads(j.store.get(j.heal.key(f"dead/{gen}"))))
+
+
+def mark_left() -> None:
+    """Tell the launcher this survivor is leaving its failed generation (its heal began);
+    one that does not say so in time is replaced. No-op outside the heal launcher."""
+    j = healing()
+    if j is not None and j.heal is not None:
+        j.store.set(j.heal.key(f"left/{j.heal.gen}/{j.rank}"), "1")
 
 
 def mark_stepped() -> None:
