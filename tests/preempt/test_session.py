@@ -69,6 +69,18 @@ def test_a_script_that_never_calls_should_stop_still_dies_on_sigterm(tmp_path: P
     assert _steps(proc.stdout) and max(_steps(proc.stdout)) == 3
 
 
+def test_signals_are_left_alone_until_should_stop_arms_them(tmp_path: Path) -> None:
+    # an installed Python handler would defer SIGTERM while the main thread is blocked in a
+    # collective; left alone, the kernel's default action ends the process at once
+    before = signal.getsignal(signal.SIGTERM)
+    with tierckpt.CheckpointManager(tier1=tmp_path / "t1",
+                                    preemption=Preemption(exit_code=None)) as ckpt:
+        assert signal.getsignal(signal.SIGTERM) == before
+        assert not ckpt.should_stop(0)
+        assert signal.getsignal(signal.SIGTERM) != before  # armed: a notice from now on
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 def _loop(ckpt: tierckpt.CheckpointManager, state: tierckpt.TrainState, *, notice_at: int,
           save: bool = True, steps: int = 20) -> int | None:
     model = state.model

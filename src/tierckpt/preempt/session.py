@@ -68,9 +68,7 @@ class PreemptSession:
         self.config, self.log, self.events_path = config, log, events_path
         self.box = NoticeBox()
         self.grace = grace if grace is not None else resolve_grace(config)
-        self.signals = _signal_notices(self.box, config.signals, self.grace)
-        for s in self.signals:
-            s.install()
+        self.signals = _signal_notices(self.box, config.signals, self.grace)  # armed later
         self.watch = StopWatch(self.box, store=store, rank=rank, world_size=world_size,
                                key=f"tierckpt/preempt/{run_id}", poll_s=config.watch_s,
                                pollers=(*config.pollers, *_trigger(config, self.grace)),
@@ -101,7 +99,7 @@ class PreemptSession:
         """``should_stop``'s decision: arms the signals (the opt-in); True at the agreed
         step (or after it was taken)."""
         for s in self.signals:
-            s.armed = True
+            s.arm()  # installed now: until this, a signal keeps its default action
         if self.stopped_at is not None:
             return True
         target = self.target(step)

@@ -2,11 +2,16 @@
 opts in.
 
 :class:`SignalNotices` installs one handler per configured signal (main thread only: Python
-allows nothing else). Until :attr:`SignalNotices.armed` is set — by the first
-``CheckpointManager.should_stop()`` call — a signal does exactly what it did before
-tierckpt: the previous Python handler runs, or the default action (for SIGTERM: the process
-ends), or nothing if it was ignored. So a script that never asks about preemption keeps
-today's SIGTERM behaviour, and a kill never turns into a hang. Once armed, the handler
+allows nothing else) when it is armed (:meth:`SignalNotices.arm`, by the first
+``CheckpointManager.should_stop()`` call). Until then nothing is installed and a signal does
+exactly what it did before tierckpt: the previous Python handler runs, or the default
+action, or nothing if it was ignored. Not installing matters: the kernel's default action
+ends a process at once, while a Python handler runs only when the main thread is back in
+the interpreter — a rank blocked in a collective of a dead peer ignored torchrun's SIGTERM
+until the group's timeout (34.6 s of a 41.7 s restart, world 4, in ``bench.heal``). So a
+script that never asks about preemption keeps today's SIGTERM behaviour, and a kill never
+turns into a hang or a wait. (:meth:`SignalNotices.install` alone installs unarmed handlers
+that do the previous behaviour.) Once armed, the handler
 posts a :class:`~tierckpt.preempt.notice.Notice` to the box and returns: no lock, no I/O, no
 save in the handler (the watcher thread and the loop do the work). Repeats are counted,
 never acted on twice (Slurm and torchrun can each deliver the same SIGTERM). Torch-free.
@@ -40,6 +45,12 @@ class SignalNotices:
         """Set by the first ``should_stop()``: from then on a signal is a notice."""
         self.installed = False
         self._previous: dict[int, Handler] = {}
+
+    def arm(self) -> bool:
+        """From now on a signal is a notice: install the handlers (see :meth:`install`) and
+        arm them; False when they could not be installed (off the main thread)."""
+        self.armed = True
+        return self.install()
 
     def install(self) -> bool:
         """Install the handlers; False (and nothing installed) off the main thread."""

@@ -14,8 +14,7 @@ if mode == "previous":
     signal.signal(signal.SIGTERM, lambda s, f: (print("PREVIOUS", flush=True), sys.exit(3)))
 box = NoticeBox()
 notices = SignalNotices(box, (int(signal.SIGTERM), int(signal.SIGUSR1)), grace_s=7.0)
-assert notices.install()
-notices.armed = mode == "armed"
+assert notices.arm() if mode == "armed" else notices.install()
 print("READY", flush=True)
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
