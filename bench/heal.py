@@ -21,7 +21,8 @@ step's work; ``step_s`` is the job's steady step (the median before the kill) an
 fell back to a full restart is reported as such (``outcome``, with the launcher's lines),
 not as a heal.
 ``python -m bench.heal [--world 2,4] [--mib 256,1024] [--out bench/out/heal.json]``: a
-Markdown table on stdout, JSON to --out.
+Markdown table on stdout, JSON to --out; ``make bench BENCH_ARGS=--heal`` writes
+``bench/results/<stamp>-heal.{json,md}`` (``--results DIR``).
 """
 
 from __future__ import annotations
@@ -142,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", default="256,1024")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "heal.json")
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--results", type=Path, default=None,
+                   help="also write <stamp>-heal.json and <stamp>-heal.md into this directory")
     args = p.parse_args(argv)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     import tempfile
 
     rows = []
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for world in (int(w) for w in args.world.split(",")):
             for mib in (int(m) for m in args.mib.split(",")):
@@ -153,7 +159,16 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(one(mode, world, mib, Path(tmp)))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    doc = {"started": started, "load_average_end": list(os.getloadavg()), "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    md = (f"# tierckpt heal vs full restart — {started}\n\n"
+          f"`python -m bench.heal` (see its docstring for what each column is); load average "
+          f"at the end {doc['load_average_end']}.\n\n{table(rows)}\n")
+    if args.results is not None:
+        args.results.mkdir(parents=True, exist_ok=True)
+        stamp = started.replace(":", "")
+        (args.results / f"{stamp}-heal.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (args.results / f"{stamp}-heal.md").write_text(md)
     print(table(rows))
     return 0
 

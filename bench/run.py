@@ -74,6 +74,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "metadata per rank for a save and a restore in real gloo runs at "
                         "--world (default 1,2,4,8,16), beside plain DCP, and the planning "
                         "of a Llama-70B-shaped state at --synthetic-world ranks")
+    p.add_argument("--heal", action="store_true",
+                   help="only restart cost R by healing vs a full torchrun restart "
+                        "(bench/heal.py) at --world (default 2,4) × --sizes in MiB "
+                        "(default 256,1024)")
     p.add_argument("--synthetic-world",
                    help="with --scale: synthetic world sizes (default 16,256,1024,4096)")
     p.add_argument("--label", help="with --scale: what the measured code is (e.g. 'before')")
@@ -179,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale:
         return run_scale(worlds=args.world, synthetic=args.synthetic_world, out=args.out,
                          target=args.target, label=args.label)
+    if args.heal:
+        from bench import heal
+
+        return heal.main(["--world", args.world or "2,4", "--mib", args.sizes or "256,1024",
+                          "--results", str(args.out), "--workdir", str(args.target)])
     if args.synthetic_world or args.label:
         print("bench: --synthetic-world and --label are for --scale", file=sys.stderr)
         return 2
