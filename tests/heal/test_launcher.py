@@ -123,6 +123,9 @@ def test_a_spare_runs_the_script_in_the_environment_it_is_given(tmp_path: Path) 
             proc = pool.take({"RANK": "3"})
             time.sleep(0.05)
         assert proc.wait(60) == 0
+        assert pool.waiting == 0  # not replaced while a heal may still run: fill() does it
+        pool.fill()
+        assert pool.waiting == 1
     finally:
         pool.close()
     got = json.loads(out.read_text())

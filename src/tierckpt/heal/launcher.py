@@ -147,6 +147,7 @@ class HealLauncher:
         self.store.set(self._key(inc, "dead/0"), "[]")
         for r in range(self.config.nproc):
             inc.workers[r] = self._start(inc, r, spare=False)
+        self._spares.fill()  # one a heal took before a full restart: not waited for now
         try:
             return self._watch(inc)
         finally:

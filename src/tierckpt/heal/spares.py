@@ -61,6 +61,11 @@ class SparePool:
                 os.close(w)
             self._idle.append((p, r))
 
+    @property
+    def waiting(self) -> int:
+        """Spares started and not taken (ready or still importing)."""
+        return len(self._idle)
+
     def take(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """A spare that has finished importing, told to run as the worker ``env`` describes;
         None when none is ready (the launcher then starts a process cold)."""
