@@ -30,8 +30,11 @@ checkpoint chosen, state loaded, first step, saves, hangs) go to ``--events`` (d
 ``--kill-at STEP [--kill-rank R]`` is fault injection for drills and tests: on the first
 attempt only, rank R SIGKILLs itself right after completing STEP, once its newest save has
 committed (so the resume point is deterministic; ``tierckpt drill`` kills from outside at
-arbitrary times); ``--stall-rank S`` makes rank S stop there too, asleep for an hour — a
-survivor blocked where no error reaches it, which ``tierckpt run --heal`` replaces.
+arbitrary times); with ``--kill-in backward`` it dies in the middle of the next step's
+backward instead, once the head's gradients exist (the survivors fail in the backward's
+collectives with a half-done step in hand); ``--stall-rank S`` makes rank S stop there
+too, asleep for an hour — a survivor blocked where no error reaches it, which
+``tierckpt run --heal`` replaces.
 ``--notice-at STEP [--notice-rank R] [--notice-signal SIGTERM]``: on the first attempt, rank
 R sends itself a termination notice after completing STEP; every rank then stops at the same
 agreed step, saves, and exits with status 75 (preempted, saved).
@@ -189,6 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "whose time limit must cut the run whatever the machine's speed)")
     p.add_argument("--kill-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--kill-rank", type=int, default=0)
+    p.add_argument("--kill-in", default="between", choices=["between", "backward"])
     p.add_argument("--stall-rank", type=int, default=None)
     p.add_argument("--notice-at", type=int, default=None, help="fault injection: see docstring")
     p.add_argument("--notice-rank", type=int, default=0)
@@ -227,6 +231,14 @@ def batches(loader: StatefulDataLoader) -> Iterator[torch.Tensor]:
     """Endless iteration over epochs; the loader's state tracks the position."""
     while True:
         yield from loader
+
+
+def die_in_backward(model: GPT) -> None:
+    """SIGKILL this process in the next backward, once the gradient reaches the last block's
+    output (the head's and final norm's gradients are computed by then)."""
+    def hook(_m: nn.Module, _args: object, out: torch.Tensor) -> None:
+        out.register_hook(lambda _g: os.kill(os.getpid(), signal.SIGKILL))
+    model.blocks[-1].register_forward_hook(hook)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                         break  # a notice: saved, every rank stops here
                     if step == args.kill_at and first_run and info.rank == args.kill_rank:
                         ckpt.wait()  # a deterministic resume point: the last save committed
-                        os.kill(os.getpid(), signal.SIGKILL)
+                        if args.kill_in == "backward":
+                            die_in_backward(model)
+                        else:
+                            os.kill(os.getpid(), signal.SIGKILL)
                     if step == args.kill_at and first_run and info.rank == args.stall_rank:
                         time.sleep(3600)  # blocked: the heal launcher must replace it
                     step += 1

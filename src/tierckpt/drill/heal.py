@@ -189,11 +189,12 @@ class _HealRun:
         if kind == "replacement":
             self._wait("the replacement", lambda: len(self._events(ev.PROCESS_START)) > starts)
             os.kill(self._pid(victims[0]), signal.SIGKILL)
-        elif kind == "mid_heal":  # once the launcher opened the heal's generation (its
-            begun = len(self._events(ev.HEAL_BEGIN))  # replacement started): a death before
-            self._wait("a heal", lambda: len(self._events(ev.HEAL_BEGIN)) > begun  # is one
-                       and len(self._events(ev.PROCESS_START)) > starts)  # heal of both
-            survivor = next(r for r in range(n) if r not in victims)
+        elif kind == "mid_heal":  # once this survivor began the heal (a survivor that dies
+            survivor = next(r for r in range(n) if r not in victims)  # before it is replaced
+            begun = len([e for e in self._events(ev.HEAL_BEGIN) if e["rank"] == survivor])
+            self._wait("a heal", lambda: len(  # in the same heal) and its replacement started
+                [e for e in self._events(ev.HEAL_BEGIN) if e["rank"] == survivor]) > begun
+                and len(self._events(ev.PROCESS_START)) > starts)
             victims.append(survivor)
             os.kill(self._pid(survivor), signal.SIGKILL)
         # over: a heal done on every survivor, or every rank started again (a full restart)

@@ -20,11 +20,13 @@ them:
   generation (``left/<g>/<rank>``) ``stuck_s`` after the heal opened is blocked where no
   error reaches it — gloo does not wake a send pending to a peer that stopped reading, and
   it waits out the group's timeout — so it is SIGKILLed and replaced in the same heal: every
-  rank reloads the newest checkpoint anyway, and it loses only its warm process;
-- anything else — a death during a heal, before the generation was whole, past
-  ``max_heals``, or a heal not whole after ``timeout_s`` → a **full restart**: SIGKILL every
-  worker left, start all again in a new incarnation, up to ``max_restarts`` times, as
-  torchrun does.
+  rank reloads the newest checkpoint anyway, and it loses only its warm process. A survivor
+  that dies before it left is replaced in the same heal too (deaths that came together but
+  were seen further apart than ``settle_s`` on a loaded node);
+- anything else — a death during a heal (a rank that began it, or a replacement), before
+  the generation was whole, past ``max_heals``, or a heal not whole after ``timeout_s`` → a
+  **full restart**: SIGKILL every worker left, start all again in a new incarnation, up to
+  ``max_restarts`` times, as torchrun does.
 
 SIGTERM, SIGINT and SIGUSR1 sent to the launcher are passed to every worker (a notice under
 Slurm or Kubernetes), and the launcher waits for them. Its own lines go to stderr, prefixed
@@ -169,9 +171,14 @@ class HealLauncher:
                           if c not in (None, 0) and inc.workers[r].pid not in handled)
             if inc.healing is not None:
                 gen, opened = inc.healing
-                if dead:
-                    self._say(f"rank(s) {dead} died during the heal of generation {gen}: "
-                              "falling back to a full restart")
+                late = [r for r in dead if not self._left(inc, r)]
+                if late:  # died before it began the heal: as if it had died with the others
+                    self._say(f"rank(s) {late} died before leaving generation {gen - 1}: "
+                              "replacing them in the same heal")
+                    self._replace(inc, late, handled)
+                if [r for r in dead if r not in late]:
+                    self._say(f"rank(s) {[r for r in dead if r not in late]} died during the "
+                              f"heal of generation {gen}: falling back to a full restart")
                     return 1
                 self._replace_stuck(inc, handled)
                 if self._ready(inc, gen) >= self.config.nproc:
@@ -201,23 +208,37 @@ class HealLauncher:
         gen, opened = inc.healing
         if time.monotonic() - opened < self.config.stuck_s:
             return
-        stuck = [r for r in sorted(inc.workers) if r not in inc.replaced
-                 and not self.store.check([self._key(inc, f"left/{gen - 1}/{r}")])]
+        stuck = [r for r in sorted(inc.workers) if not self._left(inc, r)]
         if not stuck:
             return
         self._say(f"rank(s) {stuck} did not leave generation {gen - 1} within "
                   f"{self.config.stuck_s:g} s (blocked in a collective): replacing them too")
-        for r in stuck:
+        self._replace(inc, stuck, handled)
+
+    def _left(self, inc: _Incarnation, rank: int) -> bool:
+        """Whether ``rank`` is out of the failed generation: started for the open heal, or
+        a survivor that began it (``left/<g - 1>/<rank>``)."""
+        assert inc.healing is not None
+        return rank in inc.replaced or self.store.check(
+            [self._key(inc, f"left/{inc.healing[0] - 1}/{rank}")])
+
+    def _replace(self, inc: _Incarnation, ranks: list[int], handled: set[int]) -> None:
+        """Add ``ranks`` (survivors that never began the heal: dead, or SIGKILLed here) to
+        the open heal's dead set and start their replacements in its generation. Safe: they
+        took no part in forming it, and every rank reloads the newest checkpoint anyway."""
+        assert inc.healing is not None
+        gen = inc.healing[0]
+        for r in ranks:
             old = inc.workers[r]
             with contextlib.suppress(ProcessLookupError):
                 old.kill()
             old.wait()
             handled.add(old.pid)
-        dead = sorted({*json.loads(self.store.get(self._key(inc, f"dead/{gen}"))), *stuck})
+        dead = sorted({*json.loads(self.store.get(self._key(inc, f"dead/{gen}"))), *ranks})
         self.store.set(self._key(inc, f"dead/{gen}"), json.dumps(dead))
-        for r in stuck:
+        for r in ranks:
             inc.workers[r] = self._start(inc, r, spare=True)
-        inc.replaced.update(stuck)
+        inc.replaced.update(ranks)
 
     def _refill(self, inc: _Incarnation) -> None:
         """Replace the spares a heal took once its generation has stepped (see the module

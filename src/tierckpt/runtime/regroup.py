@@ -77,9 +77,10 @@ def detach(model: object) -> None:
     it does not wake a pending receive) nor a destroyed group whose object is still
     referenced ends that wait before the timeout — only the neighbour's closed socket does.
     So: destroy every group, forget the failed step's collectives and FSDP2's cached
-    references to the groups (:func:`rebind_fsdp` sets new ones), and collect garbage. The
-    caller clears the failed step's frames first; a DDP module still holds its group until
-    it is wrapped again."""
+    references to the groups (:func:`rebind_fsdp` sets new ones), drop every gradient of
+    the failed step (a loop that zeroes them after ``optimizer.step()`` would add them to
+    the next step's), and collect garbage. The caller clears the failed step's frames
+    first; a DDP module still holds its group until it is wrapped again."""
     with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
         dist.destroy_process_group()
     for mesh_info in _fsdp_mesh_infos(model).values():
@@ -91,6 +92,9 @@ def detach(model: object) -> None:
             mesh._pg_registry = {}  # the mesh's own references (for torch.compile)
     for module in _fsdp_modules(model):
         _forget_the_failed_step(module._get_fsdp_state())  # its results hold the groups
+    if hasattr(model, "parameters"):
+        for param in model.parameters():
+            param.grad = None
     gc.collect()
 
 
@@ -179,9 +183,14 @@ _STEP_RESULTS = ("_all_gather_result", "_post_reduce_event", "_reshard_after_for
 
 def _forget_the_failed_step(state: Any) -> None:
     """Reset what an FSDP2 module's state holds of a step that failed part-way: the
-    training state, the root's iteration context, and the results of collectives the old
+    training state, the root's iteration context, the results of collectives the old
     group had started — a prefetched all-gather left behind would be taken as done, and
-    this rank would skip a collective the others make (a mismatch, seen at world 3)."""
+    this rank would skip a collective the others make (a mismatch, seen at world 3) — and
+    every gradient of the step: those autograd had written to unsharded parameters whose
+    post-backward never ran (the root's, when a later all-gather of the backward failed),
+    which the next backward would add to — ``zero_grad`` clears only the sharded ones —
+    and the sharded ones, which a loop zeroing them after ``optimizer.step()`` would add to
+    the next step's. Either way the first update after the heal would be wrong."""
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
     state._training_state = TrainingState.IDLE
@@ -194,6 +203,11 @@ def _forget_the_failed_step(state: Any) -> None:
             if hasattr(group, name):
                 setattr(group, name, None)
         group._post_forward_indices.clear()
+        for param in group.fsdp_params:
+            param.unsharded_accumulated_grad = None
+            param.sharded_param.grad = None  # not registered on the module while unsharded
+            if hasattr(param, "_unsharded_param"):
+                param._unsharded_param.grad = None
         for comm in {id(c): c for c in (group.comm_ctx, state._comm_ctx)}.values():
             comm.all_gather_state = None
             comm.reduce_scatter_states = []
