@@ -88,10 +88,13 @@ def one(mode: str, world: int, mib: int, workdir: Path) -> dict[str, Any]:
         os.kill(pid, signal.SIGKILL)
         if proc.wait(TIMEOUT_S) != 0:
             raise RuntimeError(f"{d}: the job failed ({proc.returncode}); see {d / 'job.log'}")
-    after = [s["t"] for s in _steps(log) if s["t"] > t_kill]
     before = [s["t"] for s in _steps(log) if s["t"] <= t_kill]
     step_s = statistics.median(b - a for a, b in itertools.pairwise(before[1:]))
     evs = [e for e in read_events(events) if e["t"] > t_kill]
+    # R ends at the first step after the state was loaded again: a step that rank 0 had
+    # under way when rank 1 died can still complete and be logged (its collectives done)
+    reloaded = max(e["t"] for e in evs if e["event"] in ("heal_done", "restore_done"))
+    after = [s["t"] for s in _steps(log) if s["t"] > reloaded]
     r = after[0] - t_kill
     row: dict[str, Any] = {"mode": mode, "world": world, "mib": mib, "R_s": r,
                            "step_s": step_s, "downtime_s": r - step_s, "outcome": mode}

@@ -1,9 +1,12 @@
 """What :mod:`tierckpt.runtime.regroup` resets of an FSDP2 step that failed part-way, in a
-real one-rank gloo group: the next step after it is the step an untouched model takes."""
+real two-rank gloo group: the next step after it is the step an untouched model takes — the
+same gradients, and the same collectives (a survivor that made one more than the
+replacement, a stale backward prefetch, hung the first step after a heal)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,68 +16,97 @@ from torch import nn
 from tests._launch import free_port, spawn
 from tierckpt.runtime import regroup
 
+_WORLD = 2  # both ranks fail alike and are healed alike (FSDP2 skips collectives at 1)
+
 
 class _Peer(RuntimeError):
     """Stands for the collective error a dead peer raises inside the backward."""
 
 
-def _model(fail: list[bool]) -> nn.Module:
+def _model(fail: list[bool], root_params: bool) -> nn.Module:
+    """Three FSDP2 layers, and a root with a head of its own or none; the backward raises
+    once the gradient reaches the middle layer's output. With a head, its gradients are
+    on its unsharded parameters then (the root's post-backward runs last); without, the
+    root has no parameter group, and the failed step's forward order is still recorded
+    (the end of the backward clears it), where the next backward's last prefetch looks."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    layers = [nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)]
+    model = nn.Sequential(*layers, *([nn.ReLU(), nn.Linear(4, 4)] if root_params else []))
 
     def raise_in_backward(_m: nn.Module, _args: object, out: torch.Tensor) -> None:
-        if fail[0]:  # the head's gradients exist, the root's post-backward has not run
+        if fail[0]:
             out.register_hook(lambda g: (_ for _ in ()).throw(_Peer("peer died")))
-    model[0].register_forward_hook(raise_in_backward)
-    fully_shard(model[0])
+    model[2].register_forward_hook(raise_in_backward)
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer)
     fully_shard(model)
     return model
 
 
-def _grads(model: nn.Module) -> list[torch.Tensor]:
+def _grads(model: nn.Module, calls: list[str]) -> list[torch.Tensor]:
+    """One step's gradients; ``calls`` gets the step's FSDP2 collectives, in order."""
+    real = dist.all_gather_single, dist.reduce_scatter_single
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return call
     model.zero_grad(set_to_none=True)
-    model(torch.ones(3, 8)).square().sum().backward()
+    try:
+        dist.all_gather_single = counted("all_gather", real[0])
+        dist.reduce_scatter_single = counted("reduce_scatter", real[1])
+        model(torch.ones(3, 8)).square().sum().backward()
+    finally:
+        dist.all_gather_single, dist.reduce_scatter_single = real
     return [p.grad.full_tensor().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int, out: str, path: str) -> None:
+def _worker(rank: int, port: int, out: str, path: str, root_params: bool) -> None:
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+    store = dist.TCPStore("127.0.0.1", port, _WORLD, is_master=rank == 0)
     dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
-                            world_size=1)
+                            world_size=_WORLD)
     try:
-        want = _grads(_model([False]))
+        want_calls: list[str] = []
+        want = _grads(_model([False], root_params), want_calls)
         fail = [True]
-        model = _model(fail)
+        model = _model(fail, root_params)
         sharded = list(model.parameters())  # what an optimizer holds
         with pytest.raises(_Peer):
-            _grads(model)
+            _grads(model, [])
         fail[0] = False
         if path == "rebind":  # FSDP2's own leftovers alone, on the same group
-            assert regroup.rebind_fsdp(model) == 2
+            assert regroup.rebind_fsdp(model) == 3 + root_params
         else:  # what a heal does: leave, form the next group, rebind
             for p in sharded:  # as if the loop zeroed gradients only after step()
                 p.grad = torch.ones_like(p)
             regroup.detach(model)
             dist.init_process_group("gloo", store=dist.PrefixStore("gen1/", store),
-                                    rank=rank, world_size=1)
-            assert regroup.rebind_fsdp(model) == 2
+                                    rank=rank, world_size=_WORLD)
+            assert regroup.rebind_fsdp(model) == 3 + root_params
             assert all(p.grad is None for p in sharded)
-        got = _grads(model)
-        Path(out).write_text(str(all(torch.equal(a, b) for a, b in zip(got, want,
-                                                                       strict=True))))
+        calls: list[str] = []
+        got = _grads(model, calls)
+        same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        if rank == 0:
+            Path(out).write_text(f"{same} {calls == want_calls} {calls} {want_calls}")
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("root_params", [True, False], ids=["head", "no-head"])
 @pytest.mark.parametrize("path", ["rebind", "heal"])
-def test_a_backward_that_failed_part_way_leaves_no_gradient_behind(
-        tmp_path: Path, path: str) -> None:
-    # the failed backward wrote the head's gradient to its unsharded parameter: were it
-    # left there (or a sharded gradient a loop had not zeroed yet), the next backward would
-    # add to it, and the first update after a heal would be wrong
+def test_a_backward_that_failed_part_way_leaves_nothing_behind(
+        tmp_path: Path, path: str, root_params: bool) -> None:
+    # with a head: its gradient of the failed step, or a sharded one a loop had not zeroed
+    # yet, would be added to the next backward's (the first update after a heal wrong);
+    # without: a prefetch of the failed step's order would make one all-gather more than
+    # the replacement makes (the first step after a heal hung for the group's timeout)
     out = tmp_path / "same"
-    spawn(_worker, free_port(), str(out), path, nprocs=1)
-    assert out.read_text() == "True"
+    spawn(_worker, free_port(), str(out), path, root_params, nprocs=_WORLD)
+    same, same_calls, *calls = out.read_text().split(" ", 2)
+    assert same == "True"
+    assert same_calls == "True", calls

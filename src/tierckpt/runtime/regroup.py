@@ -153,9 +153,12 @@ def rebind_fsdp(model: object) -> int:
     re-formed default group keeps, but caches the group object itself in its mesh infos
     (torch 2.13: ``FSDPMeshInfo.shard_process_group``); re-running their ``__post_init__``
     re-reads it (a separate reduce-scatter group is dropped: the shard group serves). Each
-    module is also resharded, so nothing the failed step all-gathered stays unsharded.
-    Raises HealError for a mesh of more than one dimension (HSDP, FSDP + TP): its sub-groups
-    went with the old generation, and a full restart rebuilds them."""
+    module is also resharded, so nothing the failed step all-gathered stays unsharded, and
+    the root gets ``FSDPModule.reset_iter_state()`` where torch has it (what it resets is
+    reset here already — after the old group's results were dropped, which it would wait
+    on — but a later torch may reset more). Raises HealError for a mesh of more than one
+    dimension (HSDP, FSDP + TP): its sub-groups went with the old generation, and a full
+    restart rebuilds them."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -171,8 +174,11 @@ def rebind_fsdp(model: object) -> int:
                                  for n in getattr(mesh, "_dim_group_names", ())}
         mesh_info.__post_init__()  # re-reads the group from the mesh, by name
     for module in _fsdp_modules(model):
-        _forget_the_failed_step(module._get_fsdp_state())
+        state = module._get_fsdp_state()
+        _forget_the_failed_step(state)
         module.reshard()
+        if getattr(state, "_is_root", None) and hasattr(module, "reset_iter_state"):
+            module.reset_iter_state()  # torch's own recovery (2.13+), for what it adds later
     return len(seen)
 
 
@@ -185,8 +191,11 @@ def _forget_the_failed_step(state: Any) -> None:
     """Reset what an FSDP2 module's state holds of a step that failed part-way: the
     training state, the root's iteration context, the results of collectives the old
     group had started — a prefetched all-gather left behind would be taken as done, and
-    this rank would skip a collective the others make (a mismatch, seen at world 3) — and
-    every gradient of the step: those autograd had written to unsharded parameters whose
+    this rank would skip a collective the others make (a mismatch, seen at world 3) — the
+    forward order the failed step recorded (the end of its backward would have cleared it:
+    the next backward's last prefetch reads it, and the survivor all-gathered a layer the
+    replacement did not, which hung the first step after the heal for the group's timeout),
+    and every gradient of the step: those autograd had written to unsharded parameters whose
     post-backward never ran (the root's, when a later all-gather of the backward failed),
     which the next backward would add to — ``zero_grad`` clears only the sharded ones —
     and the sharded ones, which a loop zeroing them after ``optimizer.step()`` would add to
@@ -211,6 +220,11 @@ def _forget_the_failed_step(state: Any) -> None:
         for comm in {id(c): c for c in (group.comm_ctx, state._comm_ctx)}.values():
             comm.all_gather_state = None
             comm.reduce_scatter_states = []
+            comm.post_forward_order.clear()  # the next backward's prefetches index it
+            if hasattr(comm, "_last_post_reduce_events"):
+                comm._last_post_reduce_events.clear()
+    if hasattr(state, "_modules_to_run_forward"):
+        state._modules_to_run_forward.clear()
 
 
 def _fsdp_modules(model: object) -> list[Any]:
