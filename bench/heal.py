@@ -98,9 +98,10 @@ def one(mode: str, world: int, mib: int, workdir: Path) -> dict[str, Any]:
     r = after[0] - t_kill
     row: dict[str, Any] = {"mode": mode, "world": world, "mib": mib, "R_s": r,
                            "step_s": step_s, "downtime_s": r - step_s, "outcome": mode}
-    if mode == "heal" and not any(e["event"] == "heal_done" for e in evs):
-        lines = [x for x in (d / "job.log").read_text(errors="replace").splitlines()
-                 if x.startswith("tierckpt run:")]
+    lines = [x for x in (d / "job.log").read_text(errors="replace").splitlines()
+             if x.startswith("tierckpt run:")]
+    if mode == "heal" and (not any(e["event"] == "heal_done" for e in evs)
+                           or any("full restart" in x for x in lines)):  # healed, then hung
         row.update(outcome="fell back to a full restart", detect_s=None, reform_s=None,
                    transfer_s=None, first_step_s=None, launcher=lines)
     elif mode == "heal":
