@@ -64,7 +64,7 @@ def _grads(model: nn.Module, calls: list[str]) -> list[torch.Tensor]:
     return [p.grad.full_tensor().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int, out: str, path: str, root_params: bool) -> None:
+def _worker(rank: int, port: int, out: str, root_params: bool) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, _WORLD, is_master=rank == 0)
     dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=rank,
@@ -78,16 +78,13 @@ def _worker(rank: int, port: int, out: str, path: str, root_params: bool) -> Non
         with pytest.raises(_Peer):
             _grads(model, [])
         fail[0] = False
-        if path == "rebind":  # FSDP2's own leftovers alone, on the same group
-            assert regroup.rebind_fsdp(model) == 3 + root_params
-        else:  # what a heal does: leave, form the next group, rebind
-            for p in sharded:  # as if the loop zeroed gradients only after step()
-                p.grad = torch.ones_like(p)
-            regroup.detach(model)
-            dist.init_process_group("gloo", store=dist.PrefixStore("gen1/", store),
-                                    rank=rank, world_size=_WORLD)
-            assert regroup.rebind_fsdp(model) == 3 + root_params
-            assert all(p.grad is None for p in sharded)
+        for p in sharded:  # as if the loop zeroed gradients only after step()
+            p.grad = torch.ones_like(p)
+        regroup.detach(model)  # what a heal does: leave, form the next group, rebind
+        dist.init_process_group("gloo", store=dist.PrefixStore("gen1/", store), rank=rank,
+                                world_size=_WORLD)
+        assert regroup.rebind_fsdp(model) == 3 + root_params
+        assert all(p.grad is None for p in sharded)
         calls: list[str] = []
         got = _grads(model, calls)
         same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
@@ -98,15 +95,14 @@ def _worker(rank: int, port: int, out: str, path: str, root_params: bool) -> Non
 
 
 @pytest.mark.parametrize("root_params", [True, False], ids=["head", "no-head"])
-@pytest.mark.parametrize("path", ["rebind", "heal"])
 def test_a_backward_that_failed_part_way_leaves_nothing_behind(
-        tmp_path: Path, path: str, root_params: bool) -> None:
+        tmp_path: Path, root_params: bool) -> None:
     # with a head: its gradient of the failed step, or a sharded one a loop had not zeroed
     # yet, would be added to the next backward's (the first update after a heal wrong);
     # without: a prefetch of the failed step's order would make one all-gather more than
     # the replacement makes (the first step after a heal hung for the group's timeout)
     out = tmp_path / "same"
-    spawn(_worker, free_port(), str(out), path, root_params, nprocs=_WORLD)
+    spawn(_worker, free_port(), str(out), root_params, nprocs=_WORLD)
     same, same_calls, *calls = out.read_text().split(" ", 2)
     assert same == "True"
     assert same_calls == "True", calls
