@@ -10,7 +10,7 @@ them:
 - every worker exits 0 → the job is done (0); one exits 75 (preempted, saved) → it waits for
   the others and ends with 75, as after a notice under torchrun;
 - a worker dies while its generation is whole (every rank counted ``ready``) → a **heal**:
-  after ``settle_s`` (deaths that close together are one heal) it opens generation g + 1
+  after ``settle_s`` (deaths seen together are one heal) it opens generation g + 1
   naming the dead ranks and starts their replacements in it — a pre-warmed spare when one
   waits (:mod:`tierckpt.heal.spares`), else a fresh process; the survivors re-form the group
   with them (:meth:`tierckpt.CheckpointManager.heal`). The spare taken is replaced only
@@ -62,7 +62,8 @@ class HealLaunch:
     """How ``tierckpt run`` supervises: ``nproc`` workers; at most ``max_heals`` heals and
     ``max_restarts`` full restarts; ``spares`` pre-warmed processes (0: replacements start
     cold); ``timeout_s`` for a heal to be whole (and for survivors to see the next
-    generation); ``settle_s`` to gather deaths into one heal; ``stuck_s`` for a survivor
+    generation); ``settle_s`` to gather deaths into one heal (short: a survivor that dies
+    later, before it began the heal, joins it anyway); ``stuck_s`` for a survivor
     to leave the failed generation before it is replaced too; ``heal=False`` is plain
     torchrun behaviour (every death a full restart)."""
 
@@ -72,7 +73,7 @@ class HealLaunch:
     max_restarts: int = 3
     spares: int = 1
     timeout_s: float = healenv.DEFAULT_TIMEOUT_S
-    settle_s: float = 0.2
+    settle_s: float = 0.02
     stuck_s: float = 10.0
     port: int = 0
 
