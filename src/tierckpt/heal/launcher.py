@@ -177,9 +177,9 @@ class HealLauncher:
                     self._say(f"rank(s) {late} died before leaving generation {gen - 1}: "
                               "replacing them in the same heal")
                     self._replace(inc, late, handled)
-                if [r for r in dead if r not in late]:
-                    self._say(f"rank(s) {[r for r in dead if r not in late]} died during the "
-                              f"heal of generation {gen}: falling back to a full restart")
+                if during := [r for r in dead if r not in late]:
+                    self._say(f"rank(s) {during} died during the heal of generation {gen}: "
+                              "falling back to a full restart")
                     return 1
                 self._replace_stuck(inc, handled)
                 if self._ready(inc, gen) >= self.config.nproc:
