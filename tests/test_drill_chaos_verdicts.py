@@ -36,7 +36,7 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
             assert f.kind not in cv.NOTICE_KINDS  # notices only when asked for
         assert not {"kill_rank", "kill_partner"} <= set(p.kinds)  # one kill ends the job
     drawn = {k for p in cv.draw_plan(1, 200, nodes=2) for k in p.kinds}
-    assert drawn == set(cv.KINDS) - cv.NOTICE_KINDS
+    assert drawn == set(cv.KINDS) - cv.NOTICE_KINDS - cv.HEAL_KINDS  # both only when asked
     only = cv.draw_plan(3, 20, nodes=2, kinds=["kill_rank", "wipe_node"])
     assert {k for p in only for k in p.kinds} <= {"kill_rank", "wipe_node"}
 
@@ -44,7 +44,7 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
 def test_plan_without_tier0_is_the_plan_it_was() -> None:
     # the RAM kinds came last: a run without tier 0 draws what it drew before (the seed of
     # tests/test_drill_chaos.py still means its documented plan)
-    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS | cv.NOTICE_KINDS]
+    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS | cv.NOTICE_KINDS | cv.HEAL_KINDS]
     assert cv.KINDS[:len(without)] == tuple(without)
     assert [p.as_dict()["faults"] for p in cv.draw_plan(2801, 3, nodes=2, kinds=without)] == [
         ["tier1_full@node1", "damage(missing_file)@node1"],
@@ -56,7 +56,7 @@ def test_plan_without_tier0_is_the_plan_it_was() -> None:
     assert {"kill_partner", "wipe_ram", "damage_ram"} <= cv.RESTART_KINDS
 
 
-@pytest.mark.parametrize("kw", [{"kinds": ["meteor"]}, {"kinds": []}, {"nodes": 1},
+@pytest.mark.parametrize("kw", [{"kinds": ["meteor"]}, {"kinds": []}, {"nodes": 0},
                                 {"cycles": 0}])
 def test_plan_refuses_what_it_cannot_draw(kw: dict[str, Any]) -> None:
     args: dict[str, Any] = {"cycles": 3, "nodes": 2, **kw}
@@ -144,6 +144,19 @@ def test_resume_passes_for_the_expected_step_read_safely() -> None:
     assert v.ok  # node 1's copy was damaged and it fetched the step from tier 2
     assert cv.resume_verdict({0: None, 1: None}, {None}, read={}, bad={},
                              node_of=NODE_OF).ok  # a fresh start where nothing existed
+
+
+def test_resume_judges_the_ranks_of_a_node_together() -> None:
+    # one node of three ranks whose tier-1 copy was removed: rank 0 fetched the node's
+    # files from tier 2 into its tier 1, and ranks 1 and 2 read that fresh copy from there
+    one_node = {0: 0, 1: 0, 2: 0}
+    read = {0: _read(tier1=190, tier2=700), 1: _read(tier1=190), 2: _read(tier1=186)}
+    assert cv.resume_verdict({0: 8, 1: 8, 2: 8}, {8}, read=read, bad={0: {"tier1"}},
+                             node_of=one_node).ok
+    read[0] = _read(tier1=190)  # no rank of the node read anything but the damaged source
+    v = cv.resume_verdict({0: 8, 1: 8, 2: 8}, {8}, read=read, bad={0: {"tier1"}},
+                          node_of=one_node)
+    assert not v.ok and "node 0's ranks restored step 8 from tier1 though" in v.detail
 
 
 def test_resume_accepts_ram_and_the_partners_replica() -> None:

@@ -39,9 +39,10 @@ def drill(
         help="The training command, after --: python examples/train.py FLAGS... It must "
              "accept --tier1, --losses, --steps and --tier2 (docs/drills.md).")],
     nproc: Annotated[int | None, typer.Option(
-        help="Ranks per node (default 2; with --chaos 1).")] = None,
+        help="Ranks per node (default 2; with --chaos 1; with --heal 3).")] = None,
     nnodes: Annotated[int | None, typer.Option(
-        help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2).")
+        help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2, "
+             "with --chaos --heal 1).")
     ] = None,
     steps: Annotated[int | None, typer.Option(
         help="Training steps per run (default 20; with --chaos 150 per cycle).")] = None,
@@ -75,7 +76,9 @@ def drill(
     heal: Annotated[bool, typer.Option(
         "--heal", help="Run the heal drill instead: the command under `tierckpt run --heal` "
         "(default 3 ranks, 120 steps), a seeded series of rank deaths; each must end in a "
-        "heal (or, when it must, a full restart) that changes no loss (docs/heal.md).")
+        "heal (or, when it must, a full restart) that changes no loss (docs/heal.md). With "
+        "--chaos: the chaos job runs on one node under `tierckpt run` and heal_kill joins "
+        "its catalogue (docs/drills.md).")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
 ) -> None:
@@ -91,11 +94,11 @@ def drill(
         from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
         from tierckpt.drill.heal import HEAL_FAULTS, HEAL_STAGES, HealDrillConfig, run_heal
         from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
-    if heal:
+    if heal and chaos is None:
         def run_heal_drill(progress: Progress) -> dict[str, Any]:
-            if chaos is not None or preempt or tier0 is not None or nnodes not in (None, 1):
-                raise ConfigError("--heal runs alone, on one node: drop --chaos, --preempt, "
-                                  "--tier0 and --nnodes")
+            if preempt or tier0 is not None or nnodes not in (None, 1):
+                raise ConfigError("--heal runs on one node: drop --preempt, --tier0 and "
+                                  "--nnodes")
             faults = tuple(HEAL_FAULTS) if kinds is None else tuple(
                 k.strip() for k in kinds.split(",") if k.strip())
             cfg = HealDrillConfig(command=tuple(command), nproc=3 if nproc is None else nproc,
@@ -113,10 +116,10 @@ def drill(
             more: dict[str, Any] = {} if kinds is None else {
                 "kinds": tuple(k.strip() for k in kinds.split(",") if k.strip())}
             cfg = ChaosConfig(command=tuple(command), cycles=chaos,
-                              nproc=1 if nproc is None else nproc,
-                              nnodes=2 if nnodes is None else nnodes, steps=steps,
-                              seed=seed, tier2=tier2, out=out, rtol=rtol, tier0=tier0,
-                              preempt=preempt, **more)
+                              nproc=(3 if heal else 1) if nproc is None else nproc,
+                              nnodes=(1 if heal else 2) if nnodes is None else nnodes,
+                              steps=steps, seed=seed, tier2=tier2, out=out, rtol=rtol,
+                              tier0=tier0, preempt=preempt, heal=heal, **more)
             return run_chaos(cfg, progress)
         _run_and_render(run_chaos_drill, (*STAGES, "report"), chaos_table, (("report", "md"),),
                         as_json)

@@ -47,6 +47,7 @@ from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill import verdicts as vd
 from tierckpt.drill.chaos_config import STAGES, STEPS_PER_CYCLE, ChaosConfig, CycleRecord
 from tierckpt.drill.chaos_cycle import CycleRunner
+from tierckpt.drill.chaos_heal import heal_catalogue
 from tierckpt.drill.chaos_report import build_chaos_report, write_chaos_report
 from tierckpt.drill.chaos_state import ram_arg, ram_root
 from tierckpt.drill.drills import Progress, _require_empty_tier2
@@ -242,6 +243,7 @@ class _Chaos(CycleRunner):
                                      "at once or once the emergency save began"))},
             clock_jump={"injectable": False, "how": "needs the system clock changed; "
                         "covered by tests/faults/test_fault_clock.py"})
+        self.catalogue.update(heal_catalogue(self.cfg.heal, self.catalogue))
         if self.mounted and len(self.mounted) < len(self.roots):  # all or none
             for root in self.mounted:
                 cf.unmount(root)

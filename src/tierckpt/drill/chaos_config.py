@@ -58,7 +58,12 @@ class ChaosConfig:
     are left out. ``preempt``: add the termination-notice kinds
     (:data:`~tierckpt.drill.chaos_verdicts.NOTICE_KINDS`) to the catalogue; without it they
     are left out (and a seed draws the plan it drew before they existed). The command must
-    call ``CheckpointManager.should_stop`` each step. ``job_timeout_s`` bounds one
+    call ``CheckpointManager.should_stop`` each step. ``heal``: run the job under
+    ``tierckpt run`` (the heal launcher, one node of ``nproc`` >= 3 ranks, two pre-warmed
+    spares) and add ``heal_kill`` (:data:`~tierckpt.drill.chaos_verdicts.HEAL_OUTCOMES`) to
+    the catalogue; a plain ``kill_rank`` then heals, so it is left out, and an at-rest fault
+    takes the node down by killing the launcher with everything it started. The command must
+    heal as examples/train.py does (``CheckpointManager.heal``). ``job_timeout_s`` bounds one
     uninterrupted run of the command (the reference, the last start's training to the end);
     None: :data:`JOB_TIMEOUT_S` plus
     :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both train every step.
@@ -78,6 +83,7 @@ class ChaosConfig:
     tmpfs: bool = True
     tier0: str | None = None
     preempt: bool = False
+    heal: bool = False
     job_timeout_s: float | None = None
     commit_timeout_s: float = 180.0
     max_starts: int = 3
@@ -95,7 +101,10 @@ class ChaosConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{flag} must be an int >= 1, got {v!r}")
-        if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 2:
+        if self.heal:
+            _check_heal(self)
+        elif isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or \
+                self.nnodes < 2:
             raise ConfigError(f"the chaos drill needs --nnodes >= 2 (node-local roots, partial "
                               f"commits across nodes), got {self.nnodes!r}")
         cv.draw_plan(0, 1, nodes=self.nnodes, kinds=self.kinds)  # validates the kinds
@@ -132,6 +141,22 @@ class ChaosConfig:
         """``job_timeout_s``, resolved."""
         assert self.job_timeout_s is not None
         return self.job_timeout_s
+
+
+def _check_heal(cfg: ChaosConfig) -> None:
+    """``--chaos N --heal``: one node (the heal launcher supervises one node; multi-node
+    heals are not built), at least 3 ranks (two die at once and one must survive), no tier
+    0 (its partner ring needs two nodes)."""
+    if cfg.nnodes != 1:
+        raise ConfigError(f"--chaos with --heal runs the job on one node under `tierckpt run` "
+                          f"(multi-node heals are not built): give --nnodes 1 or leave it out, "
+                          f"got {cfg.nnodes!r}")
+    if cfg.nproc < 3:
+        raise ConfigError(f"--chaos with --heal needs --nproc >= 3 (two ranks die at once and "
+                          f"one must survive), got {cfg.nproc}")
+    if cfg.tier0 is not None:
+        raise ConfigError("--chaos with --heal runs without tier 0 (its replica goes to a "
+                          "partner node, and the heal job has one node): drop --tier0")
 
 
 def _tier0_setting(given: str | os.PathLike[str] | None, command: tuple[str, ...]

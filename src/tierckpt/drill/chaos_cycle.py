@@ -4,7 +4,8 @@
 running job (``_cycle``): it waits for the cycle's commits and for what an at-rest fault
 needs, fires the live faults (``_live``: tier 2 renamed away, tier 1 filled to ENOSPC, the
 uploader, a rank or a replica's holder SIGKILLed at its moment, a termination notice:
-:mod:`tierckpt.drill.chaos_notice`), takes the node down for
+:mod:`tierckpt.drill.chaos_notice`, ranks killed for the job to heal:
+:mod:`tierckpt.drill.chaos_heal`), takes the node down for
 at-rest faults, and when the job ended waits until nothing of it is left, checks at rest,
 applies the at-rest faults (``_at_rest``: damage, a partial commit, a wiped node, a wiped
 or damaged node RAM, each skipped when it would leave a node nothing to restore from) and
@@ -28,7 +29,7 @@ from tierckpt.drill.chaos_config import (
     UPLOAD_MOMENT_S,
     CycleRecord,
 )
-from tierckpt.drill.chaos_notice import NoticeRunner
+from tierckpt.drill.chaos_heal import HealRunner
 from tierckpt.drill.inject import last_step
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
@@ -38,7 +39,7 @@ __all__ = ["CycleRunner"]
 _FAST_POLL_S = 0.002
 
 
-class CycleRunner(NoticeRunner):
+class CycleRunner(HealRunner):
     """The fault cycles of the chaos drill, each from its plan."""
 
     # -- one cycle ------------------------------------------------------------------------
@@ -65,8 +66,11 @@ class CycleRunner(NoticeRunner):
             rec.notes.append("the full tier 1 ended the job before the kill")
         at_rest = [f for f in p.faults if f.kind in cv.AT_REST]
         if at_rest and not rec.ended_by_fault and self._running():  # the node goes down
-            self._kill_rank(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"),
-                            implied=True)
+            if self.cfg.heal:  # a rank's death would only heal: the node's launcher goes
+                self._kill_job(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"))
+            else:
+                self._kill_rank(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"),
+                                implied=True)
         if rec.ended_by_fault or not self._running():
             self._down(rec, self.cur, "fault" if rec.ended_by_fault else "crash")
             self._snapshot(rec)
@@ -127,6 +131,8 @@ class CycleRunner(NoticeRunner):
             self._kill_partner(rec, f)
         elif f.kind in cv.NOTICE_KINDS:
             self._notice(rec, f)
+        elif f.kind == "heal_kill":
+            self._heal_kill(rec, f, p.pick)
         else:
             self._kill_rank(rec, f)
 

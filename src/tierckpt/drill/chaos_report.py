@@ -71,7 +71,8 @@ def render_chaos_markdown(doc: Mapping[str, Any]) -> str:
              f"Command: `{' '.join(c['command'])}`  ",
              f"{c['nnodes']} node(s) × {c['nproc']} rank(s), {c['steps']} steps, seed "
              f"{c['seed']}, {t['cycles']}/{t['cycles_planned']} cycles, tier 2 `{c['tier2']}`"
-             + (f", tier 0 `{c['tier0']}`" if c.get("tier0") else ""), ""]
+             + (f", tier 0 `{c['tier0']}`" if c.get("tier0") else "")
+             + (", under `tierckpt run` (heal)" if c.get("heal") else ""), ""]
     if doc.get("error"):
         lines += [f"**The drill stopped early:** {_cell(doc['error'])}", ""]
     lines += ["| fault kind | cycles | passed | violated |", "|---|---|---|---|"]
@@ -97,6 +98,7 @@ def render_chaos_markdown(doc: Mapping[str, Any]) -> str:
               "|---|---|---|---|---|"]
     for cyc in doc["cycles"]:
         faults = ", ".join(f["label"] + ("" if f["fired"] else " (not fired)")
+                           + (f" → {f['landed']}" if f.get("landed") else "")
                            for f in cyc["faults"] if not f.get("implied"))
         resumed = ", ".join(str(r["step"]) for r in cyc["resumed"]) or "—"
         rec = "—" if cyc["recovery_s"] is None else f"{cyc['recovery_s']:.1f} s"

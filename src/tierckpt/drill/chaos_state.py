@@ -125,7 +125,8 @@ class ChaosState:
             root.mkdir(parents=True, exist_ok=True)
         spec = JobSpec(name=f"start{g}", command=cfg.command, roots=tuple(self.roots),
                        losses=self.base / f"losses-{g}.jsonl", steps=cfg.total_steps,
-                       nproc=cfg.nproc, tier2=self.url, tier0=ram_arg(cfg, tuple(self.roots)))
+                       nproc=cfg.nproc, tier2=self.url, tier0=ram_arg(cfg, tuple(self.roots)),
+                       heal=cfg.heal, max_restarts=cfg.cycles if cfg.heal else 0)
         start = StartRecord(index=g, cycle=rec.index, job=Job(spec), losses=spec.losses,
                        t_launch=time.time(), marks=[len(t.events) for t in self.tails],
                        complete={n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)},
@@ -356,6 +357,7 @@ class ChaosState:
         return {"command": list(c.command), "cycles": c.cycles, "nnodes": c.nnodes,
                 "nproc": c.nproc, "world_size": c.world_size, "steps": c.total_steps,
                 "seed": c.seed, "tier2": c.tier2, "tier0": c.tier0, "preempt": c.preempt,
+                "heal": c.heal,
                 "kinds": list(c.kinds),
                 "out": str(c.out),
                 "roots": [str(r) for r in self.roots]}

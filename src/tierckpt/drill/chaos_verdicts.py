@@ -24,6 +24,8 @@ from tierckpt.errors import ConfigError
 __all__ = [
     "AT_REST",
     "DAMAGE_VARIANTS",
+    "HEAL_KINDS",
+    "HEAL_OUTCOMES",
     "INVARIANTS",
     "KILL_MOMENTS",
     "KINDS",
@@ -58,15 +60,24 @@ __all__ = [
 
 KINDS = ("kill_rank", "kill_uploader", "tier2_down", "tier1_full", "damage", "partial_commit",
          "wipe_node", "wipe_ram", "damage_ram", "kill_partner", "notice_one_rank",
-         "notice_then_kill", "notice_in_save")
+         "notice_then_kill", "notice_in_save", "heal_kill")
 """The fault catalogue (docs/drills.md, "Chaos drill"). New kinds go at the end: a plan
 drawn without them stays the plan it was for a seed."""
 TIER0_KINDS = frozenset({"wipe_ram", "damage_ram", "kill_partner"})
 """Kinds that need tier 0 (node RAM and a partner's replica); left out without it."""
 NOTICE_KINDS = frozenset({"notice_one_rank", "notice_then_kill", "notice_in_save"})
 """Termination notices (docs/preemption.md); drawn only when asked for (``--preempt``)."""
+HEAL_KINDS = frozenset({"heal_kill"})
+"""Rank deaths the job heals (``--heal``: the job runs under ``tierckpt run``); drawn only
+then, and then a plain ``kill_rank`` is not (a killed rank heals)."""
+HEAL_OUTCOMES = {"mid_step": "heal", "mid_save": "heal", "two_at_once": "heal",
+                 "replacement": "restart", "mid_heal": "restart"}
+"""``heal_kill``'s variants and how each must end (:mod:`tierckpt.drill.heal`'s faults): a
+rank killed inside a step, once its next save is staged, two ranks within a millisecond —
+a heal; a rank and then its replacement while it loads, a rank and then a survivor once its
+heal began — the launcher's full restart, which must resume as any restart does."""
 LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_partner", "kill_rank",
-        "notice_one_rank", "notice_in_save", "notice_then_kill")
+        "notice_one_rank", "notice_in_save", "notice_then_kill", "heal_kill")
 """Kinds injected while the job runs, in this order within a cycle (a full tier 1 ends the
 job at its next save, so only a kill can follow it)."""
 AT_REST = frozenset({"damage", "partial_commit", "wipe_node", "wipe_ram", "damage_ram"})
@@ -94,13 +105,16 @@ _VARIANTS: dict[str, tuple[str, ...]] = {"kill_rank": KILL_MOMENTS,
                                          "damage": DAMAGE_VARIANTS,
                                          "damage_ram": RAM_VARIANTS,
                                          "notice_one_rank": NOTICE_SIGNALS,
-                                         "notice_then_kill": NOTICE_KILL_MOMENTS}
+                                         "notice_then_kill": NOTICE_KILL_MOMENTS,
+                                         "heal_kill": tuple(HEAL_OUTCOMES)}
 INVARIANTS = ("resume", "crash_loop", "losses", "tier1_bound", "integrity", "retained",
-              "final", "lost_work")
+              "final", "lost_work", "heal")
 """Every invariant a cycle (or the end of the run) can violate. ``lost_work``: after a
 notice that was not followed by a kill, every rank stopped at one step at or after the
 newest step logged when it was sent, saved it, exited 75, and the restart resumed there
-(:func:`tierckpt.drill.preempt_verdicts.lost_work_verdict`)."""
+(:func:`tierckpt.drill.preempt_verdicts.lost_work_verdict`). ``heal``: a ``heal_kill`` ended
+as :data:`HEAL_OUTCOMES` says, and every rank then restored one step, committed, no older
+than the newest step committed before it chose (:func:`tierckpt.drill.chaos_heal.heal_verdict`)."""
 
 
 @dataclass(frozen=True)
@@ -148,13 +162,13 @@ class CyclePlan:
 def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] | None = None,
               compound_p: float = 0.5, save_every: int = 1) -> list[CyclePlan]:
     """``cycles`` seeded cycles, each one fault or (with probability ``compound_p``) two
-    of different kinds (never two kills); two at-rest faults hit different nodes.
-    ``kinds`` None: every kind but the notices (those are drawn only when asked for).
-    ConfigError for an unknown kind, no kinds, or fewer than 2 nodes."""
+    of different kinds (never two kills); two at-rest faults hit different nodes when there
+    are two. ``kinds`` None: every kind but the notices and the heal kinds (those are drawn
+    only when asked for). ConfigError for an unknown kind, no kinds, or no node."""
     if kinds is None:
-        kinds = tuple(k for k in KINDS if k not in NOTICE_KINDS)
-    if cycles < 1 or nodes < 2:
-        raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 2, got {cycles}, "
+        kinds = tuple(k for k in KINDS if k not in NOTICE_KINDS | HEAL_KINDS)
+    if cycles < 1 or nodes < 1:
+        raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 1, got {cycles}, "
                           f"{nodes}")
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
@@ -274,10 +288,12 @@ def resume_verdict(chosen: Mapping[int, int | None],
                    node_of: Mapping[int, int]) -> Verdict:
     """Every rank chose the same step, one of ``acceptable`` (the expected restore points
     of the tier-2 states seen while the job restored), and never read it from a copy the
-    drill damaged or removed: a rank of a node whose copies of it on some sources were
+    drill damaged or removed: the ranks of a node whose copies of it on some sources were
     damaged or missing (``bad[node]``: ``tier1``, ``tier0``, ``tier0-peer``) read bytes from
-    another source (``read[rank]``, its ``bytes_by_source``). ``chosen`` maps rank → step
-    (None: fresh start)."""
+    another source (``read[rank]``, its ``bytes_by_source``). Judged per node, not per
+    rank: the node's ranks share its tier 1, so one rank fetches the node's files from tier
+    2 into it and the others then read that fresh copy as tier 1. ``chosen`` maps rank →
+    step (None: fresh start)."""
     facts = {"chosen": dict(chosen), "acceptable": sorted(acceptable, key=_rank_of)}
     if not chosen:
         return Verdict("resume", False, "no rank recorded checkpoint_chosen", facts)
@@ -288,14 +304,14 @@ def resume_verdict(chosen: Mapping[int, int | None],
     if step not in acceptable:
         return Verdict("resume", False, f"resumed from {step}, expected "
                        f"{' or '.join(map(str, facts['acceptable']))}", facts)
-    for rank in chosen:
-        node = node_of[rank]
+    for node in sorted(set(node_of[r] for r in chosen)):
         avoid = set(bad.get(node, ()))
         if step is None or not avoid:
             continue
-        used = {src for src, n in read.get(rank, {}).items() if n > 0}
+        used = {src for rank in chosen if node_of[rank] == node
+                for src, n in read.get(rank, {}).items() if n > 0}
         if not used - avoid:
-            return Verdict("resume", False, f"rank {rank} restored step {step} from "
+            return Verdict("resume", False, f"node {node}'s ranks restored step {step} from "
                            f"{'+'.join(sorted(used)) or 'nowhere'} though node {node}'s copy "
                            f"there was damaged or missing ({'+'.join(sorted(avoid))})", facts)
     return Verdict("resume", True, f"resumed from {step}", facts)

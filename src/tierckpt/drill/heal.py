@@ -33,13 +33,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tierckpt.drill.launch import JobSpec, training_argv
+from tierckpt.drill.launch import JobSpec, heal_argv, training_argv
 from tierckpt.drill.runs import RunResult, run_job
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
@@ -122,11 +121,9 @@ class _HealRun:
 
     def drive(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        argv = [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
-                "sys.argv[0] = 'tierckpt'; main()", "run", "--nproc-per-node", str(cfg.nproc),
-                "--spares", "2", "--max-restarts", str(len(cfg.faults)), "--",
-                *training_argv(cfg.command, tier1=self.root, losses=self.losses,
-                               steps=cfg.steps)]
+        argv = heal_argv(training_argv(cfg.command, tier1=self.root, losses=self.losses,
+                                       steps=cfg.steps),
+                         nproc=cfg.nproc, max_restarts=len(cfg.faults))
         env = {k: v for k, v in os.environ.items()
                if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         env.update(PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tierckpt.errors import ConfigError
 
-__all__ = ["Job", "JobSpec", "agent_argv", "free_port", "training_argv"]
+__all__ = ["Job", "JobSpec", "agent_argv", "free_port", "heal_argv", "training_argv"]
 
 
 def _is_python(arg: str) -> bool:
@@ -61,6 +61,19 @@ def agent_argv(command: Sequence[str], *, nproc: int, nnodes: int, node_rank: in
     return [*argv, "--no-python", *cmd]
 
 
+def heal_argv(command: Sequence[str], *, nproc: int, max_restarts: int,
+              spares: int = 2) -> list[str]:
+    """The ``tierckpt run`` command line (our heal launcher, one node) running ``command``
+    with ``nproc`` ranks, ``spares`` pre-warmed spares, and at most ``max_restarts`` full
+    restarts (a heal that must fail falls back to one)."""
+    if not command:
+        raise ConfigError("give the training command after --, e.g. "
+                          "tierckpt drill --heal -- python examples/train.py")
+    return [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
+            "sys.argv[0] = 'tierckpt'; main()", "run", "--nproc-per-node", str(nproc),
+            "--spares", str(spares), "--max-restarts", str(max_restarts), "--", *command]
+
+
 def training_argv(command: Sequence[str], *, tier1: Path, losses: Path, steps: int,
                   tier2: str | None = None, tier0: str | None = None) -> list[str]:
     """``command`` plus the flags the drill controls (later flags win in argparse)."""
@@ -82,7 +95,8 @@ def free_port() -> int:
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One training job: ``nnodes`` agents of ``nproc`` ranks, node i on ``roots[i]`` (and,
-    with ``tier0``, ``--tier0 tier0[i]``)."""
+    with ``tier0``, ``--tier0 tier0[i]``); with ``heal``, one node under ``tierckpt run``
+    (:func:`heal_argv`) instead of torchrun."""
 
     name: str
     command: tuple[str, ...]
@@ -93,6 +107,11 @@ class JobSpec:
     max_restarts: int = 0
     tier2: str | None = None
     tier0: tuple[str, ...] | None = None
+    heal: bool = False
+
+    def __post_init__(self) -> None:
+        if self.heal and self.nnodes != 1:
+            raise ConfigError(f"a heal job runs on one node, got {self.nnodes} roots")
 
     @property
     def nnodes(self) -> int:
@@ -121,11 +140,13 @@ class Job:
             env.pop(k, None)
         self.started_at = time.time()
         for i, root in enumerate(spec.roots):
-            argv = agent_argv(
-                training_argv(spec.command, tier1=root, losses=spec.losses, steps=spec.steps,
-                              tier2=spec.tier2, tier0=spec.tier0[i] if spec.tier0 else None),
-                nproc=spec.nproc, nnodes=spec.nnodes, node_rank=i,
-                max_restarts=spec.max_restarts, port=port, run_id=run_id)
+            train = training_argv(spec.command, tier1=root, losses=spec.losses,
+                                  steps=spec.steps, tier2=spec.tier2,
+                                  tier0=spec.tier0[i] if spec.tier0 else None)
+            argv = heal_argv(train, nproc=spec.nproc, max_restarts=spec.max_restarts) \
+                if spec.heal else agent_argv(train, nproc=spec.nproc, nnodes=spec.nnodes,
+                                             node_rank=i, max_restarts=spec.max_restarts,
+                                             port=port, run_id=run_id)
             with open(self.logs[i], "ab") as log:
                 self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                                    stderr=subprocess.STDOUT, env=env,
