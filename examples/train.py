@@ -251,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def wrap() -> None:
         if args.parallel == "ddp":
-            ddp[:] = [DistributedDataParallel(model)]
+            # find_unused_parameters: DDP never rebuilds its gradient buckets, so the first
+            # step after a restart or a heal sums gradients in the same order as every other
+            # step (a fresh wrapper's first step used another layout: 1 ulp off at world 4)
+            ddp[:] = [DistributedDataParallel(model, find_unused_parameters=True)]
     wrap()
     net = (lambda x: ddp[0](x)) if args.parallel == "ddp" else model
     first_run = info.restart_count == 0 and info.generation == 0  # not a restart or a heal

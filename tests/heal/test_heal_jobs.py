@@ -252,6 +252,22 @@ def test_ddp_rank0_killed_mid_step_heals(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_ddp_world4_heals_in_place_and_bit_identically(tmp_path: Path) -> None:
+    """DDP at world 4: the survivors let go of the failed group though their DDP wrappers
+    held it (before, rank 3 waited on a live neighbour until the launcher replaced it as
+    stuck), and the losses match because the example's DDP never rebuilds its gradient
+    buckets (a fresh wrapper's first step would sum in another order: 1 ulp off)."""
+    ref = reference(tmp_path / "ref", 4, "--parallel", "ddp")
+    job = Job(tmp_path / "job", 4, "--parallel", "ddp", "--kill-at", "12", "--kill-rank", "1")
+    lines = job.finish()
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref)
+    done = _events(job.root, ev.HEAL_DONE)
+    assert sorted(e["rank"] for e in done) == [0, 2, 3]
+    assert all(e["dead"] == [1] for e in done)  # no survivor replaced as stuck
+
+
+@pytest.mark.slow
 def test_world4_a_survivor_two_places_away_heals_too(tmp_path: Path) -> None:
     """At world 4, rank 3 waits in gloo's ring on rank 2, a live survivor: it is released
     only when rank 2 lets the failed generation's group go (its sockets close), not at the

@@ -8,7 +8,7 @@ group of its generation (their keys are never read again), waits for the launche
 generation, and joins it with the same rank and world size under that generation's store
 prefix. FSDP2 modules keep working across it: their device mesh finds its group by name, and
 a re-formed default group gets the old one's name (checked on torch 2.13, gloo). A DDP
-module holds its group and must be wrapped again.
+wrapper held its group: it is emptied, and the module must be wrapped again.
 """
 
 from __future__ import annotations
@@ -80,7 +80,10 @@ def detach(model: object) -> None:
     references to the groups (:func:`rebind_fsdp` sets new ones), drop every gradient of
     the failed step (a loop that zeroes them after ``optimizer.step()`` would add them to
     the next step's), and collect garbage. The caller clears the failed step's frames
-    first; a DDP module still holds its group until it is wrapped again."""
+    first. A DDP wrapper of ``model`` (or ``model`` itself) is emptied of its group, its
+    reducer and the reducer's logger, which held the group: it is unusable afterwards, and
+    the heal's ``rebuild`` wraps the module again."""
+    _release_ddp(model)
     with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
         dist.destroy_process_group()
     for mesh_info in _fsdp_mesh_infos(model).values():
@@ -96,6 +99,20 @@ def detach(model: object) -> None:
         for param in model.parameters():
             param.grad = None
     gc.collect()
+
+
+def _release_ddp(model: object) -> None:
+    """Drop every reference a DDP wrapper of ``model`` holds to its process group (found
+    among the live objects: the loop, not tierckpt, holds the wrapper). Without this a
+    survivor two places from the dead rank in gloo's ring waited at world 4 until the
+    launcher replaced it as stuck (12.8 s instead of a heal's ~1 s)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel) and (obj is model or obj.module is model):
+            for name in ("reducer", "logger", "process_group", "device_mesh"):
+                if name in obj.__dict__:
+                    obj.__dict__[name] = None
 
 
 def _next_generation(j: Joined) -> int:
