@@ -106,3 +106,31 @@ def test_a_backward_that_failed_part_way_leaves_nothing_behind(
     same, same_calls, *calls = out.read_text().split(" ", 2)
     assert same == "True"
     assert same_calls == "True", calls
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+    dist.init_process_group("gloo", store=dist.PrefixStore("gen0/", store), rank=0,
+                            world_size=1)
+    plain = nn.Linear(4, 4)
+    ddp = DistributedDataParallel(plain)  # held by the loop (here), not by tierckpt
+    ddp(torch.ones(2, 4)).sum().backward()
+    again = DistributedDataParallel(nn.Linear(4, 4))  # the state's model is the wrapper
+    found = [regroup._ddp_wrappers(plain) == [ddp], regroup._ddp_wrappers(again) == [again],
+             regroup._ddp_wrappers(nn.Linear(4, 4)) == []]
+    regroup.detach(plain)
+    regroup.detach(again)
+    emptied = [w.reducer is None and w.logger is None and w.process_group is None
+               for w in (ddp, again)]
+    Path(out).write_text(f"{all(found)} {all(emptied)}")
+
+
+def test_a_ddp_wrapper_lets_go_of_the_failed_group(tmp_path: Path) -> None:
+    # the wrapper held the group in itself, its reducer and the reducer's logger, and at
+    # world 4 a survivor waited on its live neighbour until it was replaced as stuck; the
+    # effect is tests/heal/test_heal_jobs.py::test_ddp_world4_heals_in_place_and_bit_identically
+    out = tmp_path / "ddp"
+    spawn(_ddp_worker, free_port(), str(out), nprocs=1)
+    assert out.read_text() == "True True"

@@ -102,17 +102,36 @@ def detach(model: object) -> None:
 
 
 def _release_ddp(model: object) -> None:
-    """Drop every reference a DDP wrapper of ``model`` holds to its process group (found
-    among the live objects: the loop, not tierckpt, holds the wrapper). Without this a
-    survivor two places from the dead rank in gloo's ring waited at world 4 until the
-    launcher replaced it as stuck (12.8 s instead of a heal's ~1 s)."""
+    """Drop every reference a DDP wrapper of ``model`` holds to its process group. Without
+    this a survivor two places from the dead rank in gloo's ring waited at world 4 until the
+    launcher replaced it as stuck (12.8 s instead of a heal's ~0.5 s). Nothing to do for an
+    FSDP2 model (no DDP wraps it, and the search costs ~0.06 s of the heal)."""
+    if _fsdp_modules(model):
+        return
+    for ddp in _ddp_wrappers(model):
+        for name in ("reducer", "logger", "process_group", "device_mesh"):
+            if name in ddp.__dict__:
+                ddp.__dict__[name] = None
+
+
+def _ddp_wrappers(model: object) -> list[Any]:
+    """The DDP wrappers of ``model`` (``model`` itself when it is one): the training loop,
+    not tierckpt, holds them, so they are found among ``model``'s referrers — the wrapper's
+    ``_modules`` dict, its ``__dict__``, the wrapper: three scans of the heap, not one walk
+    over every live object (0.06 s against 0.15 s with torch imported)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and (obj is model or obj.module is model):
-            for name in ("reducer", "logger", "process_group", "device_mesh"):
-                if name in obj.__dict__:
-                    obj.__dict__[name] = None
+    if isinstance(model, DistributedDataParallel):
+        return [model]
+    frontier: list[Any] = [model]
+    for _ in range(3):
+        refs = gc.get_referrers(*frontier)
+        found = [r for r in refs if isinstance(r, DistributedDataParallel)
+                 and r.module is model]
+        frontier = [r for r in refs if isinstance(r, dict)]
+        if found or not frontier:
+            return found
+    return []
 
 
 def _next_generation(j: Joined) -> int:
