@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,6 +250,28 @@ def test_ddp_rank0_killed_mid_step_heals(tmp_path: Path) -> None:
     assert [len(procs[0]), len(procs[1])] == [2, 1]
     (done,) = _events(job.root, ev.HEAL_DONE)
     assert done["rank"] == 1 and done["dead"] == [0]
+
+
+@pytest.mark.slow
+def test_with_tier0_every_rank_reloads_from_node_ram(tmp_path: Path,
+                                                      ref3: dict[int, str]) -> None:
+    """The design's second source: the survivors roll back from their own tier 0 and the
+    replacement loads the dead rank's shard from the node's RAM, not from tier 1."""
+    from tierckpt.tier0.root import default_root
+
+    job = Job(tmp_path, 3, "--kill-at", "12", "--kill-rank", "1", "--tier0", "auto")
+    try:
+        lines = job.finish()
+    finally:
+        shutil.rmtree(default_root(job.root), ignore_errors=True)
+    assert "generation 1 healed" in lines and "full restart" not in lines, lines
+    same_losses(job.losses(), ref3)
+    (begin, *_) = _events(job.root, ev.HEAL_BEGIN)
+    healed = [e for e in _events(job.root, ev.RESTORE_DONE) if e["t"] > begin["t"]]
+    assert sorted(e["rank"] for e in healed) == [0, 1, 2]
+    for e in healed:
+        read = e["bytes_by_source"]
+        assert read["tier0"] > 0 and read["tier1"] == 0 and read["tier2"] == 0, e
 
 
 @pytest.mark.slow
