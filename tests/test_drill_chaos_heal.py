@@ -1,8 +1,9 @@
 """The chaos drill's heal faults (``--chaos N --heal``): the ``heal`` invariant with values
 alone, the catalogue and configuration ``--heal`` decides, and a bounded real run of
-``tierckpt drill --chaos 4 --heal`` on examples/train.py (3 ranks under ``tierckpt run``,
-real SIGKILLs of ranks, of a replacement while it loads and of a survivor in its heal,
-at-rest damage between them) whose report must show no violation."""
+``tierckpt drill --chaos 5 --heal --preempt`` on examples/train.py (3 ranks under
+``tierckpt run``, real SIGKILLs of ranks and of a replacement while it loads, termination
+notices through the heal launcher, at-rest damage between them) whose report must show no
+violation."""
 
 from __future__ import annotations
 
@@ -64,6 +65,13 @@ def test_heal_draws_heal_kill_on_one_node_with_each_variant() -> None:
     assert all(f.node == 0 for p in plan for f in p.faults)
     assert "heal_kill" in cv.LIVE and "heal_kill" not in cv.RESTART_KINDS  # the job goes on
     assert not any("heal_kill" in p.kinds for p in cv.draw_plan(5, 60, nodes=2))  # asked for
+    with_notices = cv.draw_plan(1, 200, nodes=1,
+                                kinds=["heal_kill", "damage", *sorted(cv.NOTICE_KINDS)])
+    # a notice sent to a rank killed before it acts on it is lost, and the job heals on
+    assert not any("heal_kill" in p.kinds and set(p.kinds) & cv.NOTICE_KINDS
+                   for p in with_notices)
+    assert {frozenset(p.kinds) for p in with_notices if len(p.faults) == 2} >= {
+        frozenset({"heal_kill", "damage"}), frozenset({"notice_in_save", "damage"})}
 
 
 def test_the_catalogue_with_and_without_heal() -> None:
@@ -74,7 +82,7 @@ def test_the_catalogue_with_and_without_heal() -> None:
     assert on["heal_kill"]["injectable"]
     assert not on["kill_rank"]["injectable"] and "heal_kill" in on["kill_rank"]["how"]
     assert not on["tier1_full"]["injectable"]
-    assert all(not on[k]["injectable"] for k in cv.NOTICE_KINDS)
+    assert not set(on) & cv.NOTICE_KINDS  # as --preempt decides: the launcher forwards them
     assert "wipe_ram" not in on  # already left out, for its own reason
 
 
@@ -100,38 +108,44 @@ def test_bad_chaos_heal_flags_exit_2(tmp_path: Path, args: list[str], word: str)
 
 # --- a real run ----------------------------------------------------------------------------
 
-SEED = 1164
-"""4 cycles on 3 ranks: two ranks killed at once, then a shard byte flipped at rest; a rank
-and then its replacement while it loads (the launcher's full restart), then the newest
-marker removed at rest; a rank killed once its save is staged, then the newest step removed
-at rest; the uploader killed mid-upload and a rank then a survivor in its heal (a full
-restart)."""
+SEED = 2068
+"""5 cycles on 3 ranks, with --preempt: a rank and then its replacement while it loads (the
+launcher's full restart); a rank killed once its save is staged, then the newest marker
+removed at rest; two ranks killed at once; SIGTERM to the launcher then SIGKILL of the ranks
+once the emergency save began, with a shard removed at rest; SIGTERM to the launcher as a
+save is written, with a shard byte flipped at rest."""
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)  # about 2 minutes on 2 cores
-def test_chaos_drill_with_heal_four_cycles_without_a_violation(tmp_path: Path) -> None:
-    args = ["drill", "--chaos", "4", "--heal", "--seed", str(SEED), "--kinds",
-            "heal_kill,damage,partial_commit,kill_uploader", "--steps", "240", "--out",
-            str(tmp_path), "--json", "--", sys.executable, str(EXAMPLE), *SMALL]
+@pytest.mark.timeout(480)  # about 1.5 minutes on 2 cores
+def test_chaos_drill_with_heal_and_notices_five_cycles_without_a_violation(
+        tmp_path: Path) -> None:
+    args = ["drill", "--chaos", "5", "--heal", "--preempt", "--seed", str(SEED), "--kinds",
+            "damage,partial_commit,notice_one_rank,notice_then_kill,notice_in_save,heal_kill",
+            "--steps", "240", "--out", str(tmp_path), "--json", "--", sys.executable,
+            str(EXAMPLE), *SMALL]
     result = CliRunner().invoke(load_commands(), args, catch_exceptions=False)
     doc = json.loads((tmp_path / "chaos-report.json").read_text())
     assert result.exit_code == 0, json.dumps(doc["violations"] or doc["error"], indent=1)
     assert doc["ok"] and doc["config"]["heal"] and doc["config"]["world_size"] == 3
     heals = [f for c in doc["cycles"] for f in c["faults"] if f["kind"] == "heal_kill"]
     assert [(f["variant"], f["landed"]) for f in heals] == [
-        ("two_at_once", "heal"), ("replacement", "restart"), ("mid_save", "heal"),
-        ("mid_heal", "restart")]
-    assert len(heals[0]["ranks"]) == 2 and len(heals[3]["ranks"]) == 2
+        ("replacement", "restart"), ("mid_save", "heal"), ("two_at_once", "heal")]
+    assert len(heals[2]["ranks"]) == 2
     assert all(f["R_s"] > 0 and f["restored_step"] is not None for f in heals)
     assert all(f["heal_s"] > 0 for f in heals if f["landed"] == "heal")
+    notices = {f["kind"] for c in doc["cycles"] for f in c["faults"]} & cv.NOTICE_KINDS
+    assert notices == {"notice_then_kill", "notice_in_save"}
     for cyc in doc["cycles"]:
-        assert cyc["violations"] == [] and {"heal", "losses", "crash_loop"} <= set(
-            cyc["verdicts"])
-        if any(f.get("implied") for f in cyc["faults"]):  # the node went down for at-rest
+        assert cyc["violations"] == [] and {"losses", "crash_loop"} <= set(cyc["verdicts"])
+        kinds = {f["kind"] for f in cyc["faults"]}
+        if "heal_kill" in kinds:
+            assert "heal" in cyc["verdicts"]
+        if kinds & {"damage", "partial_commit"} or kinds & cv.NOTICE_KINDS:  # went down
             assert cyc["resumed"] and {"resume", "integrity", "retained"} <= set(
                 cyc["verdicts"])
-    assert doc["totals"]["faults_by_kind"]["heal_kill"] == 4
+    assert "lost_work" in doc["cycles"][4]["verdicts"]  # the notice in a save lost nothing
+    assert doc["totals"]["faults_by_kind"]["heal_kill"] == 3
     assert (tmp_path / "chaos-report.md").read_text() == render_chaos_markdown(doc)
     assert "heal_kill(two_at_once)@node0 → heal" in render_chaos_markdown(doc)
     assert cf.processes(str(tmp_path / "runs" / "chaos" / "node")) == []

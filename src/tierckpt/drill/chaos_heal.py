@@ -48,15 +48,15 @@ HEAL_MOMENT_S = 30.0  # longest wait for a replacement to start, or a survivor's
 _NOT_WITH_HEAL = {
     "kill_rank": "with --heal a killed rank heals: that is heal_kill",
     "tier1_full": "not drilled with --heal yet (a save failing on a full disk under the heal "
-                  "launcher)",
-    **{k: "not drilled with --heal yet" for k in cv.NOTICE_KINDS}}
+                  "launcher)"}
 
 
 def heal_catalogue(heal: bool, catalogue: Mapping[str, Mapping[str, Any]]
                    ) -> dict[str, dict[str, Any]]:
     """The catalogue entries ``--heal`` decides: ``heal_kill`` injectable with it, and the
-    kinds it leaves out (a plain kill, which would heal; a full tier 1 and the notices,
-    not drilled under the heal launcher yet) not injectable, each with why."""
+    kinds it leaves out (a plain kill, which would heal; a full tier 1, not drilled under
+    the heal launcher yet) not injectable, each with why. The notices stay as ``--preempt``
+    decides: the heal launcher passes SIGTERM on as torchrun does."""
     out: dict[str, dict[str, Any]] = {"heal_kill": {
         "injectable": heal, "how": "SIGKILL of seeded ranks under `tierckpt run`: mid_step, "
         "mid_save, two_at_once, replacement (then its replacement while it loads), mid_heal "
