@@ -16,7 +16,6 @@ at its end. CheckpointError when the job cannot be brought back.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -31,7 +30,6 @@ from tierckpt.drill.chaos_config import (
 )
 from tierckpt.drill.chaos_heal import HealRunner
 from tierckpt.drill.inject import last_step
-from tierckpt.format import layout
 from tierckpt.runtime import events as ev
 
 __all__ = ["CycleRunner"]
@@ -66,11 +64,11 @@ class CycleRunner(HealRunner):
             rec.notes.append("the full tier 1 ended the job before the kill")
         at_rest = [f for f in p.faults if f.kind in cv.AT_REST]
         if at_rest and not rec.ended_by_fault and self._running():  # the node goes down
+            down = cv.Fault("kill_rank", at_rest[0].node, "between_saves")
             if self.cfg.heal:  # a rank's death would only heal: the node's launcher goes
-                self._kill_job(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"))
+                self._kill_job(rec, down)
             else:
-                self._kill_rank(rec, cv.Fault("kill_rank", at_rest[0].node, "between_saves"),
-                                implied=True)
+                self._kill_rank(rec, down, implied=True)
         if rec.ended_by_fault or not self._running():
             self._down(rec, self.cur, "fault" if rec.ended_by_fault else "crash")
             self._snapshot(rec)
@@ -197,12 +195,9 @@ class CycleRunner(HealRunner):
         pid = self._rank_pid(self.cur, victim)
         fired = pid is not None and self._running() and cf.kill(pid)
         victim_rank = victim * self.cfg.nproc
-        if fired:
+        if fired and pid is not None:
             rec.ended_by_fault = True
-            with contextlib.suppress(OSError), \
-                    ev.EventLog(self.roots[victim] / layout.EVENTS, rank=victim_rank) as log:
-                log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill SIGKILLed pid "
-                         f"{pid}", victim_pid=pid, source="drill")
+            self._log_kill(victim, pid, f"SIGKILLed pid {pid}")
         when = ("" if save_step is None else f", in the save of step {save_step}"
                 if victim == f.node else f", as node {f.node}'s step {save_step} was "
                 "replicated to it")

@@ -32,11 +32,11 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from tierckpt.drill import chaos_faults as cf
 from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos_config import MOMENT_S, CycleRecord, StartRecord
 from tierckpt.drill.chaos_notice import NoticeRunner
 from tierckpt.drill.inject import last_step, read_jsonl
-from tierckpt.format import layout
 from tierckpt.runtime import events as ev
 
 __all__ = ["HealRunner", "heal_catalogue", "heal_verdict"]
@@ -126,14 +126,14 @@ class HealRunner(NoticeRunner):
         mark, t_kill, step = len(tail.events), time.time(), last_step(start.losses)
         for pid in pids:
             assert pid is not None
-            self._sigkill(pid)
+            cf.kill(pid)
         detail = f"SIGKILL rank(s) {victims} (pids {pids}) after step {step}"
         if f.variant == "replacement":
             if self._wait_running(lambda: self._pid_of(start, victims[0], mark) is not None,
                                   HEAL_MOMENT_S, poll_s=_FAST_POLL_S) == "ok":
                 pid = self._pid_of(start, victims[0], mark)
                 assert pid is not None
-                self._sigkill(pid)
+                cf.kill(pid)
                 detail += f", then its replacement pid {pid} while it loaded"
         elif f.variant == "mid_heal":
             survivor = next(r for r in range(n) if r not in victims)
@@ -143,7 +143,7 @@ class HealRunner(NoticeRunner):
                 is not None, HEAL_MOMENT_S, poll_s=_FAST_POLL_S)
             pid = self._pid_of(start, survivor)
             if begun == "ok" and pid is not None:
-                self._sigkill(pid)
+                cf.kill(pid)
                 victims.append(survivor)
                 detail += f", then survivor rank {survivor} pid {pid} once its heal began"
         status = self._wait_running(lambda: self._heal_over(mark, victims) is not None,
@@ -210,10 +210,6 @@ class HealRunner(NoticeRunner):
                 and e.get("rank") == rank and isinstance(e.get("pid"), int)]
         return pids[-1] if pids else None
 
-    def _sigkill(self, pid: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
     def _kill_job(self, rec: CycleRecord, f: cv.Fault) -> None:
         """Take the heal job's node down for an at-rest fault: SIGKILL the launcher's
         process group (everything it started: ranks, spares, their uploaders)."""
@@ -224,10 +220,7 @@ class HealRunner(NoticeRunner):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             rec.ended_by_fault = True
-            with contextlib.suppress(OSError), \
-                    ev.EventLog(self.roots[0] / layout.EVENTS, rank=0) as log:
-                log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill SIGKILLed the "
-                         f"heal launcher's process group {pid}", victim_pid=pid, source="drill")
+            self._log_kill(0, pid, f"SIGKILLed the heal launcher's process group {pid}")
         fact = self._fact(f, fired=fired, detail=f"SIGKILL the launcher's process group {pid} "
                           f"after step {last_step(start.losses)} (the node went down)")
         fact.update(implied=True)

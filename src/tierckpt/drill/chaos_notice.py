@@ -26,7 +26,6 @@ restart's step.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
 from typing import Any
@@ -37,7 +36,6 @@ from tierckpt.drill import preempt_verdicts as pv
 from tierckpt.drill.chaos_config import MOMENT_S, CycleRecord, StartRecord
 from tierckpt.drill.chaos_starts import StartRunner
 from tierckpt.drill.inject import last_step, read_jsonl
-from tierckpt.format import layout
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import events as ev
 
@@ -104,11 +102,7 @@ class NoticeRunner(StartRunner):
             for pid in cf.children(start.job.procs[node].pid, str(root)):
                 if cf.kill(pid):
                     killed.append(pid)
-                    with contextlib.suppress(OSError), \
-                            ev.EventLog(root / layout.EVENTS, rank=node * self.cfg.nproc) as log:
-                        log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill "
-                                 f"SIGKILLed pid {pid} after a notice", victim_pid=pid,
-                                 source="drill")
+                    self._log_kill(node, pid, f"SIGKILLed pid {pid} after a notice")
         fact["detail"] += (f"; SIGKILL pid(s) {killed} {time.time() - fact['t_sent']:.2f} s "
                            "later" + (f", in the emergency save of step {save_step}"
                                       if save_step is not None else ""))

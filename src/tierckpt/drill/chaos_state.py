@@ -329,6 +329,15 @@ class ChaosState:
     def _rtol(self) -> float:
         return self.cfg.rtol if self.cfg.rtol is not None else 0.0
 
+    def _log_kill(self, node: int, pid: int, detail: str) -> None:
+        """Record a SIGKILL the drill sent to node ``node``'s job as ``failure_detected``
+        (``how: kill``, ``source: drill``) in the node's event log, as its first rank; a log
+        the drill cannot write (a full disk) is skipped."""
+        with contextlib.suppress(OSError), \
+                ev.EventLog(self.roots[node] / layout.EVENTS, rank=node * self.cfg.nproc) as log:
+            log.emit(ev.FAILURE_DETECTED, how="kill", detail=f"chaos drill {detail}",
+                     victim_pid=pid, source="drill")
+
     def _fact(self, f: cv.Fault, *, fired: bool, detail: str) -> dict[str, Any]:
         return {"label": f.label, "kind": f.kind, "node": f.node, "variant": f.variant,
                 "fired": fired, "t": time.time(), "detail": detail}

@@ -83,17 +83,19 @@ def detach(model: object) -> None:
     first. A DDP wrapper of ``model`` (or ``model`` itself) is emptied of its group, its
     reducer and the reducer's logger, which held the group: it is unusable afterwards, and
     the heal's ``rebuild`` wraps the module again."""
-    _release_ddp(model)
+    fsdp = _fsdp_modules(model)
+    if not fsdp:  # no DDP wraps an FSDP2 model, and the search costs ~0.06 s of the heal
+        _release_ddp(model)
     with contextlib.suppress(Exception):  # a group with a dead member may fail to tear down
         dist.destroy_process_group()
-    for mesh_info in _fsdp_mesh_infos(model).values():
+    for mesh_info in _fsdp_mesh_infos(fsdp).values():
         for name in ("shard_process_group", "replicate_process_group",
                      "reduce_scatter_process_group"):
             if hasattr(mesh_info, name):
                 setattr(mesh_info, name, None)
         for mesh in _meshes(mesh_info):
             mesh._pg_registry = {}  # the mesh's own references (for torch.compile)
-    for module in _fsdp_modules(model):
+    for module in fsdp:
         _forget_the_failed_step(module._get_fsdp_state())  # its results hold the groups
     if hasattr(model, "parameters"):
         for param in model.parameters():
@@ -104,10 +106,7 @@ def detach(model: object) -> None:
 def _release_ddp(model: object) -> None:
     """Drop every reference a DDP wrapper of ``model`` holds to its process group. Without
     this a survivor two places from the dead rank in gloo's ring waited at world 4 until the
-    launcher replaced it as stuck (12.8 s instead of a heal's ~0.5 s). Nothing to do for an
-    FSDP2 model (no DDP wraps it, and the search costs ~0.06 s of the heal)."""
-    if _fsdp_modules(model):
-        return
+    launcher replaced it as stuck (12.8 s instead of a heal's ~0.5 s)."""
     for ddp in _ddp_wrappers(model):
         for name in ("reducer", "logger", "process_group", "device_mesh"):
             if name in ddp.__dict__:
@@ -199,7 +198,8 @@ def rebind_fsdp(model: object) -> int:
 
     if not isinstance(model, nn.Module):
         return 0
-    seen = _fsdp_mesh_infos(model)
+    fsdp = _fsdp_modules(model)
+    seen = _fsdp_mesh_infos(fsdp)
     for mesh_info in seen.values():
         if mesh_info.mesh.ndim != 1:
             raise HealError(f"an FSDP2 mesh of {mesh_info.mesh.ndim} dimensions cannot be "
@@ -209,7 +209,7 @@ def rebind_fsdp(model: object) -> int:
             mesh._pg_registry = {n: c10d._resolve_process_group(n)
                                  for n in getattr(mesh, "_dim_group_names", ())}
         mesh_info.__post_init__()  # re-reads the group from the mesh, by name
-    for module in _fsdp_modules(model):
+    for module in fsdp:
         state = module._get_fsdp_state()
         _forget_the_failed_step(state)
         module.reshard()
@@ -273,10 +273,10 @@ def _fsdp_modules(model: object) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def _fsdp_mesh_infos(model: object) -> dict[int, Any]:
-    """Every FSDP2 mesh info of ``model``'s modules (parameter groups and parameters), by id."""
+def _fsdp_mesh_infos(modules: list[Any]) -> dict[int, Any]:
+    """Every mesh info of these FSDP2 modules (parameter groups and parameters), by id."""
     seen: dict[int, Any] = {}
-    for module in _fsdp_modules(model):
+    for module in modules:
         state = module._get_fsdp_state()  # no public handle on the mesh infos
         for group in state._fsdp_param_groups:
             infos = [group.mesh_info, group.post_forward_mesh_info]
