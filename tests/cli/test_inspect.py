@@ -46,6 +46,15 @@ def test_inspect_bad_input(template: Path, tmp_path: Path) -> None:
     assert r.exit_code == 1 and "step 42" in r.output
 
 
+def test_inspect_unknown_key_is_an_error_naming_the_keys_there(template: Path) -> None:
+    for args in (("--key", "nope"), ("--key", "model", "--key", "nope", "--json")):
+        r = invoke("inspect", "latest", "--tier1", str(template), *args)
+        text = " ".join(r.output.split())
+        assert r.exit_code == 2, r.output
+        assert "'nope'" in text and "model, optim, rank_state" in text
+        assert "per key" not in text and '"entries"' not in text
+
+
 def test_export_cli_json_and_refusals(template: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     doc = invoke_json("export", "latest", "--tier1", str(template), "--to", str(out),

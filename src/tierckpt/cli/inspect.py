@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,6 +15,7 @@ from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._source import parse_step, source_of
 from tierckpt.cli._tiers import failures
+from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes
 
 if TYPE_CHECKING:  # share.contents imports torch: imported by the command when it runs
@@ -47,6 +48,7 @@ def inspect(
         source = source_of(tier, tier1, tier2_url)
         with open_checkpoint(source, step=parse_step(step)) as ckpt:
             found = contents(ckpt)
+        _check_keys(key, found.totals(), found.step)
     entries = [e for e in found.entries if not key or e.key in key]
     if as_json:
         doc = found.to_json()
@@ -72,6 +74,16 @@ def inspect(
             totals.add_row(k, str(t["entries"]), format_bytes(t["bytes"]),
                            format_bytes(t["stored_bytes"]))
     out.print(totals)
+
+
+def _check_keys(wanted: Sequence[str] | None, present: Mapping[str, object], step: int) -> None:
+    """Refuse a ``--key`` the checkpoint does not hold (ConfigError: exit 2), naming the
+    keys it does hold, so a typo never prints an empty table with exit status 0."""
+    unknown = sorted(set(wanted or ()) - set(present))
+    if unknown:
+        raise ConfigError(
+            f"--key {', '.join(map(repr, unknown))}: step {step} has no such top-level key; "
+            f"its keys are {', '.join(present) or '(none)'}")
 
 
 def entries_table(entries: Sequence[Entry]) -> Table:
