@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from tierckpt.cli import report
@@ -34,7 +36,8 @@ from tierckpt.policy.units import format_duration
 from tierckpt.runtime.events import read_events
 from tierckpt.tier0.root import BASE_ENV
 
-__all__ = ["CLUSTER_NODES", "NODE_MTBF_S", "TRAIN_FLAGS", "demo_plan", "main", "result_table"]
+__all__ = ["CLUSTER_NODES", "NODE_MTBF_S", "TRAIN_FLAGS", "commands_to_paste", "demo_plan", "main",
+           "print_commands", "result_table"]
 
 CLUSTER_NODES = 64
 NODE_MTBF_S = 32 * 86400.0
@@ -92,6 +95,26 @@ def result_table(doc: Mapping[str, Any], p: planlib.IntervalPlan | None) -> Tabl
     return t
 
 
+def commands_to_paste(drill_json: str | Path, kill_events: Path | None) -> list[tuple[str, str]]:
+    """The demo's closing suggestions as ``(what, command line)`` pairs: the plan from the
+    measured drill, and the kill drill's goodput report when its event log exists."""
+    out = [("Plan it yourself", f"tierckpt plan --from-drill {shlex.quote(str(drill_json))} "
+                                f"--node-mtbf 32d --nodes {CLUSTER_NODES}")]
+    if kill_events is not None:
+        out.append(("The kill drill's goodput",
+                    f"tierckpt report --tier1 {shlex.quote(str(kill_events.parent))}"))
+    return out
+
+
+def print_commands(con: Console, commands: Sequence[tuple[str, str]]) -> None:
+    """Print each command on a line of its own, never wrapped (``soft_wrap``: a narrow
+    terminal folds it visually, but a copy still pastes one line) and never read as rich
+    markup (a path may hold brackets)."""
+    for what, line in commands:
+        con.print(f"{what}:", markup=False, highlight=False)
+        con.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+
+
 def _shm() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
@@ -137,11 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill_events = cfg.roots("kill")[0] / layout.EVENTS
     if kill_events.is_file():  # the goodput of the killed-and-resumed run, from its events
         report.render(goodput.account(read_events(kill_events)),
-                      "Goodput of the kill drill's run (tierckpt report --tier1 "
-                      f"{kill_events.parent})")
-    con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}\n"
-              f"Plan it yourself: tierckpt plan --from-drill {doc['files']['json']} "
-              f"--node-mtbf 32d --nodes {CLUSTER_NODES}")
+                      "Goodput of the kill drill's run")
+    con.print(f"Report: {doc['files']['md']}  timeline: {doc['files']['png']}", soft_wrap=True)
+    print_commands(con, commands_to_paste(doc["files"]["json"],
+                                          kill_events if kill_events.is_file() else None))
     return 0 if doc["ok"] else 1
 
 
