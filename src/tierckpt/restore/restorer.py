@@ -111,6 +111,8 @@ class Restorer:
         self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
                       bytes=info.bytes_read, source=source, bytes_by_source=by_source,
                       world_size=info.world_size, saved_world_size=saved_world)
+        if info.resharded and self.comm.rank == 0:  # one line for the job, not one per rank
+            _log.warning("%s", reshard_note(step, saved_world, info.world_size))
         return info
 
     def _recheck_tier0(self, step: int, error: str) -> None:
@@ -142,7 +144,8 @@ class Restorer:
                 self.tier0.own.delete(step)
         self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason,
                       moved_to=str(moved) if moved else None)
-        _log.warning("step %d failed to load and was set aside: %s", step, reason)
+        if self.comm.rank == 0:  # every rank holds the same, job-wide reason: log it once
+            _log.warning("step %d failed to load and was set aside: %s", step, reason)
 
     def _chooser(self, exclude: frozenset[int]) -> Chooser:
         tier2, down = self.tier2, self.tier2_down
@@ -192,6 +195,16 @@ class Restorer:
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
         return step, source, skipped, fetched, saved_world, mine
+
+
+def reshard_note(step: int, saved_world: int, world: int) -> str:
+    """The line a restore logs (once, on rank 0) when ``step`` was saved by ``saved_world``
+    ranks and is loaded by ``world``: what the reshard keeps and what it re-derives
+    (:mod:`tierckpt.state`, "Resume semantics")."""
+    return (f"step {step} was saved by {saved_world} rank(s) and is restored onto {world}: "
+            "model and optimizer resharded, scheduler and extra kept, a ResumableSampler "
+            "continues from the global sample position, each rank's RNG streams "
+            f"re-derived (losses will not match a {saved_world}-rank run bit for bit)")
 
 
 def _known_down(reason: str) -> Callable[[], Tier2Catalog]:
