@@ -16,6 +16,7 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import traceback
@@ -52,6 +53,8 @@ from tierckpt.tier1.session import Tier1Session
 from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.link import Tier2Link
 
+_log = logging.getLogger("tierckpt")
+
 _LEAVE_WAIT_S = 1.0
 """How long a heal waits for the failed generation's in-flight save before abandoning it."""
 
@@ -83,6 +86,7 @@ class CheckpointManager:
         self._last_result: SaveResult | None = None
         self._preempt: PreemptSession | None = None
         self._state: TrainState | None = None  # the last one restored or saved
+        self._seen = -1  # the newest step the loop named (should_save / should_stop)
         self._comm = Comm.create(cfg.failures.collective_timeout_s)
         try:
             self._open(cfg)
@@ -169,7 +173,7 @@ class CheckpointManager:
         self.last_committed = None if info is None else info.step
         self._steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
         self._gate.watch(state.optimizer)  # its steps are the marks until save() names one
-        self._state = state
+        self._state, self._seen = state, -1
         regroup.mark_ready()  # under the heal launcher: this rank's generation is loaded
         return info
 
@@ -303,6 +307,7 @@ class CheckpointManager:
         (the loop decides itself) — except at the step agreed after a termination notice,
         True with or without one. The README loop:
         ``if ckpt.should_save(step): ckpt.save(step, state)``."""
+        self._seen = max(self._seen, step)
         urgent = self._preempt is not None and self._preempt.should_save(step)
         if self._cadence is None:
             return urgent
@@ -318,6 +323,7 @@ class CheckpointManager:
         (before it they act as they did without tierckpt). Saves ``step`` itself if the
         loop did not. Collective at the agreed step; cheap otherwise."""
         self._check_open()
+        self._seen = max(self._seen, step)
         p = self._preempt
         if p is None or not p.at_stop(step):
             return False
@@ -350,20 +356,33 @@ class CheckpointManager:
 
     def close(self, *, after_error: bool = False) -> None:
         """Wait for the in-flight save, release the lock and the checkpoint group;
-        idempotent; raises the in-flight save's error after releasing everything. A newest
-        save in RAM only is first copied to tier 1, and the uploader gets
-        ``Tier2.drain_s``; ``after_error=True`` (leaving a ``with`` block on an exception)
-        skips both: other ranks may be gone, and the uploader resumes from its records."""
+        idempotent; raises the in-flight save's error after releasing everything.
+
+        A clean close keeps the run's work: when the loop named a step (``should_save`` or
+        ``should_stop``) past the newest save, that step is saved first (a ``final_save``
+        event; the state is the one last restored or saved). The newest save, if in RAM
+        only, is copied to tier 1, and with tier 2 it is asked for by name whatever
+        ``upload_every`` says: the uploader gets ``Tier2.drain_s`` to copy it before this
+        returns. ``after_error=True`` (leaving a ``with`` block on an exception) skips all
+        of that: other ranks may be gone, and the uploader resumes from its records."""
         if self._closed:
             return
+        if not after_error:
+            try:
+                self._final_save()
+            except BaseException:
+                self.close(after_error=True)
+                raise
         self._closed = True
         try:
             self._gate.close()
             self._note(self._inflight.finish(record_overlap=False))
             last, p = self._last_result, self._preempt
-            if not after_error and last is not None and last.tier == "tier0" \
-                    and self.tier0 is not None and (p is None or p.carry is None):
-                self._saver.flush_to_tier1(last)
+            if not after_error and last is not None and (p is None or p.carry is None):
+                if last.tier == "tier0" and self.tier0 is not None:
+                    self._saver.flush_to_tier1(last)
+                if self._tier2 is not None and self._is_owner:
+                    self._catalog.request_upload(last.step)  # the drain below copies it
         finally:
             self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
             self._stager.close()
@@ -382,6 +401,24 @@ class CheckpointManager:
             self.close(after_error=True)
 
     # -- internals ------------------------------------------------------------------------
+    def _final_save(self) -> None:
+        """At a clean close: save the loop's newest named step if no save covers it yet
+        (collective: every rank named the same steps). After a notice the emergency save
+        is the final one."""
+        p, h = self._preempt, self._inflight.handle
+        last = max(-1 if h is None else h.step, -1 if self.last_committed is None
+                   else self.last_committed)
+        if self._seen <= last or (p is not None and p.carry is not None):
+            return
+        if self._state is None:  # should_save() without restore()/save(): nothing to save
+            _log.warning("close(): the loop ran to step %d but no state was ever restored "
+                         "or saved; steps after %d are not saved", self._seen, last)
+            return
+        _log.info("close(): saving step %d, the loop's last (the newest save was %s)",
+                  self._seen, last if last >= 0 else "none")
+        self._events.emit(events.FINAL_SAVE, step=self._seen, last_saved=last)
+        self.save(self._seen, self._state)
+
     def _to_tier1(self, nbytes: int) -> bool:
         """Whether this save also goes to tier 1 (always without tier 0; every
         ``Tier0.tier1_every``-th with it). Collective at the first save with tier 0: its RAM

@@ -62,9 +62,10 @@ def flip_byte(path: Path, offset: int = 100) -> None:
 
 def upload(root: Path, tier2: str, *, every: int = 1, steps: list[int] | None = None,
            keep_last: int = 100) -> list[UploadResult]:
-    """Run the uploader in-process: ``drain()``, or exactly ``steps`` in order."""
+    """Run the uploader in-process: ``drain()``, or exactly ``steps`` in order (counting
+    the root's commits for ``every`` as ``tierckpt upload`` does)."""
     with Uploader(UploaderConfig(tier1=root, tier2=tier2, upload_every=every,
-                                 keep_last=keep_last)) as up:
+                                 keep_last=keep_last, count_commits=True)) as up:
         if steps is None:
             return up.drain()
         return [up.upload_step(s) for s in steps]

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import tierckpt.cli.upload  # noqa: F401  (registers the command)
-from tierckpt.format import layout
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage
@@ -39,17 +38,18 @@ def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Pat
 def test_every_and_tier2_retention(template: Path, tmp_path: Path) -> None:
     t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
+    # every 2nd commit, counted (commits 1, 2, 3: the 2nd is due), whatever the step numbers
     assert [r["step"] for r in invoke_json(
         "upload", "--tier1", str(t1), "--tier2", t2.as_uri(), "--every", "2")["results"]] == [2]
-    save_steps(t1, [4, 6])
+    save_steps(t1, [5, 7, 9])  # commits 4, 5, 6: the 4th and 6th are due
     result = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri(), "--every", "2",
                     "--keep-last", "1")
     assert result.exit_code == 0, result.output
-    assert "verified" in result.stdout and "step 6" in result.stdout
+    assert "verified" in result.stdout and "step 9" in result.stdout
     bar = " ".join(result.stderr.split())  # the progress bar, on stderr, ends full
-    total = manifest(t1, 6).total_bytes / 1000
-    assert "step 6" in bar and f"{total:.1f}/{total:.1f} kB" in bar
-    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [6]  # keep-last 1 on tier 2
+    total = manifest(t1, 9).total_bytes / 1000
+    assert "step 9" in bar and f"{total:.1f}/{total:.1f} kB" in bar
+    assert Tier2Catalog(LocalStorage(t2)).complete_steps() == [9]  # keep-last 1 on tier 2
 
 
 def test_damaged_checkpoint_fails_with_exit_1(template: Path, tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: P
     assert proc.returncode == 0, err.decode()
     assert b"step 3" in out + err and b"step 4" in out + err
     assert Tier2Catalog(storage).read_committed(4)[0] == manifest(t1, 4)
-    assert not any((t1 / layout.PINS).iterdir())  # unpinned after each verified upload
+    assert Tier1Catalog(t1).pins() == {}  # unpinned after each verified upload
 
 
 def test_flag_set_is_frozen() -> None:

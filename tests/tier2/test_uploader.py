@@ -65,12 +65,28 @@ def test_tier2_retention_keeps_last_and_every_mth() -> None:
 
 
 def test_next_upload_is_newest_due_and_abandons_older() -> None:
-    assert retention.next_upload([1, 2, 3, 4], upload_every=2, done=[]) == 4
-    assert retention.next_upload([2, 4, 6], upload_every=2, done=[4]) == 6
-    assert retention.next_upload([2, 4], upload_every=2, done=[4]) is None  # 2 abandoned
-    assert retention.next_upload([3, 5], upload_every=2, done=[]) is None
-    assert retention.tier1_upload_holds([2, 4, 6, 8], upload_every=2, done=[4]) == {6, 8}
-    assert retention.tier1_upload_holds([5, 10], upload_every=5, done=[]) == {5, 10}
+    assert retention.next_upload([1, 2, 3, 4], upload_every=1, done=[]) == 4
+    assert retention.next_upload([1, 2, 3, 4], upload_every=2, done=[], marked=[2, 4]) == 4
+    assert retention.next_upload([1, 2, 3, 4], upload_every=2, done=[], marked=[2]) == 2
+    assert retention.next_upload([2, 4, 6], upload_every=2, done=[4], marked=[2, 6]) == 6
+    assert retention.next_upload([2, 4], upload_every=2, done=[4], marked=[2]) is None  # abandoned
+    assert retention.next_upload([3, 5], upload_every=2, done=[]) is None  # nothing marked
+    assert retention.tier1_upload_holds([2, 4, 6, 8], upload_every=2, done=[4],
+                                        marked=[2, 6, 8]) == {6, 8}
+    assert retention.tier1_upload_holds([5, 10], upload_every=5, done=[], requested=[5],
+                                        marked=[10]) == {5, 10}
+
+
+def test_upload_cadence_counts_commits_not_step_numbers() -> None:
+    # every 5th save with saves at steps 9, 19, ...: the step numbers never matter
+    count, marked = 0, []
+    for step in range(9, 120, 10):
+        count, due = retention.count_commit(count, upload_every=5)
+        marked += [step] if due else []
+    assert marked == [49, 99]
+    assert retention.count_commit(0, upload_every=1) == (0, True)
+    with pytest.raises(ValueError, match="upload_every"):
+        retention.count_commit(0, upload_every=0)
 
 
 def test_config_errors_name_the_field(tmp_path: Path) -> None:
@@ -177,15 +193,23 @@ def test_conflicting_remote_checkpoint_is_left_alone(tmp_path: Path) -> None:
 def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
     t1, t2 = tmp_path / "t1", tmp_path / "t2"
     t2.mkdir()  # a file:// tier 2 must exist: opening one never creates it
-    for step in range(1, 9):
+    local = Tier1Catalog(t1)
+
+    def commit(step: int) -> None:  # as the job does: every 2nd commit is marked
         make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
+        local.count_commit(step, upload_every=2)
+
+    for step in range(1, 9):
+        commit(step)
+    assert local.upload_marks() == {2, 4, 6, 8}
     config = cfg(t1, tier2=t2.as_uri(), upload_every=2, keep_last=2, keep_every=4)
     with Uploader(config) as up:
         assert isinstance(up.storage, LocalStorage)
         assert [r.step for r in up.drain()] == [8]  # newest due first; 2, 4, 6 abandoned
-        for step in (10, 12, 14):
-            make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
-            assert [r.step for r in up.drain()] == [step]
+        for step in (9, 10, 11, 12, 13, 14):
+            commit(step)
+            assert [r.step for r in up.drain()] == ([step] if step % 2 == 0 else [])
+        assert local.upload_marks() == set()  # done, or abandoned for a newer copy
         # keep last 2 (12, 14) and every 4th forever (8, 12).
         assert Tier2Catalog(up.storage).complete_steps() == [8, 12, 14]
         assert [i.key for i in up.storage.list("step-00000010/")] == []

@@ -49,7 +49,9 @@ def upload(
         help="Tier 2 to upload to: s3://bucket/prefix or file:///path.")],
     watch: Annotated[bool, typer.Option(
         "--watch", help="Keep uploading new checkpoints until Ctrl-C or SIGTERM.")] = False,
-    every: Annotated[int, typer.Option(help="Upload every Nth step (1: every step).")] = 1,
+    every: Annotated[int, typer.Option(
+        help="Upload every Nth checkpoint committed on tier 1, counted as the job counts "
+             "(1: every one).")] = 1,
     keep_last: Annotated[int, typer.Option(help="Tier-2 retention: newest kept.")] = 3,
     keep_every: Annotated[int, typer.Option(
         help="Tier-2 retention: multiples of this step kept forever (0: none).")] = 0,
@@ -68,7 +70,8 @@ def upload(
         if not tier1_dir(tier1).is_dir():
             raise ConfigError(f"tier-1 root {str(tier1_dir(tier1))!r} is not a directory")
         config = UploaderConfig(tier1=tier1_dir(tier1), tier2=tier2, upload_every=every,
-                                keep_last=keep_last, keep_every=keep_every, poll_s=poll)
+                                keep_last=keep_last, keep_every=keep_every, poll_s=poll,
+                                count_commits=True)
         bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                        TransferSpeedColumn(), TimeRemainingColumn(),
                        console=Console(stderr=True), disable=as_json, transient=False,

@@ -115,11 +115,13 @@ class GcPlan:
 
 def plan_gc(policy: RetentionPolicy, *, tier1_complete: Iterable[int],
             pinned: Iterable[int] = (), uploaded: Iterable[int] | None = None,
-            tier2_complete: Iterable[int] | None = None,
+            marked: Iterable[int] = (), tier2_complete: Iterable[int] | None = None,
             tier1_stale: Iterable[str] = ()) -> GcPlan:
     """Pure. ``uploaded`` is the set of steps the uploader finished (None: the root has no
-    uploader, so nothing is held for it); ``tier2_complete`` None: no tier 2 given."""
-    t1 = retention.tier1_plan(tier1_complete, policy=policy, pinned=pinned, uploaded=uploaded)
+    uploader, so nothing is held for it); ``marked``: steps the job marked or requested for
+    tier 2 (held while due); ``tier2_complete`` None: no tier 2 given."""
+    t1 = retention.tier1_plan(tier1_complete, policy=policy, pinned=pinned, uploaded=uploaded,
+                              marked=marked)
     t2: tuple[int, ...] | None = None
     t2_kept: tuple[int, ...] = ()
     if tier2_complete is not None:
@@ -143,8 +145,9 @@ def collect(tier1: Path, policy: RetentionPolicy, *, storage: Storage | None = N
     lock = cat.lock()
     try:
         has_uploader = cat.has_upload_records() or remote is not None
-        plan = plan_gc(policy, tier1_complete=cat.complete_steps(), pinned=cat.pins().keys(),
-                       uploaded=cat.uploaded_steps() if has_uploader else None,
+        pinned, asked = cat.split_pins()
+        plan = plan_gc(policy, tier1_complete=cat.complete_steps(), pinned=pinned,
+                       uploaded=cat.uploaded_steps() if has_uploader else None, marked=asked,
                        tier2_complete=None if remote is None else remote.complete_steps(),
                        tier1_stale=[p.name for p in cat.stale_entries()])
         if not apply:

@@ -20,7 +20,9 @@ class RetentionPolicy:
     keep_last: int = 3
     """Tier 1: newest complete checkpoints kept (pinned ones are kept in addition)."""
     upload_every: int = 1
-    """Every Nth step is due for tier 2 (kept on tier 1 until copied); 1 = every step."""
+    """Every Nth checkpoint committed on tier 1 is due for tier 2 (kept on tier 1 until
+    copied); 1 = every one. The job marks each Nth commit as it happens (the ``marked``
+    steps below): a step number says nothing about it."""
     tier2_keep_last: int = 3
     """Tier 2: newest complete checkpoints kept."""
     tier2_keep_every: int = 0
@@ -70,37 +72,57 @@ def tier2_deletions(complete_steps: Iterable[int], *, keep_last: int, keep_every
     return sorted(s for s in steps[1:] if s not in keep)
 
 
-def upload_due(step: int, *, upload_every: int) -> bool:
-    """Whether the tier-2 policy uploads ``step`` (every ``upload_every``-th step; 1 = all)."""
+def upload_due(step: int, *, upload_every: int, marked: Iterable[int] = ()) -> bool:
+    """Whether the tier-2 policy uploads ``step``: every committed checkpoint when
+    ``upload_every`` is 1, else those the job ``marked`` as its every-Nth commit
+    (:func:`count_commit`)."""
     check_count("upload_every", upload_every)
-    return step % upload_every == 0
+    return upload_every == 1 or step in set(marked)
+
+
+def count_commit(count: int, *, upload_every: int) -> tuple[int, bool]:
+    """One more checkpoint committed on tier 1, with ``count`` committed since the last
+    one marked for tier 2: returns the new count and whether this one is marked (the
+    ``upload_every``-th): the Nth, 2Nth, ... commits are marked — a cadence that always
+    meets the saves, whatever step numbers they land on."""
+    check_count("upload_every", upload_every)
+    count += 1
+    return (0, True) if count >= upload_every else (count, False)
+
+
+def _due(complete_steps: Iterable[int], *, upload_every: int, done: Iterable[int],
+         requested: Iterable[int], marked: Iterable[int]) -> set[int]:
+    done_set, asked, marks = set(done), set(requested), set(marked)
+    floor = max(done_set, default=-1)
+    return {s for s in complete_steps
+            if (s in asked or upload_every == 1 or s in marks) and s not in done_set
+            and s > floor}
 
 
 def next_upload(complete_steps: Iterable[int], *, upload_every: int,
-                done: Iterable[int], requested: Iterable[int] = ()) -> int | None:
+                done: Iterable[int], requested: Iterable[int] = (),
+                marked: Iterable[int] = ()) -> int | None:
     """The step the uploader should copy next, or None.
 
-    Newest first: the newest due step that is not done, provided it is newer than every
-    done step. A due step older than the newest done one is abandoned (a newer copy
-    already exists), so a slow uploader skips ahead instead of falling further behind.
-    ``requested`` steps are due whatever ``upload_every`` says (an emergency save).
+    Newest first: the newest due step (:func:`upload_due`) that is not done, provided it is
+    newer than every done step. A due step older than the newest done one is abandoned (a
+    newer copy already exists), so a slow uploader skips ahead instead of falling further
+    behind. ``requested`` steps are due whatever ``upload_every`` says (an emergency save,
+    the final step of a clean end).
     """
-    done_set, asked = set(done), set(requested)
-    floor = max(done_set, default=-1)
-    due = [s for s in complete_steps if (s in asked or upload_due(s, upload_every=upload_every))
-           and s not in done_set and s > floor]
-    return max(due, default=None)
+    return max(_due(complete_steps, upload_every=upload_every, done=done,
+                    requested=requested, marked=marked), default=None)
 
 
 def tier1_upload_holds(complete_steps: Iterable[int], *, upload_every: int,
-                       done: Iterable[int], requested: Iterable[int] = ()) -> set[int]:
+                       done: Iterable[int], requested: Iterable[int] = (),
+                       marked: Iterable[int] = ()) -> set[int]:
     """Tier-1 steps retention must keep because the uploader may still copy them: due,
     not done, and newer than the newest done step (see :func:`next_upload`). Pass them to
-    :func:`tier1_deletions` as ``pinned``. ``requested``: as for :func:`next_upload`."""
-    done_set, asked = set(done), set(requested)
-    floor = max(done_set, default=-1)
-    return {s for s in complete_steps if (s in asked or upload_due(s, upload_every=upload_every))
-            and s not in done_set and s > floor}
+    :func:`tier1_deletions` as ``pinned``. ``requested``, ``marked``: as for
+    :func:`next_upload`."""
+    return _due(complete_steps, upload_every=upload_every, done=done, requested=requested,
+                marked=marked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,16 +137,17 @@ class Tier1Plan:
 
 
 def tier1_plan(complete_steps: Iterable[int], *, policy: RetentionPolicy,
-               pinned: Iterable[int] = (), uploaded: Iterable[int] | None) -> Tier1Plan:
+               pinned: Iterable[int] = (), uploaded: Iterable[int] | None,
+               marked: Iterable[int] = ()) -> Tier1Plan:
     """Tier-1 retention as the job and ``tierckpt gc`` both apply it: keep-last, pins, and
     — when the root has an uploader (``uploaded`` is its set of done steps; None: no
     uploader, nothing is held for it) — every step it may still copy
-    (:func:`tier1_upload_holds`), at most ``policy.upload_backlog`` of them beyond the
-    newest ``keep_last``."""
+    (:func:`tier1_upload_holds`; ``marked``: the job's every-Nth commits and requests), at
+    most ``policy.upload_backlog`` of them beyond the newest ``keep_last``."""
     complete = sorted(set(complete_steps), reverse=True)
     pins = set(pinned)
     holds = set() if uploaded is None else tier1_upload_holds(
-        complete, upload_every=policy.upload_every, done=uploaded)
+        complete, upload_every=policy.upload_every, done=uploaded, marked=marked)
     released: set[int] = set()
     if policy.upload_backlog is not None:  # hold only the newest few beyond keep-last
         extra = sorted(holds - set(complete[:policy.keep_last]) - pins, reverse=True)

@@ -36,6 +36,10 @@ upload_failed       error
 tier2_unavailable   reason (tier 2 could not be listed or read in time; tier 1 used)
 tier2_unhealthy     error, due (steps waiting for upload), alive, restarts
 uploader_restarted  restarts, exit_code, reason
+upload_due          step, upload_every (this commit is the Nth since the last one marked
+                    for tier 2: the uploader copies it)
+final_save          step, last_saved (a clean close() saved the loop's last step: it ran
+                    past the newest save)
 upload_skipped      step, reason (released from tier 1 before its upload: backlog full)
 upload_drained      seconds, left (steps close() left on tier 1 only)
 progress            step (at most every PROGRESS_EVERY_S: what goodput's lost work needs)
@@ -54,6 +58,8 @@ preempt_saved       step, reached (tiers that hold the emergency save, fastest f
                     abandoned ({tier: why} for the tiers the grace did not allow), seconds
                     (notice → durable on the last reached tier), remaining_s (before deadline)
 preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
+slurm_requeue       step, job_id, requeued (rank 0 ran ``scontrol requeue`` and it succeeded),
+                    why (under Slurm, after an emergency save: preempt.requeue)
 manager_closed      clean (a close that drained: no error left the loop), stopped (the loop
                     left on a notice), step (the newest committed step)
 heal_begin          generation (the one that failed), error (what the survivor caught)
@@ -101,6 +107,8 @@ TIER2_UNAVAILABLE = "tier2_unavailable"
 TIER2_UNHEALTHY = "tier2_unhealthy"
 UPLOADER_RESTARTED = "uploader_restarted"
 UPLOAD_SKIPPED = "upload_skipped"
+UPLOAD_DUE = "upload_due"
+FINAL_SAVE = "final_save"
 UPLOAD_DRAINED = "upload_drained"
 INTERVAL_DECIDED = "interval_decided"
 PROGRESS = "progress"
@@ -113,6 +121,7 @@ PREEMPT_NOTICE = "preempt_notice"
 PREEMPT_STOP = "preempt_stop"
 PREEMPT_SAVED = "preempt_saved"
 PREEMPT_EXIT = "preempt_exit"
+SLURM_REQUEUE = "slurm_requeue"
 MANAGER_CLOSED = "manager_closed"
 HEAL_BEGIN = "heal_begin"
 HEAL_DONE = "heal_done"

@@ -17,8 +17,10 @@ _log = logging.getLogger("tierckpt")
 
 class Tier1Retention:
     """``retention(result)``: unpublish what ``policy`` drops from ``catalog``'s root and
-    return the directories to reclaim. With ``uploader`` (a tier 2 is configured), what the
-    uploader has yet to copy is kept — up to ``policy.upload_backlog`` checkpoints; older
+    return the directories to reclaim. With ``uploader`` (a tier 2 is configured), each
+    commit is first counted for the upload cadence (every ``upload_every``-th is marked due:
+    :meth:`~tierckpt.tier1.catalog.Tier1Catalog.count_commit`), and what the uploader has
+    yet to copy is kept — up to ``policy.upload_backlog`` checkpoints; older
     ones are released with an ``upload_skipped`` event, so the disk stays bounded while
     tier 2 is down."""
 
@@ -27,6 +29,10 @@ class Tier1Retention:
         self.catalog, self.policy, self.uploader, self.log = catalog, policy, uploader, log
 
     def __call__(self, result: SaveResult) -> list[Path]:
+        if self.uploader and self.catalog.count_commit(
+                result.step, upload_every=self.policy.upload_every):
+            self.log.emit(events.UPLOAD_DUE, step=result.step,
+                          upload_every=self.policy.upload_every)
         plan = self.catalog.retention_plan(self.policy, uploader=self.uploader)
         for step in plan.released:
             reason = (f"Tier2.backlog={self.policy.upload_backlog} newer checkpoints already "

@@ -56,6 +56,12 @@ UPLOAD_HOLDER = "upload"
 UPLOAD_REQUEST = "upload-request"
 """Pin holder of a step the job asked to have uploaded whatever ``upload_every`` says (an
 emergency save); the uploader removes the pin once the step is verified on tier 2."""
+UPLOAD_DUE = "upload-due"
+"""Pin holder of a step the job marked as its every-``upload_every``-th commit on tier 1:
+held for the uploader like any due step (within ``Tier2.backlog``), not a hard pin; the
+uploader removes the mark once the step is verified on tier 2."""
+_UPLOAD_COUNT = ".upload-count.json"
+"""In ``pins/``: commits counted since the last mark, and the last step counted."""
 UPLOAD_DONE = frozenset({"verified", "files_verified", "conflict"})
 """Upload statuses after which tier-1 retention need not keep a step for the uploader."""
 UPLOAD_LOG = "uploader.log"
@@ -289,6 +295,40 @@ class Tier1Catalog:
         """Steps asked for by :meth:`request_upload` and not yet verified on tier 2."""
         return {s for s, holders in self.pins().items() if UPLOAD_REQUEST in holders}
 
+    def upload_marks(self) -> set[int]:
+        """Steps the job marked due for tier 2 (:meth:`count_commit`), not yet uploaded."""
+        return {s for s, holders in self.pins().items() if UPLOAD_DUE in holders}
+
+    def count_commit(self, step: int, *, upload_every: int) -> bool:
+        """Count ``step``, just committed here, for the upload cadence
+        (:func:`tierckpt.policy.retention.count_commit`) and mark it due when it is the
+        ``upload_every``-th since the last mark; returns whether it was marked. The count
+        survives restarts (a durable file beside the pins); counting one step twice (a
+        flush of a step already counted) changes nothing. Domain owners only."""
+        path = self.root / layout.PINS / _UPLOAD_COUNT
+        try:
+            d = json.loads(read_small(path))
+            count, last = int(d["count"]), int(d["step"])
+        except (OSError, ValueError, KeyError, TypeError, IntegrityError):
+            count, last = 0, -1
+        if step <= last:
+            return step in self.upload_marks()
+        count, due = retention.count_commit(count, upload_every=upload_every)
+        if due:
+            self.pin(step, UPLOAD_DUE)
+        path.parent.mkdir(mode=fs.DEFAULT_DIR_MODE, exist_ok=True)
+        fs.write_durably(path, json.dumps({"count": count, "step": step}).encode())
+        return due
+
+    def upload_cadence(self) -> tuple[int, int] | None:
+        """``(counted, last step counted)`` of the upload cadence, or None before the
+        first commit was counted."""
+        try:
+            d = json.loads(read_small(self.root / layout.PINS / _UPLOAD_COUNT))
+            return int(d["count"]), int(d["step"])
+        except (OSError, ValueError, KeyError, TypeError, IntegrityError):
+            return None
+
     def unpin_all(self, holder: str) -> None:
         """Remove every pin of ``holder`` (e.g. left by a killed uploader)."""
         for step, holders in self.pins().items():
@@ -402,11 +442,24 @@ class Tier1Catalog:
         """Tier-1 retention of this root as it is now
         (:func:`tierckpt.policy.retention.tier1_plan`): its complete steps, its pins and,
         when ``uploader`` (the root is served by a tier-2 uploader), what is not yet
-        uploaded. Callers decide ``uploader``: a job from its own config (``tier2``), an
-        offline tool from :meth:`has_upload_records` or a tier 2 it was given."""
-        return retention.tier1_plan(self.complete_steps(), policy=policy,
-                                    pinned=self.pins().keys(),
-                                    uploaded=self.uploaded_steps() if uploader else None)
+        uploaded. A step marked or requested for tier 2 (:meth:`count_commit`,
+        :meth:`request_upload`) is held as a due step, not pinned: once a newer step is on
+        tier 2 it is no longer held. Callers decide ``uploader``: a job from its own config
+        (``tier2``), an offline tool from :meth:`has_upload_records` or a tier 2 it was given."""
+        pinned, asked = self.split_pins()
+        return retention.tier1_plan(self.complete_steps(), policy=policy, pinned=pinned,
+                                    uploaded=self.uploaded_steps() if uploader else None,
+                                    marked=asked)
+
+    def split_pins(self) -> tuple[set[int], set[int]]:
+        """``(pinned, asked)``: steps retention must keep whatever happens (a pin held by
+        anything but the job's asks of tier 2), and steps marked or requested for tier 2
+        (:meth:`count_commit`, :meth:`request_upload`), which it holds only while they are
+        still due (see :meth:`retention_plan`)."""
+        asks = {UPLOAD_DUE, UPLOAD_REQUEST}
+        pins = self.pins()
+        return ({s for s, h in pins.items() if not set(h) <= asks},
+                {s for s, h in pins.items() if asks & set(h)})
 
     # -- quarantine -----------------------------------------------------------------------
     def quarantine(self, step: int, reason: str, *, suffix: str = "") -> Path:

@@ -41,7 +41,13 @@ class UploaderConfig:
     """``s3://bucket/prefix`` or ``file:///path`` (see
     :func:`tierckpt.tier2.storage.open_storage`)."""
     upload_every: int = 1
-    """Upload every Nth committed step (step % N == 0); 1 uploads every step."""
+    """Upload every Nth checkpoint committed on tier 1 (those marked by the job, or by
+    this uploader with ``count_commits``); 1 uploads every one."""
+    count_commits: bool = False
+    """Count the commits no job counted (a root written without tier 2) for
+    ``upload_every`` before each look at tier 1, oldest first, as a job counts its own:
+    what ``tierckpt upload --every N`` does. A job's uploader leaves it off: the job counts
+    as it commits."""
     keep_last: int = 3
     """Tier-2 retention: newest complete checkpoints kept."""
     keep_every: int = 0

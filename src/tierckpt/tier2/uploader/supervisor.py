@@ -76,7 +76,8 @@ class UploaderSupervisor:
         """Committed steps the uploader still has to copy, oldest first."""
         return sorted(retention.tier1_upload_holds(
             self.local.complete_steps(), upload_every=self.config.upload_every,
-            done=self.local.uploaded_steps(), requested=self.local.upload_requests()))
+            done=self.local.uploaded_steps(), requested=self.local.upload_requests(),
+            marked=self.local.upload_marks()))
 
     def health(self) -> Health:
         """Read the upload records and the child's state (no side effects)."""

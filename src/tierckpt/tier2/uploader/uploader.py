@@ -10,7 +10,7 @@ from typing import Any
 from tierckpt.format import layout
 from tierckpt.policy import retention
 from tierckpt.runtime import events
-from tierckpt.tier1.catalog import UPLOAD_HOLDER, UPLOAD_REQUEST, Tier1Catalog
+from tierckpt.tier1.catalog import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST, Tier1Catalog
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
@@ -70,20 +70,29 @@ class Uploader:
 
     def next_step(self) -> int | None:
         """The step to upload next (see :func:`tierckpt.policy.retention.next_upload`)."""
+        if self.config.count_commits:
+            counted = self.local.upload_cadence()
+            for step in sorted(self.local.complete_steps()):
+                if counted is None or step > counted[1]:
+                    self.local.count_commit(step, upload_every=self.config.upload_every)
         return retention.next_upload(self.local.complete_steps(),
                                      upload_every=self.config.upload_every,
                                      done=self.local.uploaded_steps(),
-                                     requested=self.local.upload_requests())
+                                     requested=self.local.upload_requests(),
+                                     marked=self.local.upload_marks())
 
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
         """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
-        once this call wrote its marker, apply tier-2 retention and drop the step's upload
-        request, if any."""
+        once this call wrote its marker, apply tier-2 retention and drop the job's asks
+        (marks, requests) of this step and every older one."""
         result = transfer.upload_step(self.local, self.remote, step, log=self.log,
                                       progress=self._progress, stop=stop,
                                       committed=self.apply_retention)
-        if step in self.local.uploaded_steps():
-            self.local.unpin(step, UPLOAD_REQUEST)
+        if step in self.local.uploaded_steps():  # older asks are abandoned: a newer copy is up
+            for asked in self.local.upload_requests() | self.local.upload_marks():
+                if asked <= step:
+                    self.local.unpin(asked, UPLOAD_REQUEST)
+                    self.local.unpin(asked, UPLOAD_DUE)
         return result
 
     def run_once(self, stop: threading.Event | None = None) -> UploadResult | None:
