@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from s3server import S3Env
 
 import tierckpt.cli.ls  # noqa: F401  (registers the command)
 from tierckpt.format import layout
+from tierckpt.tier0.root import BASE_ENV, JOB_FILE, default_root
 from tierckpt.tier2.storage import LocalStorage
 
 from ._checkpoints import clone, manifest, upload
@@ -140,7 +142,7 @@ def test_empty_and_missing_roots(tmp_path: Path) -> None:
 
 def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
-    assert flags("ls") == {"--tier1", "--tier2", "--json"}
+    assert flags("ls") == {"--tier1", "--tier2", "--tier0", "--json"}
 
 
 def test_an_endpoint_without_a_scheme_exits_2_naming_the_variable(
@@ -161,3 +163,33 @@ def test_bad_or_missing_tier2_exits_2(tmp_path: Path) -> None:
         result = invoke("ls", "--tier1", str(tmp_path), "--tier2", url)
         assert result.exit_code == 2 and needle in " ".join(result.stderr.split()), result.output
     assert not (tmp_path / "unmounted").exists()
+
+
+def test_tier0_rows_where_this_node_holds_the_jobs_ram(
+        template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Tier0() job's RAM (found from --tier1) and a Tier0(path) job's (--tier0) are
+    listed as tier 0, newest first: RAM held step 3 while tier 1's newest was 2."""
+    monkeypatch.setenv(BASE_ENV, str(tmp_path / "shm"))
+    t1 = clone(template, tmp_path / "t1")
+    ram = default_root(t1.absolute())
+    ram.mkdir(parents=True)
+    (ram / JOB_FILE).write_text(json.dumps({"tier1": str(t1.absolute())}))
+    shutil.move(t1 / layout.step_dirname(3), ram / layout.step_dirname(3))
+    doc = invoke_json("ls", "--tier1", str(t1))
+    assert doc["tier0"] == str(ram)
+    assert [(r["step"], r["tier"], r["state"]) for r in doc["checkpoints"]] == [
+        (3, 0, "complete"), (2, 1, "complete"), (1, 1, "complete")]
+    result = invoke("ls", "--tier1", str(t1))
+    assert result.exit_code == 0 and "(tier 0)" in result.stdout  # the title names it
+    assert any([c.strip() for c in line.split("│")[1:3]] == ["3", "0"]  # step 3, tier 0
+               for line in result.stdout.splitlines())
+    named = tmp_path / "named"
+    shutil.move(ram, named)
+    assert invoke_json("ls", "--tier1", str(t1))["tier0"] is None  # not visible here
+    first = invoke_json("ls", "--tier1", str(t1), "--tier0", str(named))["checkpoints"][0]
+    assert (first["step"], first["tier"]) == (3, 0)
+    other = tmp_path / "other"
+    shutil.copytree(named, other)
+    (other / JOB_FILE).write_text(json.dumps({"tier1": "/another/job"}))
+    result = invoke("ls", "--tier1", str(t1), "--tier0", str(other))
+    assert result.exit_code == 2 and "belongs to another job" in " ".join(result.stderr.split())

@@ -3,11 +3,16 @@ and a file:// tier 2 (observe_*)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
+from tierckpt.errors import ConfigError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
-from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1
+from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1, tier0_root
+from tierckpt.tier0.root import BASE_ENV, JOB_FILE, PEER_DIR, default_root
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.storage import LocalStorage
@@ -112,3 +117,42 @@ def test_observe_tier2_partial_and_damaged_marker(tmp_path: Path) -> None:
     by = {e.step: e for e in entries}
     assert (by[1].tier, by[1].state, by[1].bytes) == (2, "partial", 5)
     assert by[2].state == "invalid" and "manifest.json missing" in (by[2].detail or "")
+
+
+def _tier0_root(root: Path, tier1: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / JOB_FILE).write_text(json.dumps({"tier1": str(tier1)}))
+    return root
+
+
+def test_tier0_is_listed_where_this_node_holds_the_jobs_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAM held step 29 while tier 1 held 24: ls must show both (the Tier0() root is
+    derived from the tier-1 root; a Tier0(path) root is named)."""
+    monkeypatch.setenv(BASE_ENV, str(tmp_path / "shm"))
+    t1 = tmp_path / "t1"
+    _commit(t1, 24)
+    assert tier0_root(t1) is None and {e.tier for e in inventory(t1, now=NOW)} == {1}
+    ram = _tier0_root(default_root(t1.absolute()), t1.absolute())
+    _commit(ram, 29)
+    _commit(ram / PEER_DIR, 28)
+    (ram / layout.tmp_dirname(30, "x")).mkdir()
+    rows = {(e.tier, e.name): e for e in inventory(t1, now=NOW + 1)}
+    assert {k: e.state for k, e in rows.items()} == {
+        (0, "step-00000029"): "complete", (0, "peer/step-00000028"): "complete",
+        (0, "step-00000030.tmp-x"): "partial", (1, "step-00000024"): "complete"}
+    assert "partner" in (rows[0, "peer/step-00000028"].detail or "")
+    assert [(e.step, e.tier) for e in inventory(t1, now=NOW)][:2] == [(30, 0), (29, 0)]
+    # a named Tier0(path) root, and one that belongs to another job
+    named = _tier0_root(tmp_path / "mine", t1.absolute())
+    _commit(named, 31)
+    assert tier0_root(t1, named) == named
+    assert {(e.tier, e.step) for e in inventory(t1, tier0=named, now=NOW)} == {(0, 31), (1, 24)}
+    other = _tier0_root(tmp_path / "theirs", tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="belongs to another job"):
+        tier0_root(t1, other)
+    with pytest.raises(ConfigError, match="not a directory on this node"):
+        tier0_root(t1, tmp_path / "absent")
+    # the default root of another job (same key, another owner) is never read
+    (ram / JOB_FILE).write_text(json.dumps({"tier1": "/somewhere/else"}))
+    assert tier0_root(t1) is None

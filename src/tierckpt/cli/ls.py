@@ -1,5 +1,6 @@
-"""``tierckpt ls``: every checkpoint on tier 1 (and tier 2) with its state, size and age,
-and the tier-2 modes the job recorded on tier 1 (integrity, marker, upload)."""
+"""``tierckpt ls``: every checkpoint on tier 1 (tier 0 where this node sees it, and tier 2)
+with its state, size and age, and the tier-2 modes the job recorded on tier 1 (integrity,
+marker, upload)."""
 
 from __future__ import annotations
 
@@ -32,20 +33,27 @@ def ls(
     tier1: Annotated[Path, typer.Option(help="Tier-1 root (the job's tier1 directory).")],
     tier2_url: Annotated[str | None, typer.Option(
         "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also list it).")] = None,
+    tier0: Annotated[Path | None, typer.Option(
+        help="The job's Tier0(path) directory, when it named one (a Tier0() job's tier 0 is "
+             "found from --tier1).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
     """List every checkpoint on tier 1 (and tier 2) with its state, size and age.
 
-    States: complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
+    Tier 0 (node RAM) is listed too when this node holds the job's tier-0 root. States:
+    complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
     checkpoints name their holders. Below the table: the tier-2 modes the job recorded. A
     tier 2 that cannot be listed does not hide tier 1: its rows are shown, then the error
     (exit status 1)."""
     root = tier1_dir(tier1)
-    entries, t2_error = _entries(root, tier2_url)
+    with failures():
+        ram = inventory.tier0_root(root, tier0)
+    entries, t2_error = _entries(root, tier2_url, ram)
     modes = probe.recorded(Tier1Catalog(root))
     if as_json:
-        emit_json({"tier1": str(root), "tier2": tier2_url,
+        emit_json({"tier1": str(root), "tier0": None if ram is None else str(ram),
+                   "tier2": tier2_url,
                    "checkpoints": [e.to_json() for e in entries],
                    "tier2_modes": _modes_json(modes), "tier2_error": t2_error})
         if t2_error is not None:
@@ -58,7 +66,10 @@ def ls(
         _print_modes(modes)
         _tier2_failed(tier2_url, t2_error)
         return
-    t = Table(title=f"Checkpoints in {root}" + (f" and {tier2_url}" if tier2_url else ""))
+    where = [str(root), *([] if ram is None else [f"{ram} (tier 0)"]),
+             *([tier2_url] if tier2_url else [])]
+    t = Table(title=f"Checkpoints in {', '.join(where[:-1])}"
+                    f"{' and ' if len(where) > 1 else ''}{where[-1]}")
     for col, just in (("step", "right"), ("tier", "right"), ("state", "left"),
                       ("pinned", "left"), ("size", "right"), ("age", "right"),
                       ("integrity", "left"), ("detail", "left")):
@@ -75,17 +86,18 @@ def ls(
     _tier2_failed(tier2_url, t2_error)
 
 
-def _entries(root: Path, url: str | None) -> tuple[list[inventory.Entry], str | None]:
-    """The inventory of both tiers, or of tier 1 alone and why tier 2 could not be listed
+def _entries(root: Path, url: str | None, ram: Path | None
+             ) -> tuple[list[inventory.Entry], str | None]:
+    """The inventory of every tier, or without tier 2 and why tier 2 could not be listed
     (a configuration error still exits 2 at once)."""
     with failures():
         try:
             with tier2(url) as storage:
-                return inventory.inventory(root, storage), None
+                return inventory.inventory(root, storage, tier0=ram), None
         except (CheckpointError, OSError) as e:
             if isinstance(e, ConfigError):
                 raise
-            return inventory.inventory(root), f"{type(e).__name__}: {e}"
+            return inventory.inventory(root, tier0=ram), f"{type(e).__name__}: {e}"
 
 
 def _tier2_failed(url: str | None, error: str | None) -> None:

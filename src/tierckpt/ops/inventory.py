@@ -1,5 +1,9 @@
 """Every checkpoint on every tier, with its state: what ``tierckpt ls`` shows.
 
+Tiers: 0 (node RAM: the job's tier-0 root, when it is visible from this node — the
+``Tier0()`` default root derived from the tier-1 root, or a ``Tier0(path)`` named by the
+caller), 1 (the tier-1 root) and 2 (a store).
+
 Two layers, kept apart (STYLE habit 5):
 
 - :func:`classify` is pure: from what was observed (:class:`Observed`, one per tier and
@@ -13,7 +17,8 @@ States (``Entry.state``)::
 
     partial        no COMPLETE marker: a save or upload in progress, or one that crashed
     invalid        a COMPLETE marker that does not vouch for manifest.json (detail: why)
-    complete       tier 1: committed, not (yet) copied to tier 2
+    complete       tier 0: committed in node RAM (a ``peer/`` row: the partner node's
+                   replica held here); tier 1: committed, not (yet) copied to tier 2
     uploading      tier 1: the uploader started copying it, or copied this node's files
                    and waits for other nodes
     upload_failed  tier 1: the uploader's last attempt failed (detail: the error); it
@@ -30,6 +35,7 @@ tier-1 retention never deletes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -38,6 +44,7 @@ from typing import Any
 
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
 from tierckpt.format import layout
+from tierckpt.tier0.root import JOB_FILE, PEER_DIR, default_root
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
@@ -95,7 +102,7 @@ class Entry:
 
 def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, Any]],
              pins: Mapping[int, Iterable[str]], now: float) -> list[Entry]:
-    """Entries for ``observed``, newest step first and tier 1 before tier 2.
+    """Entries for ``observed``, newest step first, the nearest tier first (0, 1, 2).
 
     ``upload`` maps step → recorded upload state (``{"status": ..., "error": ...}``, as
     :meth:`tierckpt.tier1.catalog.Tier1Catalog.upload_records` returns); ``pins`` maps
@@ -104,7 +111,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
     """
     out = []
     for o in observed:
-        integrity = (upload.get(o.step) or {}).get("integrity")
+        integrity = (upload.get(o.step) or {}).get("integrity") if o.tier else None
         rec = upload.get(o.step) if o.tier == 1 else None
         status = str(rec.get("status")) if rec else None
         detail = None
@@ -115,6 +122,10 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
             state, detail = "invalid", o.marker_error
         elif o.tier == 2:
             state = "verified"
+        elif o.tier == 0:
+            state = "complete"
+            if o.name.startswith(f"{PEER_DIR}/"):
+                detail = "the partner node's replica, held in this node's RAM"
         elif rec is not None and str(rec.get("save_id")) not in (str(o.save_id), "None"):
             state = "complete"  # the record is about an older checkpoint of the same step
             status = None
@@ -144,10 +155,52 @@ def _dir_bytes(path: str | os.PathLike[str]) -> int:
 def observe_tier1(root: Path) -> list[Observed]:
     """Every final-named checkpoint directory and every in-progress (tmp) directory under
     ``root``. Raises :class:`ConfigError` when ``root`` is not a directory."""
+    if not Path(root).is_dir():
+        raise ConfigError(f"tier-1 root {str(root)!r} is not a directory")
+    return _observe_dir(Path(root), tier=1)
+
+
+def tier0_root(tier1: Path, tier0: Path | None = None) -> Path | None:
+    """The tier-0 root of the job whose tier-1 root is ``tier1``, if this node can see it:
+    ``tier0`` when given (a ``Tier0(path)`` job's directory), else the ``Tier0()`` default
+    root derived from ``tier1`` (under ``$TIERCKPT_TIER0_BASE`` or ``/dev/shm/tierckpt``).
+    None when that directory does not exist here (tier 0 off, another node's RAM, or
+    emptied by a clean end). Read-only. Raises :class:`ConfigError` when its ``job.json``
+    names another tier-1 root: that tier 0 belongs to another job."""
+    tier1 = Path(tier1).expanduser().absolute()
+    path = default_root(tier1) if tier0 is None else Path(tier0).expanduser().absolute()
+    if not path.is_dir():
+        if tier0 is not None:
+            raise ConfigError(f"--tier0 {str(path)!r} is not a directory on this node; give "
+                              "the job's Tier0(path) directory, or leave --tier0 out for a "
+                              "Tier0() job")
+        return None
+    try:
+        owner = json.loads((path / JOB_FILE).read_text()).get("tier1")
+    except (OSError, ValueError, AttributeError):
+        owner = None
+    if owner != str(tier1):
+        if tier0 is None:
+            return None  # not this job's: never read (a leftover, or being created)
+        raise ConfigError(f"tier-0 root {str(path)!r} belongs to another job (its {JOB_FILE} "
+                          f"names tier1 {owner!r}, not {str(tier1)!r})")
+    return path
+
+
+def observe_tier0(root: Path) -> list[Observed]:
+    """Every checkpoint in a tier-0 root (tier 0): this node's own, and the partner's
+    replica under ``peer/`` (named ``peer/step-XXXXXXXX``)."""
+    out = _observe_dir(root, tier=0)
+    if (root / PEER_DIR).is_dir():
+        out += _observe_dir(root / PEER_DIR, tier=0, prefix=f"{PEER_DIR}/")
+    return out
+
+
+def _observe_dir(root: Path, *, tier: int, prefix: str = "") -> list[Observed]:
+    """Committed-name and in-progress checkpoint directories under ``root``, in the
+    tier-1 layout (tier 0 has the same)."""
     cat = Tier1Catalog(root)
-    if not cat.root.is_dir():
-        raise ConfigError(f"tier-1 root {str(cat.root)!r} is not a directory")
-    out = [Observed(tier=1, step=step, name=path.name, committed=False,
+    out = [Observed(tier=tier, step=step, name=prefix + path.name, committed=False,
                     bytes=_dir_bytes(path), created_unix=path.lstat().st_mtime)
            for step, path in cat.in_progress()]
     for step in cat.candidate_steps():
@@ -163,7 +216,7 @@ def observe_tier1(root: Path) -> list[Observed]:
                 created, save_id = m.created_unix or mtime, m.save_id
             except (IntegrityError, OSError) as x:
                 err = f"{type(x).__name__}: {x}"
-        out.append(Observed(tier=1, step=step, name=d.name, committed=committed,
+        out.append(Observed(tier=tier, step=step, name=prefix + d.name, committed=committed,
                             bytes=_dir_bytes(d), created_unix=created, marker_error=err,
                             save_id=save_id))
     return out
@@ -191,11 +244,15 @@ def observe_tier2(storage: Storage) -> list[Observed]:
     return out
 
 
-def inventory(tier1: Path, storage: Storage | None = None, *,
+def inventory(tier1: Path, storage: Storage | None = None, *, tier0: Path | None = None,
               now: float | None = None) -> list[Entry]:
-    """Every checkpoint on tier 1 (and on tier 2 when ``storage`` is given) with its state;
-    see :func:`classify` for the order."""
+    """Every checkpoint on tier 1, on tier 0 when its root is visible here
+    (:func:`tier0_root`: ``tier0``, else the ``Tier0()`` default of ``tier1``), and on tier
+    2 when ``storage`` is given, with its state; see :func:`classify` for the order."""
     observed = observe_tier1(tier1)
+    root0 = tier0_root(tier1, tier0)
+    if root0 is not None:
+        observed += observe_tier0(root0)
     if storage is not None:
         observed += observe_tier2(storage)
     cat = Tier1Catalog(tier1)
