@@ -1,9 +1,8 @@
 """Every Python block in README.md and docs/ stays true to the API.
 
-A block preceded by ``<!-- test: run -->`` is a whole program: it runs in a fresh
-interpreter in an empty directory, twice (the second run resumes), and must exit 0;
-``<!-- test: run s3 -->`` runs it against this session's loopback S3 server, with its
-``s3://bucket/...`` URL replaced by a fresh prefix and tier 0 under a private base.
+A block preceded by ``<!-- test: run -->`` (or ``run s3``: against the loopback S3 server)
+is a whole program: a journey in tests/journeys/ runs it as printed and asserts what its
+page promises (tests/journeys/test_coverage.py keeps every such block covered).
 
 Every other ``python`` block is a fragment (it uses names the page defines elsewhere). It
 must parse, every ``tierckpt`` name it imports or reads must exist, and every call to a
@@ -17,19 +16,12 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import os
 import re
-import shutil
-import subprocess
-import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.s3server import S3Env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -66,48 +58,6 @@ def test_the_pages_have_blocks_of_both_kinds() -> None:
     assert any(b.page == "README.md" for b in RUN) and len(FRAGMENTS) >= 8
     unknown = [f"{b}: {b.mark!r}" for b in BLOCKS if b.mark and not b.mark.startswith("run")]
     assert not unknown, f"unknown markers (use 'run' or 'run s3'): {unknown}"
-
-
-def _run_twice(block: Block, cwd: Path, env: dict[str, str]) -> None:
-    script = cwd / "snippet.py"
-    script.write_text(block.code)
-    for attempt in (1, 2):
-        proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"{block} (run {attempt}) failed:\n{proc.stderr[-3000:]}"
-        # a single-process job is what it means: no DCP warning about it on every save
-        assert "torch.distributed is disabled" not in proc.stderr, proc.stderr[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("block", [b for b in RUN if b.mark == "run"], ids=str)
-def test_runnable_blocks_run_and_resume(block: Block, tmp_path: Path) -> None:
-    _run_twice(block, tmp_path, {**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    assert any(p.name.startswith("step-") for p in (tmp_path / "ckpt").iterdir())
-
-
-@pytest.fixture
-def shm_base() -> Iterator[Path]:
-    base = Path("/dev/shm") / f"tierckpt-docs-{uuid.uuid4().hex[:8]}"
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("block", [b for b in RUN if b.mark == "run s3"], ids=str)
-def test_runnable_blocks_run_against_s3(block: Block, tmp_path: Path, s3_env: S3Env,
-                                        shm_base: Path) -> None:
-    urls = set(re.findall(r"s3://[\w.-]+/[\w./-]+", block.code))
-    assert urls, f"{block} is marked 'run s3' but names no s3:// URL"
-    code = block.code
-    for url in urls:
-        code = code.replace(url, s3_env.url)
-    env = {**os.environ, **s3_env.env, "TIERCKPT_TIER0_BASE": str(shm_base),
-           "PYTHONPATH": str(ROOT / "src")}
-    _run_twice(dataclasses.replace(block, code=code), tmp_path, env)
-    assert any(p.name.startswith("step-") for p in (tmp_path / "ckpt").iterdir())
-    keys = s3_env.client().list_objects_v2(Bucket=s3_env.bucket, Prefix=s3_env.prefix)
-    assert keys.get("KeyCount", 0) > 0, "nothing reached tier 2"
 
 
 # -- fragments ------------------------------------------------------------------------------

@@ -106,10 +106,13 @@ class RetentionResume(RuleBasedStateMachine):
         step = self.next_step
         self.next_step += 1
         before = set(committed(self.root))
-        held = retention.tier1_upload_holds(before | {step}, upload_every=UPLOAD_EVERY,
-                                            done=Tier1Catalog(self.root).uploaded_steps())
+        cat = Tier1Catalog(self.root)
+        done, asked = cat.uploaded_steps(), cat.split_pins()[1]
         set_weights(self.state.model, step)
         ck.save(step, self.state).wait()
+        asked |= Tier1Catalog(self.root).split_pins()[1]  # this commit may be the Nth
+        held = retention.tier1_upload_holds(before | {step}, upload_every=UPLOAD_EVERY,
+                                            done=done, marked=asked)
         self.intact.add(step)
         self.ever_committed = True
         TALLY.add("state machine: save + retention")

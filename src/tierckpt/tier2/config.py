@@ -17,7 +17,8 @@ class Tier2:
     them. ``tier2="s3://bucket/prefix"`` in ``ManagerConfig`` is ``Tier2(url=...)``.
 
     With ``start_uploader`` one low-priority uploader process per tier-1 root copies every
-    ``upload_every``-th committed step, verifies it end to end, and writes its marker last.
+    ``upload_every``-th checkpoint committed on tier 1 (counted, not a step number), and the
+    newest one at a clean ``close()``, verifies it end to end, and writes its marker last.
     """
 
     url: str
@@ -25,7 +26,9 @@ class Tier2:
     with ``start_uploader=False`` (in-process tests)."""
     _: dataclasses.KW_ONLY
     upload_every: int = 1
-    """Every this-many-th committed step is copied (and held on tier 1 until it is)."""
+    """Every this-many-th checkpoint committed on tier 1 is copied (and held on tier 1 until
+    it is, within ``backlog``): the job counts its commits across restarts, so any save
+    rule meets any cadence; a clean ``close()`` copies the newest one as well."""
     keep_last: int = 3
     """Newest complete checkpoints kept on tier 2."""
     keep_every: int = 0
