@@ -10,7 +10,14 @@ Only an *announced* interruption whose emergency save was committed is run again
   never run again;
 - elsewhere (Kubernetes), the launcher's SIGTERM is the notice;
 - the save is a ``preempt_saved`` event in the tier-1 root since the step started (torchrun
-  exits 1 after a forwarded signal, whatever its workers did, so its status cannot tell).
+  exits 1 after a forwarded signal, whatever its workers did, so its status cannot tell);
+- under Slurm the job usually asked for its requeue itself (rank 0, after its emergency
+  save: :mod:`tierckpt.preempt.requeue`, a ``slurm_requeue`` event): the verdict is then 75
+  without ``again``, so a launcher never requeues twice.
+
+Which Slurm notices are announced and which are a ``scancel`` is
+:func:`tierckpt.runtime.scheduler.slurm_interruption`, the one rule the job's own requeue
+follows too.
 
 A step that ended without a notice keeps its own status (0: all steps done). The exit
 status of a verdict to run again is :data:`EXIT_PREEMPTED` (75), which a Kubernetes
@@ -21,65 +28,39 @@ never retried.
 from __future__ import annotations
 
 import dataclasses
-import re
-import subprocess
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tierckpt.errors import ConfigError
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import events as ev
+from tierckpt.runtime.scheduler import (
+    NOTICES,
+    SlurmFacts,
+    notice_words,
+    parse_scontrol,
+    read_slurm_job,
+    slurm_interruption,
+)
+
+__all__ = ["EXIT_CONFIG", "NOTICES", "SlurmFacts", "Verdict", "decide", "emergency_save",
+           "finished", "parse_scontrol", "read_slurm_job", "requeued_by_job"]
 
 EXIT_CONFIG = 2
 """The launcher's own configuration is wrong (a tier path unset, a missing tool): fix it,
 do not retry."""
 
-NOTICES = ("usr1", "term")
-"""What a launcher's shell may have received: Slurm's ``--signal=B:USR1`` lead, SIGTERM."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SlurmFacts:
-    """What ``scontrol show job`` says of the running job."""
-
-    job_id: str
-    state: str
-    reason: str
-    preempted: bool
-    restarts: int
-    requeue: bool
-
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """``code``: the exit status to end with; ``again``: the scheduler should run the job
-    again (Slurm: ``scontrol requeue``); ``why``: one line for the job's log."""
+    """``code``: the exit status to end with; ``again``: the launcher should ask the
+    scheduler to run the job again (Slurm: ``scontrol requeue``); ``requeued``: the job
+    already asked for it itself (:mod:`tierckpt.preempt.requeue`): do not ask twice;
+    ``why``: one line for the job's log."""
 
     code: int
     again: bool
     why: str
-
-
-def parse_scontrol(text: str) -> dict[str, str]:
-    """``scontrol -o show job`` (or partition) output as ``{Key: value}``."""
-    return dict(re.findall(r"(\w+)=(\S*)", text))
-
-
-def read_slurm_job(job_id: str, *, timeout_s: float = 15.0) -> SlurmFacts:
-    """Ask ``scontrol`` about ``job_id``. ConfigError naming what to fix when it cannot."""
-    try:
-        p = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
-                           text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"cannot ask scontrol about job {job_id}: {e}; run this inside the "
-                          "Slurm job, with the Slurm client tools on PATH") from None
-    if p.returncode != 0:
-        raise ConfigError(f"scontrol show job {job_id} failed: {p.stderr.strip()}")
-    f = parse_scontrol(p.stdout)
-    return SlurmFacts(job_id=job_id, state=f.get("JobState", ""), reason=f.get("Reason", ""),
-                    preempted=f.get("PreemptTime", "None") not in ("None", "Unknown", ""),
-                    restarts=int(f.get("Restarts", "0") or 0),
-                    requeue=f.get("Requeue", "0") == "1")
+    requeued: bool = False
 
 
 def emergency_save(records: Iterable[Mapping[str, Any]], since_unix: float
@@ -107,24 +88,37 @@ def finished(records: Iterable[Mapping[str, Any]], since_unix: float) -> bool:
     return done
 
 
+def requeued_by_job(records: Iterable[Mapping[str, Any]], since_unix: float
+                    ) -> Mapping[str, Any] | None:
+    """The newest ``slurm_requeue`` at or after ``since_unix`` whose ``scontrol requeue``
+    succeeded: the job requeued itself after its emergency save."""
+    found = None
+    for r in records:
+        t = r.get("t")
+        if (r.get("event") == ev.SLURM_REQUEUE and r.get("requeued")
+                and isinstance(t, int | float) and t >= since_unix):
+            found = r
+    return found
+
+
 def decide(*, rc: int, notices: Iterable[str], saved: Mapping[str, Any] | None,
            slurm: SlurmFacts | None = None, max_requeues: int | None = None,
-           done: bool = False) -> Verdict:
+           done: bool = False, requeued: Mapping[str, Any] | None = None) -> Verdict:
     """Decide after a step that exited ``rc``. ``notices``: what the launcher's shell got
     (:data:`NOTICES`); ``saved``: :func:`emergency_save`'s answer; ``slurm``: the job,
     under Slurm; ``max_requeues``: run again at most this many times (``slurm.restarts``
-    counts them); ``done``: :func:`finished`'s answer."""
-    got = set(notices)
-    unknown = got - set(NOTICES)
-    if unknown:
-        raise ConfigError(f"unknown notice {sorted(unknown)}; a launcher reports "
-                          f"{', '.join(NOTICES)}")
+    counts them); ``done``: :func:`finished`'s answer; ``requeued``:
+    :func:`requeued_by_job`'s answer (then the verdict is 75 without ``again``: one
+    requeue, never two). ConfigError for an unknown notice word."""
+    got = notice_words(notices)
     if slurm is not None:
-        if "term" in got and not slurm.preempted and slurm.reason != "TimeLimit":
-            return Verdict(rc, False, "cancelled by its user (SIGTERM to the batch shell, "
-                           "not preempted, not at the time limit): not run again")
-        announced = slurm.preempted or "usr1" in got
-        what = "preempted" if slurm.preempted else "time limit ahead (--signal)"
+        if requeued is not None:  # its own words: Slurm's kill after it adds a SIGTERM here
+            return Verdict(EXIT_PREEMPTED, False, f"the job requeued itself: "
+                           f"{requeued.get('why')}; not requeued again", requeued=True)
+        kind = slurm_interruption(got, slurm)
+        if kind.cancelled:
+            return Verdict(rc, False, f"{kind.what}: not run again")
+        announced, what = kind.announced, kind.what
     else:
         announced = bool(got)
         what = "terminated (SIGTERM)"

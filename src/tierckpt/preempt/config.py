@@ -89,6 +89,11 @@ class Preemption:
     notice (close raises SystemExit); None: close returns and the script decides."""
     watch_s: float = 0.05
     """How often the watcher thread looks for a notice (locally and in the job's store)."""
+    slurm_requeue: bool = True
+    """Under Slurm, after an announced notice (a preemption, or the ``--signal`` lead) whose
+    emergency save committed, rank 0 asks Slurm to run the job again (``scontrol requeue``)
+    if the job is requeueable (``#SBATCH --requeue``); a ``scancel`` never is. False: never
+    (the batch script decides). See :mod:`tierckpt.preempt.requeue`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.signals, str | int):
@@ -109,6 +114,9 @@ class Preemption:
             if not isinstance(p, Poller):
                 raise ConfigError(f"Preemption.pollers: {p!r} has no name, every_s and poll()")
         object.__setattr__(self, "pollers", pollers)
+        if not isinstance(self.slurm_requeue, bool):
+            raise ConfigError(f"Preemption.slurm_requeue must be True or False, got "
+                              f"{self.slurm_requeue!r}")
         code = self.exit_code
         if code is not None and (isinstance(code, bool) or not isinstance(code, int)
                                  or not 1 <= code <= 125):

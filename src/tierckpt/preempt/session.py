@@ -12,7 +12,9 @@ The carry (after the save at the agreed step is committed on the fastest tier):
   measured upload time says it cannot make it. An upload cut off writes no marker, so a
   partial copy is never trusted.
 
-``preempt_saved`` names what was reached and what was abandoned, and why.
+``preempt_saved`` names what was reached and what was abandoned, and why. Under Slurm,
+rank 0 then waits (bounded by the notice's deadline) for every rank's ``finish`` and asks
+Slurm to requeue the job (:mod:`tierckpt.preempt.requeue`).
 
 The grace a notice without a deadline of its own gets (a signal, a trigger file without a
 number) is resolved once, at start-up (:func:`resolve_grace`): ``Preemption.grace_s`` when
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from tierckpt.errors import CheckpointError
 from tierckpt.policy import notice as notice_plan
+from tierckpt.preempt import requeue
 from tierckpt.preempt.config import DEFAULT_GRACE_S, Poller, Preemption
 from tierckpt.preempt.notice import NoticeBox
 from tierckpt.preempt.signals import SignalNotices
@@ -42,6 +45,9 @@ from tierckpt.runtime.distributed import process_started_at
 from tierckpt.runtime.scheduler import Grace, notice_grace
 
 _log = logging.getLogger("tierckpt")
+
+REQUEUE_WAIT_MIN_S, REQUEUE_WAIT_MAX_S = 5.0, 120.0
+"""Bounds of rank 0's wait for the other ranks' close before it asks Slurm to requeue."""
 
 
 @dataclasses.dataclass
@@ -183,8 +189,30 @@ class PreemptSession:
                       remaining_s=self.remaining_s())
         _log.warning("preemption: step %d saved to %s%s", c.step, ", ".join(c.reached),
                      "".join(f"; not {t}: {why}" for t, why in c.abandoned.items()))
+        if self.config.slurm_requeue and c.reached and os.environ.get("SLURM_JOB_ID"):
+            self._requeue(c)
         if self.config.exit_code is not None:
             self.log.emit(events.PREEMPT_EXIT, step=c.step, code=self.config.exit_code)
+
+    def _requeue(self, c: Carry) -> None:
+        """Every rank counts itself done; rank 0 waits for all (at most until the notice's
+        deadline, at least :data:`REQUEUE_WAIT_MIN_S`: a requeue kills every process of
+        the job, so none may still be copying) and asks Slurm to requeue. Never raises."""
+        w = self.watch
+        try:
+            w.arrive("finished")
+            if w.rank != 0:
+                return
+            wait_s = min(max(self.remaining_s(), REQUEUE_WAIT_MIN_S), REQUEUE_WAIT_MAX_S)
+            done = w.wait_arrived("finished", wait_s)
+            if done < w.world_size:
+                _log.warning("preemption: %d of %d ranks finished their close in %.0f s; "
+                             "asking for the requeue anyway (the save is committed)", done,
+                             w.world_size, wait_s)
+            requeue.after_emergency_save(notice=w.notice or self.box.first, step=c.step,
+                                         reached=c.reached, log=self.log)
+        except Exception as e:  # the save stands: a failed requeue is logged, never raised
+            _log.warning("preemption: no Slurm requeue (%s: %s)", type(e).__name__, e)
 
     def remaining_s(self) -> float:
         n = self.watch.notice or self.box.first

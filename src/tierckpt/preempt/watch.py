@@ -127,6 +127,26 @@ class StopWatch:
                 self._tick()  # no thread (tests, or it died): do its work here
         return self.target
 
+    def arrive(self, name: str) -> None:
+        """Count this rank in ``<key>/<name>`` (the training thread's connection), for
+        :meth:`wait_arrived`. Nothing in a single process. Store errors propagate."""
+        store = self._publisher or self.store
+        if store is not None and self.world_size > 1:
+            store.add(self._k(name), 1)
+
+    def wait_arrived(self, name: str, timeout_s: float) -> int:
+        """Wait until every rank has :meth:`arrive`-d at ``name``, at most ``timeout_s``
+        seconds; the count seen last (``world_size`` in a single process)."""
+        store = self._publisher or self.store
+        if store is None or self.world_size == 1:
+            return self.world_size
+        end = time.monotonic() + timeout_s
+        while True:
+            count = store.add(self._k(name), 0)
+            if count >= self.world_size or time.monotonic() >= end:
+                return count
+            time.sleep(self.poll_s)
+
     def close(self) -> None:
         self._stop.set()
         t = self._thread

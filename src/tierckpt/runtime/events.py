@@ -60,6 +60,8 @@ preempt_saved       step, reached (tiers that hold the emergency save, fastest f
 preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
 slurm_requeue       step, job_id, requeued (rank 0 ran ``scontrol requeue`` and it succeeded),
                     why (under Slurm, after an emergency save: preempt.requeue)
+slurm_requeue       step, job_id, requeued (rank 0 ran ``scontrol requeue`` and it succeeded),
+                    why (under Slurm, after an emergency save: preempt.requeue)
 manager_closed      clean (a close that drained: no error left the loop), stopped (the loop
                     left on a notice), step (the newest committed step)
 heal_begin          generation (the one that failed), error (what the survivor caught)
@@ -121,6 +123,7 @@ PREEMPT_NOTICE = "preempt_notice"
 PREEMPT_STOP = "preempt_stop"
 PREEMPT_SAVED = "preempt_saved"
 PREEMPT_EXIT = "preempt_exit"
+SLURM_REQUEUE = "slurm_requeue"
 SLURM_REQUEUE = "slurm_requeue"
 MANAGER_CLOSED = "manager_closed"
 HEAL_BEGIN = "heal_begin"

@@ -27,6 +27,12 @@ first; None when nothing says (the caller then takes its default):
    kills that long after its SIGTERM). A QOS's ``GraceTime`` is not read.
 
 Every rank of a job reads the same sources, so every rank gets the same grace.
+
+:func:`slurm_interruption` says what a notice under Slurm was (pure): *announced* — the job
+was preempted (``PreemptTime`` is set) or the ``--signal`` lead came (USR1) — or a user's
+``scancel`` (SIGTERM while neither preempted nor at the time limit), or no notice at all.
+The launchers' verdict (:mod:`tierckpt.launch.outcome`) and the job's own requeue after its
+emergency save (:mod:`tierckpt.preempt.requeue`) both read it, so they never disagree.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tierckpt.errors import ConfigError
@@ -53,6 +59,14 @@ RESTARTS_ENV = "RESTART_ATTEMPT"
 """Kubernetes: how many times the JobSet restarted (its ``restart-attempt`` annotation)."""
 POD_ENV = "POD_NAME"
 """Kubernetes: the pod's name (downward API ``metadata.name``)."""
+
+MAX_REQUEUES_ENV = "TIERCKPT_MAX_REQUEUES"
+"""Slurm: requeue the job after an emergency save at most this many times (``Restarts`` in
+``scontrol show job`` counts them); unset: no limit of ours (Slurm's ``MaxBatchRequeue``
+still applies). ``tierckpt launch slurm --max-requeues`` exports it."""
+
+NOTICES = ("usr1", "term")
+"""The notice kinds a Slurm job tells apart: the ``--signal`` lead's USR1, a SIGTERM."""
 
 SLURM_DEFAULT_LEAD_S = 60.0
 """Slurm's lead when ``--signal`` names no ``@seconds``."""
@@ -93,6 +107,92 @@ class Grace:
     def for_signal(self, signum: int) -> float | None:
         """The grace after signal ``signum``: its own, else :attr:`seconds`."""
         return dict(self.by_signal).get(int(signum), self.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmFacts:
+    """What ``scontrol show job`` says of a job: its state and reason, whether it was
+    preempted (``PreemptTime`` set), its requeue count (``Restarts``) and whether it may be
+    requeued (``Requeue=1``: ``--requeue``, or the cluster's ``JobRequeue=1``)."""
+
+    job_id: str
+    state: str
+    reason: str
+    preempted: bool
+    restarts: int
+    requeue: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Interruption:
+    """What a notice under Slurm was (:func:`slurm_interruption`). ``announced``: Slurm
+    announced the end (preemption, or the ``--signal`` lead before the time limit);
+    ``cancelled``: a user's ``scancel``; neither: no notice (the job finished or failed).
+    ``what``: a few words for a log line."""
+
+    announced: bool
+    cancelled: bool
+    what: str
+
+
+def notice_words(notices: Iterable[str]) -> set[str]:
+    """``notices`` as a set of :data:`NOTICES` words; ConfigError naming any other."""
+    got = set(notices)
+    unknown = got - set(NOTICES)
+    if unknown:
+        raise ConfigError(f"unknown notice {sorted(unknown)}; a launcher reports "
+                          f"{', '.join(NOTICES)}")
+    return got
+
+
+def slurm_interruption(notices: Iterable[str], facts: SlurmFacts) -> Interruption:
+    """Classify the notices a Slurm job got (words of :data:`NOTICES`) against ``facts``:
+    a SIGTERM while the job is neither preempted nor at its time limit is a ``scancel``
+    (never run again); otherwise a preemption or the lead's USR1 is announced. Pure.
+    ConfigError for a word that is not a notice kind."""
+    got = notice_words(notices)
+    if "term" in got and not facts.preempted and facts.reason != "TimeLimit":
+        return Interruption(False, True, "cancelled by its user (SIGTERM, not preempted, "
+                            "not at the time limit)")
+    if facts.preempted:
+        return Interruption(True, False, "preempted")
+    if "usr1" in got:
+        return Interruption(True, False, "time limit ahead (--signal)")
+    return Interruption(False, False, "no notice")
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """``scontrol -o show job`` (or partition) output as ``{Key: value}``."""
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def read_slurm_job(job_id: str, *, timeout_s: float = 15.0) -> SlurmFacts:
+    """Ask ``scontrol`` about ``job_id`` (at most ``timeout_s``). ConfigError naming what to
+    fix when it cannot."""
+    try:
+        p = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                           text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"cannot ask scontrol about job {job_id}: {e}; run this inside the "
+                          "Slurm job, with the Slurm client tools on PATH") from None
+    if p.returncode != 0:
+        raise ConfigError(f"scontrol show job {job_id} failed: {p.stderr.strip()}")
+    f = parse_scontrol(p.stdout)
+    return SlurmFacts(job_id=job_id, state=f.get("JobState", ""), reason=f.get("Reason", ""),
+                      preempted=f.get("PreemptTime", "None") not in ("None", "Unknown", ""),
+                      restarts=int(f.get("Restarts", "0") or 0),
+                      requeue=f.get("Requeue", "0") == "1")
+
+
+def max_requeues(env: Mapping[str, str]) -> int | None:
+    """:data:`MAX_REQUEUES_ENV` as a count; None when unset. ConfigError when malformed."""
+    raw = env.get(MAX_REQUEUES_ENV, "")
+    if not raw:
+        return None
+    n = _count(raw)
+    if n is None:
+        raise ConfigError(f"{MAX_REQUEUES_ENV}={raw!r}: give a whole number >= 0, or unset it")
+    return n
 
 
 def detect(env: Mapping[str, str]) -> Scheduler | None:
@@ -144,7 +244,7 @@ def slurm_grace(job_id: str, partition: str | None, *, timeout_s: float = 1.0
         by_signal[lead[0]] = lead[1]
         said.append(f"--signal {signal.Signals(lead[0]).name}@{lead[1]:g} "
                     f"(job {job_id}'s batch script)")
-    fields = (_fields(_scontrol(("-o", "show", "partition", partition), deadline) or "")
+    fields = (parse_scontrol(_scontrol(("-o", "show", "partition", partition), deadline) or "")
               if partition else {})
     grace_time = _count(fields.get("GraceTime", ""))
     if fields.get("PreemptMode", "OFF").upper() != "OFF" and grace_time:
@@ -185,10 +285,6 @@ def _scontrol(args: tuple[str, ...], deadline: float) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return p.stdout if p.returncode == 0 else None
-
-
-def _fields(text: str) -> dict[str, str]:
-    return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
 def _count(raw: str) -> int | None:
