@@ -6,6 +6,7 @@ Kubernetes' schemas (kubernetes-validate, strict) and the JobSet/TrainJob API mo
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import typing
@@ -62,10 +63,73 @@ def test_the_sbatch_script_parses_and_has_the_flags(tmp_path: Path) -> None:
                  '--rdzv-endpoint "$head:29500"', "--max-restarts 3",
                  "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
                  f"--shutdown-timeout {lead}", 'train.py --tier1 "$TIERCKPT_TIER1"',
-                 'scontrol requeue "$SLURM_JOB_ID"', "--max-requeues 5"):
+                 'scontrol requeue "$SLURM_JOB_ID"', "export TIERCKPT_MAX_REQUEUES=5",
+                 '--max-requeues "$TIERCKPT_MAX_REQUEUES"'):
         assert flag in text, flag
     assert f'TIERCKPT_TIER1="${{TIERCKPT_TIER1:-{root}}}"' in text
     assert "the slowest of 2 emergency saves" in text
+
+
+def test_the_header_writes_the_same_script_again(tmp_path: Path) -> None:
+    """The header's command line, run again, writes the script again, byte for byte."""
+    argv = ["slurm", "--tier1", str(tmp_path / "t1"), "--nodes", "2", "--lead", "45s",
+            "--gpus-per-node", "4", "--cpus-per-node", "16", "--memory", "256G",
+            "--sbatch=--time=04:00:00", "--sbatch", "--partition=gpu", "--job-name", "gpt",
+            "--", *TRAIN, "--note", "two words"]
+    text = launch(*argv)
+    [line] = [x for x in text.splitlines() if x.startswith("#   tierckpt launch slurm")]
+    again = shlex.split(line.removeprefix("#   "))
+    assert again[:2] == ["tierckpt", "launch"] and "--lead=45s" in again
+    assert launch(*again[2:]) == text
+    for want in ("#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --mem=256G"):
+        assert want + "\n" in text, want
+
+
+def test_torchrun_runs_under_the_interpreter_of_every_tierckpt_call() -> None:
+    """Never ``python`` from the node's PATH: torchrun runs under ``$TIERCKPT_PYTHON``, the
+    interpreter the tierckpt calls use: the command's own when it is an absolute path,
+    else the one that wrote the script."""
+    text = launch("slurm", "--", *TRAIN)
+    assert '"$TIERCKPT_PYTHON" -m torch.distributed.run' in text
+    assert "python -m torch.distributed.run" not in text.replace('PYTHON" -m', "")
+    assert f'TIERCKPT_PYTHON="${{TIERCKPT_PYTHON:-{sys.executable}}}"' in text
+    own = launch("slurm", "--", "/opt/venv/bin/python3", "train.py")
+    assert 'TIERCKPT_PYTHON="${TIERCKPT_PYTHON:-/opt/venv/bin/python3}"' in own
+    assert '[ -x "$TIERCKPT_PYTHON" ] || fail' in own
+
+
+@pytest.mark.parametrize("sub", ["slurm", "k8s"])
+def test_a_missing_command_names_its_own_subcommand(sub: str) -> None:
+    r = RUNNER.invoke(app, ["launch", sub, "--name", "x", "--image", "i"] if sub == "k8s"
+                      else ["launch", sub])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"tierckpt launch {sub} -- python train.py" in text, text
+
+
+def test_each_k8s_job_has_its_own_tier1_by_default() -> None:
+    """Two jobs of different names on one node never share a tier-1 directory."""
+    paths = []
+    for name in ("gpt", "bert"):
+        (js,) = yaml.safe_load_all(launch("k8s", "--name", name, "--image", "i", "--",
+                                          *TRAIN))
+        pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        paths.append({v["name"]: v for v in pod["volumes"]}["tier1"]["hostPath"]["path"])
+    assert paths == ["/mnt/tierckpt/gpt", "/mnt/tierckpt/bert"]
+    (js,) = yaml.safe_load_all(launch("k8s", "--name", "gpt", "--image", "i",
+                                      "--tier1-host-path", "/data/ckpt", "--", *TRAIN))
+    assert "/data/ckpt" in json.dumps(js)
+
+
+@pytest.mark.parametrize(("argv", "what"), [
+    (["slurm", "--memory", "1.5T"], "--memory '1.5T': give a size with a binary unit"),
+    (["slurm", "--gpus-per-node", "2", "--sbatch=--gpus-per-node=3"], "give one"),
+    (["k8s", "--name", "x", "--image", "i", "--tier0-size", "8GB!"], "--tier0-size"),
+    (["k8s", "--name", "x", "--image", "i", "--tier1-host-path", "rel"], "absolute path"),
+])
+def test_bad_resources_say_what_to_fix(argv: list[str], what: str) -> None:
+    r = RUNNER.invoke(app, ["launch", *argv, "--", *TRAIN])
+    assert r.exit_code == 2 and what in " ".join(r.output.split()), r.output
 
 
 def test_without_events_the_lead_is_the_default_or_given(tmp_path: Path) -> None:
@@ -144,7 +208,8 @@ def manifests(tmp_path: Path) -> list[dict[str, Any]]:
     root = lead_events(tmp_path / "t1", 40.0)
     text = launch("k8s", "--name", "gpt", "--image", "registry.local/gpt:1", "--tier1",
                   str(root), "--nodes", "2", "--spares", "1", "--nproc-per-node", "8",
-                  "--gpus-per-node", "8", "--tier0-size", "64Gi", "--tier2", "s3://b/p",
+                  "--gpus-per-node", "8", "--cpus-per-node", "32", "--memory", "512Gi",
+                  "--tier0-size", "64Gi", "--tier2", "s3://b/p",
                   "--tier2-secret", "tier2-creds", "--trainjob", "--", *TRAIN)
     return list(yaml.safe_load_all(text))
 
@@ -167,7 +232,7 @@ def test_the_jobs_pods_are_valid_kubernetes(manifests: list[dict[str, Any]]) -> 
 
 
 def test_the_jobset_carries_grace_rendezvous_policy_and_tiers(
-        manifests: list[dict[str, Any]]) -> None:
+        manifests: list[dict[str, Any]], tmp_path: Path) -> None:
     js = manifests[0]["spec"]
     job = js["replicatedJobs"][0]["template"]["spec"]
     pod = job["template"]["spec"]
@@ -189,7 +254,7 @@ def test_the_jobset_carries_grace_rendezvous_policy_and_tiers(
     assert "exit code 75" in rules["preempted-and-saved"]["onJobFailureMessagePatterns"][0]
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["tier0"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
-    assert vols["tier1"]["hostPath"]["path"] == "/mnt/tierckpt"
+    assert vols["tier1"]["hostPath"]["path"] == str(tmp_path / "t1")  # --tier1's
     assert c["envFrom"] == [{"secretRef": {"name": "tier2-creds"}}]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["TIERCKPT_TIER0"] == k8s.TIER0_MOUNT and env["TIERCKPT_TIER2"] == "s3://b/p"
@@ -199,7 +264,15 @@ def test_the_jobset_carries_grace_rendezvous_policy_and_tiers(
     assert fields == {"RESTART_ATTEMPT": f"metadata.annotations['{k8s.RESTART_ATTEMPT}']",
                       "TIERCKPT_JOB_ID": f"metadata.labels['{k8s.JOBSET_NAME}']",
                       "POD_NAME": "metadata.name"}
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # GPUs asked and capped; CPUs asked; memory for the training plus tier 0's RAM volume
+    # (a memory-backed emptyDir is charged to the container)
+    assert c["resources"] == {
+        "requests": {"nvidia.com/gpu": 8, "cpu": 32, "memory": "576Gi"},
+        "limits": {"nvidia.com/gpu": 8, "memory": "576Gi"}}
+    [term] = pod["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": {k8s.JOBSET_NAME: "gpt"}},
+                    "topologyKey": "kubernetes.io/hostname"}  # one pod of the job per node
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
 
 

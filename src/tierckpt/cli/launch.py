@@ -44,6 +44,33 @@ MaxRestarts = Annotated[int, typer.Option(help="torchrun --max-restarts: ranks r
                                                "inside the allocation.")]
 Port = Annotated[int, typer.Option(help="The c10d rendezvous port on the first node.")]
 Out = Annotated[Path | None, typer.Option(help="Write here instead of stdout.")]
+Gpus = Annotated[int, typer.Option(help="GPUs per node (0: not asked for).")]
+Cpus = Annotated[int, typer.Option(help="CPUs per node (0: not asked for).")]
+Memory = Annotated[str | None, typer.Option(
+    help="Memory per node, e.g. 512G (binary units: 1G = 1024M).")]
+
+
+def given_argv(ctx: typer.Context, sub: str) -> list[str]:
+    """The command line as given: ``tierckpt launch SUB``, every option set on the command
+    line (``--flag=value``, in the command's order; defaults left out), ``--``, the
+    training command. Running it again writes the same script (the lead re-measured where
+    ``--tier1`` gives it and ``--lead`` does not)."""
+    argv, command = ["tierckpt", "launch", sub], list[str]()
+    for param in ctx.command.params:
+        name = param.name or ""
+        source = ctx.get_parameter_source(name)
+        if source is None or source.name != "COMMANDLINE":  # typer's click or click's
+            continue
+        value = ctx.params[name]
+        if param.param_type_name == "argument":
+            command = [str(v) for v in value or ()]
+            continue
+        flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            argv += [flag] if value else (param.secondary_opts[:1] or [])
+            continue
+        argv += [f"{flag}={v}" for v in (value if isinstance(value, list | tuple) else [value])]
+    return [*argv, "--", *command]
 
 
 def _lead(tier1: Path | None, lead: str | None, to: str) -> timing.Lead:
@@ -63,6 +90,7 @@ def _write(text: str, out: Path | None) -> None:
 
 @launch_app.command("slurm")
 def launch_slurm(
+    ctx: typer.Context,
     command: Command = None,
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
     spares: Spares = 0, nproc_per_node: Nproc = "gpu", max_restarts: MaxRestarts = 3,
@@ -74,6 +102,7 @@ def launch_slurm(
     tier2: Annotated[str | None, typer.Option(help="Default TIERCKPT_TIER2 (a URL).")] = None,
     sbatch: Annotated[list[str] | None, typer.Option(
         help="An extra #SBATCH option, e.g. --sbatch=--time=04:00:00 (repeatable).")] = None,
+    gpus_per_node: Gpus = 0, cpus_per_node: Cpus = 0, memory: Memory = None,
     out: Out = None,
 ) -> None:
     """Write an sbatch script: --requeue, --signal=B:USR1@LEAD from the measured emergency
@@ -81,16 +110,19 @@ def launch_slurm(
     saved.
 
     --tier1 is also the default of TIERCKPT_TIER1 in the script; tier paths and tier-2
-    credentials otherwise come from the submitter's environment."""
+    credentials otherwise come from the submitter's environment. torchrun and every
+    tierckpt call run under $TIERCKPT_PYTHON: the command's interpreter if it is an
+    absolute path, else the one running this."""
     with config_errors():
         job = slurm.SlurmLaunch(
-            command=split(command or []), lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
+            command=split(command or [], launcher="launch slurm"),
+            lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
             nproc_per_node=nproc_per_node, max_restarts=max_restarts,
             max_requeues=max_requeues, port=port, job_name=job_name,
             tier1=str(tier1) if tier1 else None, tier0=tier0, tier2=tier2,
-            sbatch=tuple(sbatch or ()))
-        argv = ["tierckpt", "launch", "slurm", "--", *(command or [])]
-        _write(slurm.sbatch_script(job, argv), out)
+            sbatch=tuple(sbatch or ()), gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node, memory=memory)
+        _write(slurm.sbatch_script(job, given_argv(ctx, "slurm")), out)
 
 
 @launch_app.command("k8s")
@@ -102,14 +134,20 @@ def launch_k8s(
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
     spares: Spares = 0, nproc_per_node: Nproc = "gpu",
     gpus_per_node: Annotated[int, typer.Option(help="nvidia.com/gpu per pod.")] = 0,
+    cpus_per_node: Annotated[int, typer.Option(help="CPUs requested per pod.")] = 0,
+    memory: Annotated[str | None, typer.Option(
+        help="Memory per pod for the training, e.g. 512Gi (the limit adds --tier0-size).")
+    ] = None,
     max_restarts: MaxRestarts = 3,
     max_failures: Annotated[int, typer.Option(
         help="JobSet restarts after failures (preemptions do not count).")] = 3,
     port: Port = 29500,
     tier0_size: Annotated[str | None, typer.Option(
-        help="Tier 0: an emptyDir in RAM of this sizeLimit (e.g. 64Gi).")] = None,
-    tier1_host_path: Annotated[str, typer.Option(
-        help="Tier 1: this node-local path (hostPath).")] = "/mnt/tierckpt",
+        help="Tier 0: an emptyDir in RAM of this sizeLimit (e.g. 64Gi) at TIERCKPT_TIER0, "
+             "where Tier0() keeps its root.")] = None,
+    tier1_host_path: Annotated[str | None, typer.Option(
+        help="Tier 1: this node-local path (hostPath); default --tier1, else "
+             "/mnt/tierckpt/NAME.")] = None,
     tier1_claim: Annotated[str | None, typer.Option(
         help="Tier 1: this PersistentVolumeClaim instead.")] = None,
     tier2: Annotated[str | None, typer.Option(help="TIERCKPT_TIER2 (a URL).")] = None,
@@ -123,15 +161,17 @@ def launch_k8s(
     emergency save, c10d rendezvous over the headless service, restart on exit 75, fail on
     exit 2.
 
-    Tier 0 is an emptyDir in RAM, tier 1 a node-local volume, tier-2 credentials a Secret."""
+    Tier 0 is an emptyDir in RAM, tier 1 a node-local volume of this job's own (--tier1,
+    else /mnt/tierckpt/NAME), tier-2 credentials a Secret; each pod on its own node."""
     with config_errors():
         job = k8s.K8sLaunch(
-            name=name, image=image, command=split(command or []), lead=_lead(tier1, lead, to),
-            nodes=nodes, spares=spares, nproc_per_node=nproc_per_node,
-            gpus_per_node=gpus_per_node, max_restarts=max_restarts,
+            name=name, image=image, command=split(command or [], launcher="launch k8s"),
+            lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
+            nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node, memory=memory, max_restarts=max_restarts,
             max_failures=max_failures, port=port, tier0_size=tier0_size,
-            tier1_host_path=tier1_host_path, tier1_claim=tier1_claim, tier2=tier2,
-            tier2_secret=tier2_secret)
+            tier1_host_path=tier1_host_path or (str(tier1) if tier1 else None),
+            tier1_claim=tier1_claim, tier2=tier2, tier2_secret=tier2_secret)
         docs = [k8s.jobset(job)] + ([k8s.trainjob(job)] if trainjob else [])
         _write(k8s.to_yaml(docs), out)
 
@@ -148,8 +188,10 @@ def launch_outcome(
     max_requeues: Annotated[int | None, typer.Option(
         help="Under Slurm: run again at most this many times.")] = None,
 ) -> None:
-    """After a launcher's step: print again or stop, say why on stderr, exit 75 when the job
-    should run again (preempted, emergency save committed), else the step's status.
+    """After a launcher's step: print again, requeued or stop, say why on stderr, exit 75
+    when the job should run again (preempted, emergency save committed), else the step's
+    status. "requeued": under Slurm the job already asked for its requeue itself, after its
+    emergency save; do not requeue again.
 
     The generated scripts call it; a hand-written sbatch script can too (docs/schedulers.md).
     Exit 2 on a configuration error."""
@@ -159,7 +201,8 @@ def launch_outcome(
         saved = outcome.emergency_save(records, since)
         verdict = outcome.decide(rc=rc, notices=notices.split(), saved=saved, slurm=facts,
                                  max_requeues=max_requeues,
-                                 done=outcome.finished(records, since))
+                                 done=outcome.finished(records, since),
+                                 requeued=outcome.requeued_by_job(records, since))
     print(f"tierckpt launch outcome: {verdict.why}", file=sys.stderr)
-    print("again" if verdict.again else "stop")
+    print("again" if verdict.again else "requeued" if verdict.requeued else "stop")
     raise typer.Exit(verdict.code)

@@ -31,14 +31,15 @@ class TrainCommand:
     argv: tuple[str, ...]
 
 
-def split(command: Sequence[str]) -> TrainCommand:
+def split(command: Sequence[str], *, launcher: str = "launch slurm") -> TrainCommand:
     """Split a training command (``python train.py ...``, ``train.py ...``, ``-m mod``, or
     any program) into the interpreter and torchrun's arguments. ConfigError when empty or
-    when the command is torchrun itself (the launcher adds torchrun)."""
+    when the command is torchrun itself (the launcher adds torchrun); ``launcher`` (``launch
+    slurm``, ``launch k8s``) is the subcommand the error's example names."""
     argv = list(command)
     if not argv:
         raise ConfigError("no training command: put it after --, e.g. "
-                          "`tierckpt launch slurm -- python train.py --steps 1000`")
+                          f"`tierckpt {launcher} -- python train.py --steps 1000`")
     head = os.path.basename(argv[0])
     if head in ("torchrun",) or argv[1:3] == ["-m", "torch.distributed.run"]:
         raise ConfigError("give the training command without torchrun: the launcher runs "

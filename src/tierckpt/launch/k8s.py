@@ -21,9 +21,19 @@ emergency save plans its copies against the real deadline; ``TIERCKPT_JOB_ID`` (
 JobSet's name), ``RESTART_ATTEMPT`` (the JobSet's restart count) and ``POD_NAME`` go into
 each ``process_start`` event.
 
-Tier 0 is an ``emptyDir`` of medium Memory with a ``sizeLimit``; tier 1 a node-local
-``hostPath`` (or a PersistentVolumeClaim); tier-2 credentials come from a Secret
-(``envFrom``), never from the manifest.
+Tier 0 is an ``emptyDir`` of medium Memory with a ``sizeLimit`` at ``TIERCKPT_TIER0``, where
+``Tier0()`` puts its root (:func:`tierckpt.tier0.root.auto_base`); tier 1 a node-local
+``hostPath`` of this job's own (default ``/mnt/tierckpt/<name>``: two jobs on one node
+never share a tier-1 root) or a PersistentVolumeClaim; tier-2 credentials come from a
+Secret (``envFrom``), never from the manifest. The training command gets the tier paths as
+``TIERCKPT_TIER1`` and ``TIERCKPT_TIER2`` and passes them to the library
+(``--tier1 '$TIERCKPT_TIER1'``).
+
+The pods of one job run on distinct nodes (a required pod anti-affinity on the JobSet's
+name, per ``kubernetes.io/hostname``): tier 0's partner copy and a node-local tier 1 mean
+one node per pod. The container asks for ``nvidia.com/gpu``, CPUs and memory when given
+(:func:`tierckpt.launch.resources.k8s_resources`; the memory limit adds tier 0's RAM volume,
+which is charged to the container).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.launch._yaml import dump_all
 from tierckpt.launch.command import TrainCommand, shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
+from tierckpt.launch.resources import check_counts, k8s_memory, k8s_resources, parse_memory
 from tierckpt.launch.slurm import SIGNALS, TIERCKPT_FN, WAIT_STEP
 from tierckpt.launch.timing import Lead
 from tierckpt.preempt.config import EXIT_PREEMPTED
@@ -45,6 +56,9 @@ CONTAINER = "node"
 """The container's name (Kubeflow Trainer's torch runtime calls its container ``node``)."""
 REPLICATED_JOB = "node"
 TIER0_MOUNT, TIER1_MOUNT = "/tierckpt/tier0", "/tierckpt/tier1"
+TIER1_HOST_BASE = "/mnt/tierckpt"
+"""The default tier-1 ``hostPath`` is ``TIER1_HOST_BASE/<name>``."""
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -54,10 +68,13 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class K8sLaunch:
     """One job's settings. ``nodes`` pods train, ``spares`` more join the rendezvous
-    (``--nnodes nodes:nodes+spares``). ``tier0_size``: the tier-0 RAM volume's
-    ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0). ``tier1_host_path`` or
-    ``tier1_claim``: tier 1's volume. ``tier2_secret``: a Secret whose keys become the
-    container's environment (``AWS_ACCESS_KEY_ID``, ...)."""
+    (``--nnodes nodes:nodes+spares``), each pod on its own node. ``tier0_size``: the tier-0
+    RAM volume's ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0). ``tier1_host_path`` (None:
+    ``/mnt/tierckpt/<name>``) or ``tier1_claim``: tier 1's volume. ``tier2_secret``: a
+    Secret whose keys become the container's environment (``AWS_ACCESS_KEY_ID``, ...).
+    ``gpus_per_node``, ``cpus_per_node`` (0: not asked for) and ``memory`` (what the
+    training needs per pod, e.g. ``512Gi``; None: not asked for): the container's
+    resources. Sizes as :func:`~tierckpt.launch.resources.parse_memory` reads them."""
 
     name: str
     image: str
@@ -67,11 +84,13 @@ class K8sLaunch:
     spares: int = 0
     nproc_per_node: str = "gpu"
     gpus_per_node: int = 0
+    cpus_per_node: int = 0
+    memory: str | None = None
     max_restarts: int = 3
     max_failures: int = 3
     port: int = 29500
     tier0_size: str | None = None
-    tier1_host_path: str = "/mnt/tierckpt"
+    tier1_host_path: str | None = None
     tier1_claim: str | None = None
     tier2: str | None = None
     tier2_secret: str | None = None
@@ -87,10 +106,23 @@ class K8sLaunch:
                               "--max-failures at least 0")
         if not self.image:
             raise ConfigError("--image: the container image that holds the training code")
+        check_counts(gpus_per_node=self.gpus_per_node, cpus_per_node=self.cpus_per_node)
+        if self.memory is not None:
+            parse_memory(self.memory, "--memory")
+        if self.tier0_size is not None:
+            parse_memory(self.tier0_size, "--tier0-size")
+        if self.tier1_host_path is not None and not self.tier1_host_path.startswith("/"):
+            raise ConfigError(f"--tier1-host-path {self.tier1_host_path!r}: give an absolute "
+                              "path on the node")
 
     @property
     def pods(self) -> int:
         return self.nodes + self.spares
+
+    @property
+    def host_path(self) -> str:
+        """Tier 1's ``hostPath``: the one given, else this job's own directory."""
+        return self.tier1_host_path or f"{TIER1_HOST_BASE}/{self.name}"
 
 
 def launcher(k: K8sLaunch, *, head: str) -> str:
@@ -138,13 +170,13 @@ def _env(k: K8sLaunch) -> list[dict[str, Any]]:
 def _volumes(k: K8sLaunch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     tier1: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": k.tier1_claim}} if k.tier1_claim
-        else {"hostPath": {"path": k.tier1_host_path, "type": "DirectoryOrCreate"}})
+        else {"hostPath": {"path": k.host_path, "type": "DirectoryOrCreate"}})
     vols = [{"name": "tier1", **tier1}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     mounts = [{"name": "tier1", "mountPath": TIER1_MOUNT},
               {"name": "dshm", "mountPath": "/dev/shm"}]
     if k.tier0_size:
-        vols.insert(0, {"name": "tier0", "emptyDir": {"medium": "Memory",
-                                                      "sizeLimit": k.tier0_size}})
+        size = k8s_memory(parse_memory(k.tier0_size, "--tier0-size"))
+        vols.insert(0, {"name": "tier0", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.insert(0, {"name": "tier0", "mountPath": TIER0_MOUNT})
     return vols, mounts
 
@@ -156,9 +188,21 @@ def _container(k: K8sLaunch, head: str, mounts: list[dict[str, Any]]) -> dict[st
                          "ports": [{"containerPort": k.port, "name": "rdzv"}]}
     if k.tier2_secret:
         c["envFrom"] = [{"secretRef": {"name": k.tier2_secret}}]
-    if k.gpus_per_node:
-        c["resources"] = {"limits": {"nvidia.com/gpu": k.gpus_per_node}}
+    ram = parse_memory(k.tier0_size, "--tier0-size") if k.tier0_size else 0
+    resources = k8s_resources(
+        gpus=k.gpus_per_node, cpus=k.cpus_per_node, ram_volume_mib=ram,
+        memory_mib=parse_memory(k.memory, "--memory") if k.memory else 0)
+    if resources:
+        c["resources"] = resources
     return c
+
+
+def anti_affinity(k: K8sLaunch) -> dict[str, Any]:
+    """No two pods of this job on one node (required at scheduling): the JobSet's name
+    label, per ``kubernetes.io/hostname``."""
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {JOBSET_NAME: k.name}},
+         "topologyKey": HOSTNAME_TOPOLOGY}]}}
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -190,6 +234,7 @@ def jobset(k: K8sLaunch) -> dict[str, Any]:
     pod = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "tierckpt"}},
            "spec": {"restartPolicy": "Never",
                     "terminationGracePeriodSeconds": k.lead.k8s_grace_s,
+                    "affinity": anti_affinity(k),
                     "containers": [_container(k, head, mounts)], "volumes": vols}}
     job = {"parallelism": k.pods, "completions": k.pods, "completionMode": "Indexed",
            "backoffLimit": 0, "podFailurePolicy": pod_failure_policy(), "template": pod}
@@ -210,6 +255,7 @@ def trainjob(k: K8sLaunch, *, runtime: str = "torch-distributed") -> dict[str, A
     vols, mounts = _volumes(k)
     container = _container(k, "$PET_MASTER_ADDR", mounts)
     pod_patch = {"terminationGracePeriodSeconds": k.lead.k8s_grace_s, "volumes": vols,
+                 "affinity": anti_affinity(k),
                  "containers": [{"name": CONTAINER, "volumeMounts": mounts}]}
     env = container["env"] + [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": k.tier2_secret, "key": key,
@@ -217,7 +263,7 @@ def trainjob(k: K8sLaunch, *, runtime: str = "torch-distributed") -> dict[str, A
         for key in (SECRET_KEYS if k.tier2_secret else ())]
     trainer: dict[str, Any] = {"image": k.image, "command": container["command"],
                                "numNodes": k.pods, "env": env}
-    if k.gpus_per_node:
+    if "resources" in container:
         trainer["resourcesPerNode"] = container["resources"]
     spec: dict[str, Any] = {
         "runtimeRef": {"name": runtime}, "trainer": trainer,

@@ -4,11 +4,17 @@ script's text out.
 
 What the script does, in order:
 
-1. asks Slurm for ``--requeue``, ``--open-mode=append`` (one log across requeues) and
-   ``--signal=B:USR1@LEAD``: USR1 to the batch shell LEAD seconds before the time limit;
+1. asks Slurm for ``--requeue``, ``--open-mode=append`` (one log across requeues),
+   ``--signal=B:USR1@LEAD`` (USR1 to the batch shell LEAD seconds before the time limit)
+   and, when given, GPUs, CPUs and memory per node; its header holds the command line that
+   wrote it;
 2. reads the tier paths from the environment (``TIERCKPT_TIER1``, required;
    ``TIERCKPT_TIER0``, ``TIERCKPT_TIER2``; tier-2 credentials the same way) — nothing
-   secret is written into the script;
+   secret is written into the script — and exports them to the training command, which
+   passes them to the library (``--tier1 '$TIERCKPT_TIER1'``; ``Tier0()`` reads
+   ``TIERCKPT_TIER0`` itself: docs/schedulers.md);
+   torchrun and every ``tierckpt`` call run under one interpreter, ``$TIERCKPT_PYTHON``
+   (:func:`interpreter`), never a ``python`` looked up on the node's PATH;
 3. runs one ``srun`` task per node, each a torchrun agent: c10d rendezvous on the first
    node, ``--nnodes MIN:MAX`` (the spares), ``--max-restarts`` (a rank killed inside the
    allocation restarts there), ``--signals-to-handle`` with SIGUSR1 and
@@ -17,12 +23,15 @@ What the script does, in order:
    it would kill them unsaved), and notes a SIGTERM (a user's ``scancel``);
 5. after the step, asks ``tierckpt launch outcome`` and requeues itself
    (``scontrol requeue``) only after an announced interruption whose emergency save was
-   committed — never after ``scancel``, never after the job finished.
+   committed — never after ``scancel``, never after the job finished — and only if the job
+   did not already requeue itself (rank 0 does, after its emergency save:
+   :mod:`tierckpt.preempt.requeue`; ``TIERCKPT_MAX_REQUEUES`` gives it the same limit).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 
@@ -30,7 +39,9 @@ from tierckpt._version import __version__
 from tierckpt.errors import ConfigError
 from tierckpt.launch.command import TrainCommand, shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
+from tierckpt.launch.resources import check_counts, parse_memory, sbatch_lines
 from tierckpt.launch.timing import Lead
+from tierckpt.runtime.scheduler import MAX_REQUEUES_ENV
 
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """torchrun's ``--signals-to-handle``: its default set plus SIGUSR1 (Slurm's lead)."""
@@ -71,7 +82,10 @@ class SlurmLaunch:
     """One sbatch script's settings. ``nodes`` train; ``spares`` more nodes are allocated
     and join torchrun's rendezvous (``--nnodes nodes:nodes+spares``), so the job goes on
     with ``nodes`` when one fails. ``tier1``/``tier0``/``tier2``: defaults for the
-    ``TIERCKPT_TIER*`` variables (the submitter's environment wins)."""
+    ``TIERCKPT_TIER*`` variables (the submitter's environment wins). ``gpus_per_node``,
+    ``cpus_per_node`` (0: not asked for) and ``memory`` (per node, e.g. ``512G``; None:
+    not asked for) become ``#SBATCH`` lines. ``python``: the interpreter the generator ran
+    under (see :func:`interpreter`)."""
 
     command: TrainCommand
     lead: Lead
@@ -86,9 +100,15 @@ class SlurmLaunch:
     tier0: str | None = None
     tier2: str | None = None
     sbatch: tuple[str, ...] = ()
+    gpus_per_node: int = 0
+    cpus_per_node: int = 0
+    memory: str | None = None
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
 
     def __post_init__(self) -> None:
+        check_counts(gpus_per_node=self.gpus_per_node, cpus_per_node=self.cpus_per_node)
+        own = {"--gpus-per-node": self.gpus_per_node, "--cpus-per-task": self.cpus_per_node,
+               "--mem": self.memory_mib}  # memory_mib checks --memory
         for name in ("nodes", "port"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -102,18 +122,46 @@ class SlurmLaunch:
             if opt.split("=")[0] in ("--signal", "--requeue", "--no-requeue", "--open-mode"):
                 raise ConfigError(f"--sbatch {opt!r}: the launcher sets {opt.split('=')[0]} "
                                   "itself (use --lead for the signal's lead)")
+            if own.get(opt.split("=")[0]):
+                raise ConfigError(f"--sbatch {opt!r} and the launcher's own flag for it "
+                                  "(--gpus-per-node, --cpus-per-node, --memory): give one")
 
     @property
     def max_nodes(self) -> int:
         return self.nodes + self.spares
+
+    @property
+    def memory_mib(self) -> int:
+        """``memory`` in MiB (0: not asked for)."""
+        return parse_memory(self.memory, "--memory") if self.memory is not None else 0
+
+
+def interpreter(s: SlurmLaunch) -> str:
+    """The default of ``$TIERCKPT_PYTHON``, which runs torchrun and every ``tierckpt`` call:
+    the command's interpreter when it is an absolute path (``/venv/bin/python train.py``),
+    else the one that wrote the script (``s.python``). A bare ``python`` is not looked up
+    on the node's PATH: there it may be another interpreter, without torch or tierckpt."""
+    py = s.command.python
+    return py if py is not None and os.path.isabs(py) else s.python
+
+
+def comment_line(argv: list[str]) -> str:
+    """``argv`` as one shell line that fits a ``#`` comment (a newline in an argument is
+    written ``$'\\n'``)."""
+    def word(a: str) -> str:
+        if "\n" not in a:
+            return shlex.quote(a)
+        return "$'" + a.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+    return " ".join(word(a) for a in argv)
 
 
 def _header(s: SlurmLaunch, argv: list[str]) -> list[str]:
     nodes = f"{s.nodes}-{s.max_nodes}" if s.spares else str(s.nodes)
     lines = [
         "#!/bin/bash",
-        f"# Written by `tierckpt launch slurm` (tierckpt {__version__}):",
-        "#   " + shlex.join(argv),
+        f"# Written by `tierckpt launch slurm` (tierckpt {__version__}); run this to write",
+        "# it again:",
+        "#   " + comment_line(argv),
         f"#SBATCH --job-name={s.job_name}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -123,6 +171,7 @@ def _header(s: SlurmLaunch, argv: list[str]) -> list[str]:
     ]
     if s.spares:
         lines.append("#SBATCH --no-kill")
+    lines += sbatch_lines(gpus=s.gpus_per_node, cpus=s.cpus_per_node, memory_mib=s.memory_mib)
     lines += [f"#SBATCH {opt}" for opt in s.sbatch]
     lines += [
         "#",
@@ -131,6 +180,7 @@ def _header(s: SlurmLaunch, argv: list[str]) -> list[str]:
         "# Exit status: 0 all steps done; 75 preempted and saved (requeued unless the limit",
         f"# of {s.max_requeues} requeues is reached); {EXIT_CONFIG} a configuration error; "
         "else torchrun's.",
+        "# torchrun and tierckpt run under $TIERCKPT_PYTHON (export it to choose another).",
     ]
     return lines
 
@@ -142,8 +192,11 @@ def _env(s: SlurmLaunch) -> list[str]:
         if default:
             lines.append(f"export {var}=\"${{{var}:-{_dq(default)}}}\"")
     lines += [
-        f"export TIERCKPT_PYTHON=\"${{TIERCKPT_PYTHON:-{_dq(s.python)}}}\"",
+        f"export TIERCKPT_PYTHON=\"${{TIERCKPT_PYTHON:-{_dq(interpreter(s))}}}\"",
+        f"export {MAX_REQUEUES_ENV}={s.max_requeues}  # the job's own requeue keeps this limit",
         'fail() { echo "tierckpt launch: $*" >&2; exit ' + str(EXIT_CONFIG) + "; }",
+        '[ -x "$TIERCKPT_PYTHON" ] || fail "TIERCKPT_PYTHON=$TIERCKPT_PYTHON is not an '
+        'interpreter on $(hostname): export TIERCKPT_PYTHON=/path/to/venv/bin/python"',
         TIERCKPT_FN,
         '[ -n "${TIERCKPT_TIER1:-}" ] || fail "set TIERCKPT_TIER1 to the tier-1 root '
         '(or pass --tier1 to tierckpt launch slurm)"',
@@ -162,7 +215,7 @@ def _torchrun(s: SlurmLaunch) -> str:
         f"--max-restarts {s.max_restarts}", f"--signals-to-handle {SIGNALS}",
         f"--shutdown-timeout {s.lead.seconds}",
     ]
-    py = s.command.python or '"$TIERCKPT_PYTHON"'
+    py = '"$TIERCKPT_PYTHON"'  # the interpreter of every tierckpt call: never PATH's python
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=0" + (" --no-kill" if s.spares else "")
     return (f"{srun} \\\n    {py} -m torch.distributed.run \\\n    "
             + " \\\n    ".join(flags) + " \\\n    " + shell_line(s.command.argv) + " &")
@@ -187,9 +240,10 @@ def sbatch_script(s: SlurmLaunch, argv: list[str]) -> str:
         _torchrun(s),
         "step=$!",
         *WAIT_STEP,
+        "# again: requeue; requeued: the job already did (after its emergency save); stop.",
         'verdict=$(tierckpt launch outcome --tier1 "$TIERCKPT_TIER1" --since "$start" \\',
-        f'    --rc "$rc" --notices "$notices" --slurm-job "$SLURM_JOB_ID" '
-        f"--max-requeues {s.max_requeues})",
+        '    --rc "$rc" --notices "$notices" --slurm-job "$SLURM_JOB_ID" '
+        f'--max-requeues "${MAX_REQUEUES_ENV}")',
         "code=$?",
         'if [ "$verdict" = again ]; then',
         '    scontrol requeue "$SLURM_JOB_ID" || echo "tierckpt launch: scontrol requeue '
