@@ -18,15 +18,19 @@ class Tier0:
     """Keep checkpoints in node RAM: files on tmpfs that outlive a worker restart.
 
     Every ``save()`` lands here; every ``tier1_every``-th is also copied to tier 1 in the
-    background. ``Tier0()`` uses the default location (``/dev/shm/tierckpt/<job key>``, or
-    ``$TIERCKPT_TIER0_BASE``) and runs without tier 0, with a warning and a
-    ``tier0_disabled`` event, where it does not fit or cannot be opened;
+    background. Where, one rule: an explicit ``path`` wins; else the directory the launch
+    kit sets, ``$TIERCKPT_TIER0`` (a Kubernetes RAM volume of ``--tier0-size``); else
+    ``$TIERCKPT_TIER0_BASE``; else ``/dev/shm/tierckpt`` — ``Tier0()`` keeps its root in a
+    directory named for the job's tier-1 root under the first of those that is set
+    (:func:`tierckpt.tier0.root.auto_base`), and runs without tier 0, with a warning and a
+    ``tier0_disabled`` event, where it does not fit or cannot be opened.
     ``Tier0(path="/dev/shm/job")`` uses that directory and makes the same problems a
     :class:`ConfigError`.
     """
 
     path: Path | None = None
-    """A directory on tmpfs; None: the default location, and off where it does not fit."""
+    """A directory on tmpfs; None: the default location (``$TIERCKPT_TIER0`` when set, see
+    above), and off where it does not fit."""
     _: dataclasses.KW_ONLY
     keep: int = 1
     """Generations kept in RAM on each node."""
@@ -65,14 +69,21 @@ class Tier0:
 
 
 def as_tier0(value: object) -> Tier0 | None:
-    """``ManagerConfig.tier0`` as given (a :class:`Tier0`, a directory, or None) as a
-    :class:`Tier0` or None; ConfigError for anything else, naming the typed form."""
+    """``ManagerConfig.tier0`` as given (a :class:`Tier0`, an absolute directory, or None)
+    as a :class:`Tier0` or None; ConfigError for anything else, naming the typed form. A
+    relative path (``tier0="yes"``, ``tier0="true"``) is refused: it is far likelier a
+    flag's value than a tmpfs directory under the working directory."""
     if value is None or isinstance(value, Tier0):
         return value
     if value == "auto":
         raise ConfigError("tier0='auto' is tier0=tierckpt.Tier0() (the default location, off "
                           "where it does not fit)")
     if isinstance(value, str | os.PathLike) and os.fspath(value):
-        return Tier0(path=Path(value))
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raise ConfigError(f"tier0={os.fspath(value)!r} is not an absolute directory: give "
+                              "one on tmpfs (e.g. tier0='/dev/shm/job'), tier0=tierckpt.Tier0() "
+                              "for the default location, or tier0=None for no tier 0")
+        return Tier0(path=path)
     raise ConfigError(f"tier0 must be tierckpt.Tier0(...), a directory on tmpfs, or None, "
                       f"got {value!r}")

@@ -1,10 +1,10 @@
 """Where a node keeps tier 0, whose it is, whether it fits, and what is stale.
 
-A tier-0 root is a directory on tmpfs (default ``/dev/shm/tierckpt/<job key>``, the key
-derived from the domain's tier-1 root, so a restarted worker finds its own and two jobs
-never share one). It has the layout of a tier-1 root — committed ``step-XXXXXXXX/``
-directories written by the same writer and commit protocol, so the same verification
-applies — plus::
+A tier-0 root is a directory on tmpfs (``Tier0()``: ``<base>/<job key>``, the key derived
+from the domain's tier-1 root, so a restarted worker finds its own and two jobs never share
+one; the base is :func:`auto_base`). It has the layout of a tier-1 root — committed
+``step-XXXXXXXX/`` directories written by the same writer and commit protocol, so the same
+verification applies — plus::
 
     job.json                 whose tier 0 this is ({"tier1": "/abs/tier1/root"})
     .lock                    flock held by the job using it (dead jobs hold none)
@@ -31,6 +31,9 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.lock import FileLock
 
 DEFAULT_BASE = Path("/dev/shm/tierckpt")
+TIER0_ENV = "TIERCKPT_TIER0"
+"""The launch kit's tier-0 RAM volume (``tierckpt launch k8s --tier0-size``, ``launch slurm
+--tier0``): ``Tier0()`` keeps its root in it."""
 BASE_ENV = "TIERCKPT_TIER0_BASE"
 """Overrides :data:`DEFAULT_BASE` (the parent of ``Tier0()`` roots), e.g. another tmpfs."""
 JOB_FILE = "job.json"
@@ -48,9 +51,15 @@ def job_key(tier1: Path) -> str:
 
 
 def auto_base() -> Path:
-    """Where ``Tier0()`` roots live: ``$TIERCKPT_TIER0_BASE`` or /dev/shm/tierckpt."""
-    env = os.environ.get(BASE_ENV)
-    return Path(env) if env else DEFAULT_BASE
+    """Where ``Tier0()`` roots live, first set wins: ``$TIERCKPT_TIER0`` (the directory the
+    launch kit sets up for tier 0, e.g. a Kubernetes RAM volume whose ``sizeLimit`` the RAM
+    budget then sees), ``$TIERCKPT_TIER0_BASE``, /dev/shm/tierckpt. ``Tier0(path=...)``
+    wins over all of them (it is used as the root itself)."""
+    for name in (TIER0_ENV, BASE_ENV):
+        env = os.environ.get(name)
+        if env:
+            return Path(env)
+    return DEFAULT_BASE
 
 
 def default_root(tier1: Path) -> Path:
