@@ -10,7 +10,7 @@ STAMP := $(VENV)/.tierckpt-installed
 TORCHTITAN := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
 	typeguard==4.6.1
 
-.PHONY: demo test test-fast lint bench venv clean
+.PHONY: demo test test-fast lint bench docs venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples bench
 	$(BIN)/mypy
+
+# The API reference (pdoc, from the docstrings of everything in tierckpt.__all__) into
+# build/api (git-ignored); fails on a pdoc warning, a missing docstring or a broken reference.
+docs: $(STAMP)
+	$(BIN)/python docs/api/build.py build/api
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

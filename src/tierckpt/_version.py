@@ -3,3 +3,4 @@
 reads it statically, without importing the package."""
 
 __version__ = "0.1.0"
+"""This release's version (PEP 440); also the ``tierckpt`` version a manifest records."""

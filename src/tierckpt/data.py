@@ -31,7 +31,29 @@ from tierckpt.errors import ConfigError
 
 
 class ResumableSampler(Sampler[int]):
-    """Shuffled, distributed, resumable at a global position (see module docstring)."""
+    """Shuffled, distributed, resumable at a global position: give it to the data loader as
+    ``sampler=`` and put the loader in the :class:`~tierckpt.TrainState`; a restore at the
+    same world size continues exactly, at another one without repeating or skipping a
+    sample of the epoch.
+
+    Arguments (all but ``data`` keyword-only):
+
+    - ``data``: the dataset (anything with ``len()``) or its length; must be > 0.
+    - ``rank``, ``world_size``: this rank and the number of ranks that share the epoch
+      (default: ``torch.distributed``'s when it is initialised, else 0 and 1);
+      ``0 <= rank < world_size``.
+    - ``seed``: epoch ``e`` visits ``randperm(len, generator seeded with seed + e)``, the
+      same on every rank (default 0).
+    - ``shuffle``: False visits ``0, 1, 2, ...`` in order (default True).
+
+    Rank ``r`` yields ``perm[p + r], perm[p + r + W], ...`` from the epoch's global position
+    ``p``, so ranks consume the permutation in lock-step; a tail shorter than the world size
+    is dropped, as ``drop_last`` does. ``state_dict()`` is ``{"epoch", "position", "n"}``
+    (``position``: samples consumed by all ranks together in this epoch, the same on every
+    rank; ``n``: the dataset's length); ``load_state_dict`` continues from it at any world
+    size. When an epoch is used up the next ``iter()`` starts epoch ``e + 1`` at position 0.
+    Raises :class:`~tierckpt.ConfigError` for an empty dataset, a rank outside the world,
+    or a state saved for a dataset of another length."""
 
     def __init__(self, data: Sized | int, *, rank: int | None = None,
                  world_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:
