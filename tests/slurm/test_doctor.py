@@ -41,7 +41,8 @@ def test_a_generated_script_passes(tmp_path: Path) -> None:
     assert code == 0 and doc["ok"] and doc["scheduler"] == "slurm", out
     assert {c["name"]: c["ok"] for c in doc["checks"]} == {
         "torchrun forwards the notice": True, "torchrun waits for the save": True,
-        "Slurm warns before the time limit": True, "Slurm requeues the job": True}
+        "Slurm warns before the time limit": True, "the lead's signal reaches torchrun": True,
+        "Slurm requeues the job": True}
     code, out = doctor("--tier1", str(root), "--script", str(script))
     assert code == 0 and "nothing to fix" in out
 
@@ -52,11 +53,52 @@ def test_a_bad_script_says_what_to_fix(tmp_path: Path) -> None:
     script.write_text(BAD)
     code, out = doctor("--tier1", str(root), "--script", str(script))
     text = " ".join(out.split())
-    assert code == 1 and "fix the rows marked FIX" in text, out
+    assert code == 1 and "fix the checks marked FIX" in text, out
     assert "add SIGUSR1 to torchrun's --signals-to-handle" in text
     assert "raise torchrun's --shutdown-timeout to at least 42 s" in text
     assert "raise the --signal lead to at least 42 s" in text
     assert "submit with #SBATCH --requeue" in text
+
+
+OWN = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --signal=USR1@90
+srun python -m torch.distributed.run --signals-to-handle SIGTERM,SIGUSR1 \\
+    --shutdown-timeout 90 train.py
+"""
+
+
+def test_a_hand_written_script_with_requeue_passes(tmp_path: Path) -> None:
+    """The job requeues itself after its emergency save: a script needs --requeue and
+    notices that reach torchrun, no `scontrol requeue` of its own."""
+    root = lead_events(tmp_path / "t1", 40.0)
+    script = tmp_path / "own.sbatch"
+    script.write_text(OWN)
+    code, out = doctor("--tier1", str(root), "--script", str(script), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"], out
+    [requeue] = [c for c in doc["checks"] if c["name"] == "Slurm requeues the job"]
+    assert "the job requeues itself" in requeue["detail"]
+    script.write_text(OWN.replace("#SBATCH --requeue\n", ""))  # neither flag: FIX
+    code, out = doctor("--tier1", str(root), "--script", str(script), "--json")
+    [requeue] = [c for c in json.loads(out)["checks"] if c["name"] == "Slurm requeues the job"]
+    assert code == 1 and requeue["ok"] is False and "neither --requeue" in requeue["detail"]
+
+
+def test_fixes_are_whole_at_80_columns(tmp_path: Path) -> None:
+    """Every fix is printed whole, on one line the terminal wraps, at any width."""
+    root = lead_events(tmp_path / "t1", 40.0)
+    script = tmp_path / "bad.sbatch"
+    script.write_text(BAD)
+    _, out = doctor("--tier1", str(root), "--script", str(script), "--json")
+    fixes = [c["fix"] for c in json.loads(out)["checks"] if c["fix"]]
+    assert len(fixes) == 5 and any(len(f) > 80 for f in fixes)
+    r = RUNNER.invoke(APP, ["doctor", "--cluster", "--tier1", str(root), "--script",
+                            str(script)], env={"COLUMNS": "80"})
+    assert r.exit_code == 1
+    for fix in fixes:
+        assert f"fix:   {fix}\n" in r.stdout, fix
+    assert "drop B: (#SBATCH --signal=USR1@LEAD" in r.stdout  # B: without a trap
 
 
 def test_a_manifest_is_checked_for_its_grace(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """``tierckpt doctor --cluster``: gather the launch's facts, judge them against the measured
 emergency save (:mod:`tierckpt.launch.cluster`), and print each check with what to fix.
-Exit 1 when a check failed."""
+Exit 1 when a check failed.
+
+Each check is a block of lines, not a table row: a fix is a command or a line to paste,
+and it is printed whole at any terminal width (the terminal wraps it; nothing is cut)."""
 
 from __future__ import annotations
 
@@ -8,13 +11,13 @@ import dataclasses
 from pathlib import Path
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from tierckpt.cli._render import config_errors, console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED
 from tierckpt.launch import cluster, timing
 
-_MARK = {True: "[green]ok[/]", False: "[red]FIX[/]", None: "[yellow]unknown[/]"}
+_MARK = {True: "[green]ok     [/]", False: "[red]FIX    [/]", None: "[yellow]unknown[/]"}
 
 
 def doctor_cluster(*, tier1: Path | None, script: Path | None, as_json: bool) -> None:
@@ -30,12 +33,13 @@ def doctor_cluster(*, tier1: Path | None, script: Path | None, as_json: bool) ->
                    "checks": [dataclasses.asdict(c) for c in checks], "ok": not failed})
     else:
         out = console()
-        t = Table(title=f"the launch ({facts.scheduler or 'no scheduler found'})")
-        for col in ("check", "", "what was found", "what to fix"):
-            t.add_column(col)
+        out.print(f"[bold]the launch[/] ({facts.scheduler or 'no scheduler found'})",
+                  soft_wrap=True)
         for c in checks:
-            t.add_row(c.name, _MARK[c.ok], c.detail, c.fix)
-        out.print(t)
-        out.print("[red]fix the rows marked FIX[/]" if failed else "[green]nothing to fix[/]")
+            out.print(f"{_MARK[c.ok]} [bold]{escape(c.name)}[/]", soft_wrap=True)
+            out.print(f"        found: {escape(c.detail)}", soft_wrap=True)
+            if c.fix:
+                out.print(f"        fix:   {escape(c.fix)}", soft_wrap=True)
+        out.print("[red]fix the checks marked FIX[/]" if failed else "[green]nothing to fix[/]")
     if failed:
         raise typer.Exit(EXIT_FAILED)

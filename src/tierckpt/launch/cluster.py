@@ -12,6 +12,13 @@ Where the facts come from, first found wins:
   ``#SBATCH --signal`` (or the script given), ``scontrol show partition`` (``GraceTime``
   and ``PreemptMode``);
 - Kubernetes: ``terminationGracePeriodSeconds`` in the manifest given.
+
+The requeue path a Slurm job needs (docs/schedulers.md): ``#SBATCH --requeue``, a loop that
+follows the contract (``should_save``/``should_stop``; not visible here), and notices that
+reach the workers. The job then requeues itself after its emergency save
+(:mod:`tierckpt.preempt.requeue`), so a script needs no ``scontrol requeue`` of its own;
+but a ``--signal=B:...`` goes to the batch shell only, which must pass it on (a ``trap``),
+or the time limit's notice never reaches torchrun.
 """
 
 from __future__ import annotations
@@ -24,13 +31,13 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from tierckpt.launch.outcome import parse_scontrol
 from tierckpt.launch.timing import SaveTime
-from tierckpt.runtime.scheduler import sbatch_signal
+from tierckpt.runtime.scheduler import parse_scontrol, sbatch_signal
 
 TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30.0
 _TORCHRUN = re.compile(r"(torchrun|torch\.distributed\.run)\b")
+_BATCH_ONLY = re.compile(r"--signal[=\s]+R?BR?:")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,10 @@ class Facts:
     slurm_lead_s: float | None = None
     slurm_requeue: bool | None = None
     requeue_from: str | None = None
+    slurm_batch_only: bool | None = None
+    """``--signal=B:``: the lead's signal goes to the batch shell only."""
+    slurm_forwards: bool | None = None
+    """The batch script traps the lead's signal (to pass it to the step)."""
     grace_s: float | None = None
     grace_from: str | None = None
 
@@ -80,6 +91,14 @@ def parse_torchrun(text: str) -> tuple[tuple[str, ...], float] | None:
     sigs = (tuple(_signal_name(s) for s in sig.group(1).split(",") if s) if sig
             else TORCHRUN_DEFAULT_SIGNALS)
     return sigs, float(shut.group(1)) if shut else TORCHRUN_DEFAULT_SHUTDOWN_S
+
+
+def forwards_signal(text: str, name: str) -> bool:
+    """Whether a batch script traps signal ``name`` (``SIGUSR1``): a ``trap`` line naming
+    it, as a script that passes the lead's signal to its step has."""
+    short = name.removeprefix("SIG")
+    return any(line.lstrip().startswith("trap") and re.search(rf"\b(SIG)?{short}\b", line)
+               for line in text.splitlines())
 
 
 def parse_sbatch(text: str) -> tuple[str | None, float | None, bool | None]:
@@ -145,8 +164,14 @@ def gather(env: Mapping[str, str] | None = None, *, script: Path | None = None) 
             name, lead, requeue = parse_sbatch(txt)
             f.setdefault("slurm_signal", name)
             f.setdefault("slurm_lead_s", lead)
-            if requeue is not None and "slurm_requeue" not in f:
-                f["slurm_requeue"], f["requeue_from"] = requeue, where
+            if name is not None and "slurm_batch_only" not in f:
+                opts = "\n".join(x for x in txt.splitlines() if x.startswith("#SBATCH"))
+                f["slurm_batch_only"] = bool(_BATCH_ONLY.search(opts))
+                f["slurm_forwards"] = forwards_signal(txt, name)
+            if "slurm_requeue" not in f:  # neither flag: the cluster's default, not the job's
+                f["slurm_requeue"] = bool(requeue)
+                f["requeue_from"] = where if requeue is not None else (
+                    f"{where}: neither --requeue nor --no-requeue")
     if job and (out := _scontrol("-o", "show", "job", job)):
         info = parse_scontrol(out)
         f["slurm_requeue"], f["requeue_from"] = info.get("Requeue") == "1", f"job {job}"
@@ -197,12 +222,27 @@ def checks(f: Facts, save: SaveTime | None) -> list[Check]:
                              f"--signal {f.slurm_signal}@{f.slurm_lead_s:g} s vs {need_txt}",
                              "" if ok3 is not False else f"raise the --signal lead to at "
                              f"least {need:.0f} s"))
+        if f.slurm_batch_only:
+            ok5, sig = bool(f.slurm_forwards), (f.slurm_signal or "").removeprefix("SIG")
+            out.append(Check(
+                "the lead's signal reaches torchrun", ok5,
+                f"--signal=B:{sig} goes to the batch shell only; the script "
+                f"{'traps' if ok5 else 'does not trap'} it",
+                "" if ok5 else f"drop B: (#SBATCH --signal={sig}@LEAD signals "
+                "the job's steps, and srun passes it to torchrun), or trap it in the script "
+                "and pass it to srun (tierckpt launch slurm writes such a script)"))
         state = {True: "set", False: "not set", None: "unknown"}[f.slurm_requeue]
-        out.append(Check("Slurm requeues the job", f.slurm_requeue,
-                         f"--requeue {state}" + (f" ({f.requeue_from})" if f.requeue_from
-                                                 else ""),
-                         "" if f.slurm_requeue else "submit with #SBATCH --requeue (and "
-                         "the cluster's JobRequeue=1)"))
+        where = f" ({f.requeue_from})" if f.requeue_from else ""
+        out.append(Check(
+            "Slurm requeues the job", f.slurm_requeue,
+            f"--requeue {state}{where}" + (": after an announced notice whose emergency "
+                                           "save committed, the job requeues itself (rank 0 "
+                                           "runs scontrol requeue)" if f.slurm_requeue
+                                           else ""),
+            "" if f.slurm_requeue else "submit with #SBATCH --requeue (and the cluster's "
+            "JobRequeue=1): after its emergency save the job asks Slurm to requeue it, "
+            "which Slurm refuses without it; the loop must call should_save and "
+            "should_stop (docs/preemption.md)"))
     if f.grace_s is not None:
         ok4 = None if need is None else f.grace_s >= need
         knob = ("the GraceTime of the partition or QOS" if f.scheduler == "slurm"
