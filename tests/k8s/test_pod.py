@@ -25,7 +25,13 @@ preempted      SIGTERM mid-training: every rank stops at    75    RestartJobSetA
 restarted      the pod again (restart attempt 1): resumes   0     the JobSet completes
                at the saved step + 1, losses bit-identical
 config error   TIERCKPT_TIER1 unset                         2     FailJobSet
+two jobs       two JobSets of different names, one after    0, 0  each completes
+               the other on one node: the second starts
+               fresh (each has its own tier-1 hostPath)
 =============  ===========================================  ====  ===============================
+
+Where a test names a node (``run_pod(..., node=DIR)``), tier 1's volume is the manifest's
+own ``hostPath`` under that directory (the node's file system), not a directory per pod.
 
 With ``TIERCKPT_K8S_PATHS=FILE`` each path appends one JSON line there (the closing table).
 """
@@ -75,16 +81,18 @@ def can_unshare() -> bool:
     return p.returncode == 0
 
 
-def generate(tmp: Path, port: int, losses: Path) -> dict[str, Any]:
+def generate(tmp: Path, port: int, losses: Path, *, name: str = NAME,
+             steps: int = STEPS) -> dict[str, Any]:
     """The JobSet ``tierckpt launch k8s`` writes for examples/train.py (one pod, 2 ranks)."""
     gen = subprocess.run(
         [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
-         "sys.argv[0] = 'tierckpt'; main()", "launch", "k8s", "--name", NAME, "--image",
+         "sys.argv[0] = 'tierckpt'; main()", "launch", "k8s", "--name", name, "--image",
          "local/train:1", "--nproc-per-node", "2", "--lead", f"{LEAD_S}s", "--port",
          str(port), "--", sys.executable, str(TRAIN), "--tier1", "$TIERCKPT_TIER1",
-         "--steps", str(STEPS), "--save-every", "10", "--losses", str(losses),
+         "--steps", str(steps), "--save-every", "10", "--losses", str(losses),
          "--timeout", "60"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert gen.returncode == 0, gen.stderr
+    tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "jobset.yaml").write_text(gen.stdout)
     (js,) = yaml.safe_load_all(gen.stdout)
     return dict(js)
@@ -119,17 +127,17 @@ def jobset_action(js: dict[str, Any], code: int) -> str:
     return "RestartJobSet"
 
 
-def pod_env(container: dict[str, Any], *, tier1: Path | None, attempt: int
-            ) -> dict[str, str]:
+def pod_env(container: dict[str, Any], *, tier1: Path | None, attempt: int,
+            name: str = NAME) -> dict[str, str]:
     """The container's environment as the kubelet would set it (see the module docstring).
     A downward-API field this emulation does not know fails the test (KeyError)."""
-    fields = {"metadata.name": f"{NAME}-node-0-0-x7k2p",
+    fields = {"metadata.name": f"{name}-node-0-0-x7k2p",
               f"metadata.annotations['{k8s.RESTART_ATTEMPT}']": str(attempt),
-              f"metadata.labels['{k8s.JOBSET_NAME}']": NAME}
+              f"metadata.labels['{k8s.JOBSET_NAME}']": name}
     base = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV")
     env = {k: os.environ[k] for k in base if k in os.environ}
     env.update(KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443",
-               HOSTNAME=f"{NAME}-node-0-0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               HOSTNAME=f"{name}-node-0-0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                TIERCKPT_PROGRESS_EVERY_S="0")
     for e in container["env"]:
         env[e["name"]] = (e["value"] if "value" in e
@@ -150,6 +158,8 @@ class Pod:
     killed: bool
     dir: Path
     log: str
+    tier1: Path | None = None
+    """Tier 1's volume (None: ``dir / "t1"``)."""
 
     @property
     def losses(self) -> list[dict[str, Any]]:
@@ -158,7 +168,7 @@ class Pod:
             if p.is_file() else []
 
     def events(self, kind: str, rank: int | None = 0) -> list[dict[str, Any]]:
-        p = self.dir / "t1" / "events.jsonl"
+        p = (self.tier1 or self.dir / "t1") / "events.jsonl"
         return [e for e in ev.read_events(p) if e["event"] == kind
                 and (rank is None or e["rank"] == rank)] if p.is_file() else []
 
@@ -176,19 +186,28 @@ def _pid1(root: subprocess.Popen[bytes], isolated: bool) -> int:
     return root.pid
 
 
+def host_volume(js: dict[str, Any], node: Path) -> Path:
+    """Tier 1's ``hostPath`` in the manifest, on the node whose file system is ``node``."""
+    [vol] = [v for v in pod_spec(js)["volumes"] if v["name"] == "tier1"]
+    return node / vol["hostPath"]["path"].lstrip("/")
+
+
 def run_pod(js: dict[str, Any], d: Path, *, attempt: int = 0, tier1: bool = True,
-            sigterm_after: int | None = None) -> Pod:
+            sigterm_after: int | None = None, node: Path | None = None) -> Pod:
     """Run the manifest's container as a pod in ``d`` until it exits; with
     ``sigterm_after``, the kubelet's termination once that many steps are trained: SIGTERM
-    to PID 1, SIGKILL to the tree ``terminationGracePeriodSeconds`` later."""
+    to PID 1, SIGKILL to the tree ``terminationGracePeriodSeconds`` later. With ``node``,
+    tier 1 is the manifest's ``hostPath`` on that node (else ``d / "t1"``)."""
     spec = pod_spec(js)
     (container,) = spec["containers"]
     grace = int(spec["terminationGracePeriodSeconds"])
+    name = js["metadata"]["name"]
     d.mkdir(parents=True, exist_ok=True)
-    env = pod_env(container, tier1=d / "t1" if tier1 else None, attempt=attempt)
+    volume = host_volume(js, node) if node is not None else d / "t1"
+    env = pod_env(container, tier1=volume if tier1 else None, attempt=attempt, name=name)
     command = list(container["command"])
     isolated = can_unshare()
-    head = f"{NAME}-{k8s.REPLICATED_JOB}-0-0.{NAME}"
+    head = f"{name}-{k8s.REPLICATED_JOB}-0-0.{name}"
     if isolated:
         hosts = d / "hosts"
         hosts.write_text(Path("/etc/hosts").read_text() + f"127.0.0.1 {head}\n")
@@ -204,7 +223,7 @@ def run_pod(js: dict[str, Any], d: Path, *, attempt: int = 0, tier1: bool = True
         pid1 = _pid1(root, isolated)
         end = time.monotonic() + WAIT_S
         if sigterm_after is not None:
-            pod = Pod(0, False, d, "")
+            pod = Pod(0, False, d, "", volume)
             while len(pod.losses) < sigterm_after and root.poll() is None:
                 assert time.monotonic() < end, f"no step {sigterm_after}: {_log(d)}"
                 time.sleep(0.2)
@@ -222,7 +241,7 @@ def run_pod(js: dict[str, Any], d: Path, *, attempt: int = 0, tier1: bool = True
         if root.poll() is None:
             _kill_tree(root, root.pid)
         out.close()
-    return Pod(root.returncode, killed, d, _log(d))
+    return Pod(root.returncode, killed, d, _log(d), volume)
 
 
 def _namespace_pid(pid: int) -> int | None:
@@ -340,6 +359,29 @@ def test_a_configuration_error_exits_2_and_fails_the_jobset(
     assert "TIERCKPT_TIER1 is not set" in pod.log
     assert jobset_action(js, pod.code) == "FailJobSet"
     record("config error", pod, js, saved=None, resumed=None, lost=None)
+
+
+@pytest.mark.slow
+def test_two_jobs_on_one_node_never_share_tier1(tmp_path: Path) -> None:
+    """Two JobSets of different names, one after the other, on one node with the manifests'
+    default tier 1: the first leaves its checkpoints on the node, the second starts fresh
+    (before, both used /mnt/tierckpt: the second restored the first's step 19)."""
+    node, steps = tmp_path / "node", 20
+    pods = []
+    for name in ("emu-a", "emu-b"):
+        d = tmp_path / name
+        js = generate(d, free_port(), d / "losses.jsonl", name=name, steps=steps)
+        pod = run_pod(js, d, node=node)
+        assert (pod.code, pod.killed) == (0, False), pod.log
+        assert pod.tier1 == node / "mnt" / "tierckpt" / name
+        assert [r["step"] for r in pod.losses] == list(range(steps))  # from step 0
+        assert [e for e in pod.events(ev.CHECKPOINT_CHOSEN) if e.get("step") is not None] == []
+        pods.append(pod)
+        record("two jobs", pod, js, saved=None, resumed=None, lost=None)
+    for pod in pods:  # each job's checkpoints stay in its own directory
+        assert (pod.tier1 / layout.step_dirname(steps - 1) / layout.COMPLETE).exists()
+        assert {e["scheduler"]["job_id"] for e in pod.events(ev.PROCESS_START)} == {
+            pod.tier1.name}
 
 
 def test_the_failure_policy_maps_each_exit_code() -> None:
