@@ -6,6 +6,7 @@ tier2_required the save fails. Refused credentials at start are a ConfigError.""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,3 +93,41 @@ def test_refused_credentials_at_start_are_a_config_error(
 def test_a_missing_bucket_is_a_config_error(tmp_path: Path, s3_env: S3Env) -> None:
     with pytest.raises(ConfigError, match="bucket does not exist"):
         tierckpt.CheckpointManager(tier1=tmp_path / "t1", tier2="s3://no-such-bucket-x/p")
+
+
+def _only_on_tier2(tmp_path: Path) -> tuple[Path, Path]:
+    """A run whose one checkpoint (step 5) is on a file:// tier 2, its tier 1 gone; the
+    bucket moved away (an unmounted store). Returns (bucket, where it was moved)."""
+    bucket, away = tmp_path / "bucket", tmp_path / "bucket.away"
+    bucket.mkdir()
+    with tierckpt.CheckpointManager(tier1=tmp_path / "gone", tier2=bucket.as_uri()) as ck:
+        ck.save(5, _state())
+    bucket.rename(away)
+    return bucket, away
+
+
+@pytest.mark.slow
+def test_a_start_waits_out_a_tier2_outage_that_holds_the_only_copy(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    bucket, away = _only_on_tier2(tmp_path)
+    back = threading.Timer(2.0, away.rename, args=(bucket,))  # the store comes back
+    back.start()
+    root = tmp_path / "wiped"
+    try:
+        with caplog.at_level(logging.WARNING, logger="tierckpt"), tierckpt.CheckpointManager(
+                tier1=root, tier2=Tier2(bucket.as_uri(), outage_wait_s=60)) as ck:
+            info = ck.restore(_state())
+    finally:
+        back.join()
+    assert info is not None and (info.step, info.source) == (5, "tier2")
+    [waited] = [e for e in _kinds(root, events.TIER2_UNAVAILABLE) if "retry_in_s" in e]
+    assert waited["outage_wait_s"] == 60 and waited["retry_in_s"] > 0
+    assert "holds the only copy" in caplog.text and "trying again" in caplog.text
+
+
+def test_an_outage_past_outage_wait_s_is_a_clear_error(tmp_path: Path) -> None:
+    bucket, _ = _only_on_tier2(tmp_path)
+    with tierckpt.CheckpointManager(tier1=tmp_path / "wiped", tier2=Tier2(
+            bucket.as_uri(), outage_wait_s=0)) as ck, pytest.raises(
+            tierckpt.Tier2OutageError, match=r"outage_wait_s=0.*Run the job again"):
+        ck.restore(_state())

@@ -14,12 +14,14 @@ from tierckpt.errors import (
     CheckpointError,
     ConfigError,
     DiskFullError,
+    HealError,
     IntegrityError,
     LockError,
     NoCheckpointError,
     SaveError,
     SignatureError,
     StorageError,
+    Tier2OutageError,
 )
 
 _LAZY = {
@@ -93,6 +95,7 @@ __all__ = [
     "Every",
     "Failures",
     "HangInfo",
+    "HealError",
     "IntegrityError",
     "LoadResult",
     "LockError",
@@ -112,6 +115,7 @@ __all__ = [
     "StorageError",
     "Tier0",
     "Tier2",
+    "Tier2OutageError",
     "TrainState",
     "Verify",
     "Writes",

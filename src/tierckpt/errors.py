@@ -14,8 +14,14 @@
     │                                        (CRC found while reading, unreadable record)
     ├── LockError(CheckpointError)           another job (or uploader) holds the tier-1 root,
     │                                        or its file system cannot flock
+    ├── HealError(CheckpointError)           a heal could not complete: exit, the launcher
+    │                                        restarts the whole job
+    ├── Tier2OutageError(CheckpointError)    the only copy is on a tier 2 that did not answer
+    │                                        within ``Tier2.outage_wait_s``
     ├── SaveError(CheckpointError)           a background save failed (raised at the next
-    │                                        save()/wait()/close() on every rank)
+    │   │                                    save()/wait()/close() on every rank)
+    │   ├── DiskFullError(SaveError)         a tier's file system is full (ENOSPC)
+    │   └── StagingRaceError(SaveError)      an overlapped copy's tensor changed in place
     ├── StorageError(CheckpointError, OSError)   a storage backend failed after its retries
     │   ├── ObjectNotFoundError(StorageError, FileNotFoundError)   a read of a missing key
     │   ├── ObjectExistsError(StorageError, FileExistsError)   a create-only put lost
@@ -90,6 +96,12 @@ class LockError(CheckpointError):
 class HealError(CheckpointError):
     """A heal could not complete (no next generation, the group did not re-form, the state
     did not load): this process must exit so the launcher falls back to a full restart."""
+
+
+class Tier2OutageError(CheckpointError):
+    """No tier 1 (or tier 0) holds a checkpoint and tier 2, which may hold the run, did not
+    answer for ``Tier2.outage_wait_s``: starting from scratch would train over its history,
+    so the start fails instead. Run the job again once tier 2 answers."""
 
 
 class SaveError(CheckpointError):

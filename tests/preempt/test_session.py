@@ -22,6 +22,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.events import read_events
+from tierckpt.tier1.catalog import Tier1Catalog
 
 LOOP = Path(__file__).parent / "scripts" / "loop.py"
 
@@ -144,8 +145,7 @@ def test_a_ram_save_is_carried_to_tier1_and_tier2(tmp_path: Path) -> None:
     assert saved["reached"] == ["tier0", "tier1", "tier2"], saved
     assert (root / layout.step_dirname(5) / layout.COMPLETE).exists()
     assert list(bucket.rglob(f"*{layout.step_dirname(5)}*")), "tier 2 holds the step"
-    pins = root / layout.PINS
-    assert not pins.is_dir() or not list(pins.iterdir())  # the request is dropped once done
+    assert Tier1Catalog(root).pins() == {}  # the request is dropped once done
 
 
 def test_a_tier2_copy_the_grace_cannot_fit_is_abandoned_and_named(tmp_path: Path) -> None:

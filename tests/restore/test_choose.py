@@ -17,7 +17,7 @@ from torch import nn
 
 import tierckpt
 from tierckpt import Tier2
-from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.errors import ConfigError, Tier2OutageError
 from tierckpt.format import layout
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -130,8 +130,9 @@ def test_hung_tier2_does_not_block_a_restore_from_tier1(tmp_path: Path, hung_s3:
 def test_unreachable_tier2_with_empty_tier1_is_not_a_fresh_start(tmp_path: Path,
                                                                  hung_s3: str) -> None:
     with tierckpt.CheckpointManager(
-            tier1=tmp_path, tier2=Tier2(hung_s3, start_uploader=False, timeout_s=1.0)) as ck, \
-            pytest.raises(CheckpointError, match="refusing to start training from scratch"):
+            tier1=tmp_path, tier2=Tier2(hung_s3, start_uploader=False, timeout_s=1.0,
+                                        outage_wait_s=0)) as ck, \
+            pytest.raises(Tier2OutageError, match="refusing to start training from scratch"):
         ck.restore(_state())
 
 

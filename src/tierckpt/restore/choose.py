@@ -21,6 +21,7 @@ from tierckpt.errors import (
     MissingFilesError,
     SignatureError,
     StorageError,
+    Tier2OutageError,
 )
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
@@ -321,10 +322,10 @@ class Chooser:
         is not a fresh start (tier 2 may hold the run), so raise on every rank."""
         errors = [e for e in self.comm.all_gather(self.remote_error) if e]
         if errors:
-            raise CheckpointError(
+            raise Tier2OutageError(
                 "no tier-1 root holds a checkpoint and tier 2 could not be read "
                 f"({errors[0]}); refusing to start training from scratch over what tier 2 "
-                "may hold. Restart once tier 2 answers, or point tier2 elsewhere")
+                "may hold")
 
     def set_aside_newer(self, step: int) -> None:
         """Owner only: move every final-named entry newer than the agreed ``step`` out of

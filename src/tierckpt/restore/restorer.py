@@ -10,7 +10,13 @@ import os
 import time
 from collections.abc import Callable
 
-from tierckpt.errors import CheckpointError, CorruptDataError, IntegrityError, StorageError
+from tierckpt.errors import (
+    CheckpointError,
+    CorruptDataError,
+    IntegrityError,
+    StorageError,
+    Tier2OutageError,
+)
 from tierckpt.format import layout
 from tierckpt.restore.choose import Chooser
 from tierckpt.restore.loader import RestoreInfo, load_into
@@ -26,6 +32,11 @@ from tierckpt.tier2.config import Tier2
 from tierckpt.tier2.storage import open_storage
 
 _log = logging.getLogger("tierckpt")
+
+OUTAGE_FIRST_WAIT_S = 5.0
+OUTAGE_MAX_WAIT_S = 60.0
+"""Waits between tries while tier 2 holds the only copy and does not answer: 5 s doubling
+to 60 s, within ``Tier2.outage_wait_s``."""
 
 Chosen = tuple[int, str, tuple[tuple[int, str], ...], int, int, str | None]
 """``(step, source, skipped, bytes fetched (tier 2, or a partner's RAM), saved world size,
@@ -59,7 +70,7 @@ class Restorer:
         rechecked: set[int] = set()  # steps whose tier-0 copies were re-verified in full
         bad_copies: list[tuple[int, str]] = []  # local copies set aside, the step retried
         while True:
-            chosen = self._choose(exclude=frozenset(failed))
+            chosen = self._choose_through_outage(exclude=frozenset(failed))
             if chosen is None:
                 if failed:
                     raise CorruptDataError(
@@ -146,6 +157,33 @@ class Restorer:
                       moved_to=str(moved) if moved else None)
         if self.comm.rank == 0:  # every rank holds the same, job-wide reason: log it once
             _log.warning("step %d failed to load and was set aside: %s", step, reason)
+
+    def _choose_through_outage(self, exclude: frozenset[int]) -> Chosen | None:
+        """:meth:`_choose`, tried again while tier 2 holds the only copy and does not
+        answer (:class:`Tier2OutageError` on every rank), with a backoff and a warning per
+        wait, for up to ``Tier2.outage_wait_s``: a restart during a tier-2 outage waits
+        for it instead of failing at once and using up the launcher's restarts. Then the
+        error is raised, saying how long it waited. Collective (every rank waits alike)."""
+        limit = self.tier2.outage_wait_s if self.tier2 is not None else 0.0
+        t0, wait = time.monotonic(), OUTAGE_FIRST_WAIT_S
+        while True:
+            try:
+                return self._choose(exclude)
+            except Tier2OutageError as e:
+                waited = time.monotonic() - t0
+                if waited + wait > limit:
+                    raise Tier2OutageError(
+                        f"{e}; waited {waited:.0f} s (Tier2.outage_wait_s={limit:g}). Run the "
+                        "job again once tier 2 answers, or point tier2 elsewhere") from None
+                self.log.emit(events.TIER2_UNAVAILABLE, reason=str(e), retry_in_s=wait,
+                              waited_s=round(waited, 1), outage_wait_s=limit)
+                if self.comm.rank == 0:
+                    _log.warning("tier 2 holds the only copy of this run and does not answer "
+                                 "(%s); trying again in %.0f s (%.0f of %g s waited)",
+                                 e, wait, waited, limit)
+                time.sleep(wait)
+                wait = min(wait * 2, OUTAGE_MAX_WAIT_S)
+                self.tier2_down = None  # ask tier 2 itself again, not the start-up probe
 
     def _chooser(self, exclude: frozenset[int]) -> Chooser:
         tier2, down = self.tier2, self.tier2_down

@@ -33,7 +33,9 @@ hang_detected       seconds_without_step
 upload_started      bytes
 upload_verified     seconds, bytes
 upload_failed       error
-tier2_unavailable   reason (tier 2 could not be listed or read in time; tier 1 used)
+tier2_unavailable   reason (tier 2 could not be listed or read in time; tier 1 used; or,
+                    with retry_in_s, waited_s, outage_wait_s: it holds the only copy and
+                    the start waits for it)
 tier2_unhealthy     error, due (steps waiting for upload), alive, restarts
 uploader_restarted  restarts, exit_code, reason
 upload_due          step, upload_every (this commit is the Nth since the last one marked
@@ -58,8 +60,6 @@ preempt_saved       step, reached (tiers that hold the emergency save, fastest f
                     abandoned ({tier: why} for the tiers the grace did not allow), seconds
                     (notice → durable on the last reached tier), remaining_s (before deadline)
 preempt_exit        code (the process exits with it after close(): preempted, checkpoint saved)
-slurm_requeue       step, job_id, requeued (rank 0 ran ``scontrol requeue`` and it succeeded),
-                    why (under Slurm, after an emergency save: preempt.requeue)
 slurm_requeue       step, job_id, requeued (rank 0 ran ``scontrol requeue`` and it succeeded),
                     why (under Slurm, after an emergency save: preempt.requeue)
 manager_closed      clean (a close that drained: no error left the loop), stopped (the loop
@@ -123,7 +123,6 @@ PREEMPT_NOTICE = "preempt_notice"
 PREEMPT_STOP = "preempt_stop"
 PREEMPT_SAVED = "preempt_saved"
 PREEMPT_EXIT = "preempt_exit"
-SLURM_REQUEUE = "slurm_requeue"
 SLURM_REQUEUE = "slurm_requeue"
 MANAGER_CLOSED = "manager_closed"
 HEAL_BEGIN = "heal_begin"

@@ -44,6 +44,12 @@ class Tier2:
     timeout_s: float = 60.0
     """How long the start-up probe and ``restore()`` wait for tier 2 to answer (probe, open,
     list, read a manifest) before going on with tier 1 alone."""
+    outage_wait_s: float = 900.0
+    """A start that finds no checkpoint on tier 0 or tier 1 while tier 2 (which may hold
+    the run) does not answer waits for it this long, trying again with a backoff (5 s
+    doubling to 60 s, a warning each time), then raises :class:`Tier2OutageError`: it never
+    trains from scratch over tier 2's history, and an outage does not use up the
+    launcher's restarts (0: raise at once)."""
     required: bool = False
     """A failing tier 2 (its newest upload failed, or the uploader keeps dying) is a
     :class:`SaveError` at ``save()`` per ``Failures.on_save_error``; by default it is a
@@ -65,6 +71,7 @@ class Tier2:
             check_count("Tier2.backlog", self.backlog, minimum=0)
         check_seconds("Tier2.drain_s", self.drain_s, allow_zero=True)
         check_seconds("Tier2.timeout_s", self.timeout_s)
+        check_seconds("Tier2.outage_wait_s", self.outage_wait_s, allow_zero=True)
         for name in ("required", "require_conditional_writes", "start_uploader"):
             check_bool(f"Tier2.{name}", getattr(self, name))
         if parse_url(self.url, name="tier2").scheme == "memory" and self.start_uploader:
