@@ -107,7 +107,13 @@ class StopWatch:
             return
         with self._lock:
             if self.notice is None:
-                self._adopt_local(self._publisher)
+                try:
+                    self._adopt_local(self._publisher)
+                except Exception as e:
+                    if not _store_lost(e):
+                        raise
+                    self._fail(f"the job's store is gone ({e}): the launcher that hosted it "
+                               "died or cannot be reached, so no stop step can be agreed")
 
     def wait_target(self, step: int) -> int | None:
         """The agreed step, waiting for it when a notice is known; None: no notice, or the
@@ -160,6 +166,10 @@ class StopWatch:
                 self._tick()
                 self._stop.wait(self.poll_s if self.noticed else self._idle())
             except Exception as e:
+                if _store_lost(e):  # every further call would fail (and print torch's C++ stack)
+                    self._fail(f"the job's store is gone ({e}): the launcher that hosted it "
+                               "died or cannot be reached, so no stop step can be agreed")
+                    return
                 self._warn("store", e)
                 if self.notice is not None and self.store is not None:
                     self._fail(f"the job's store failed during the agreement: {e}")
@@ -186,6 +196,8 @@ class StopWatch:
         if count >= self.world_size:
             self.target = int(self.store.get(self._k("max")).decode()) + 1
             self._settled.set()
+            _log.warning("preemption: all %d ranks agreed to stop after step %d and save it",
+                         self.world_size, self.target)
         elif self.notice.remaining_s(self.clock()) < self.margin_s:
             self._fail(f"{self.world_size - count} of {self.world_size} ranks did not report "
                        f"their step before the notice's deadline (a rank is dead or hung)")
@@ -243,9 +255,10 @@ class StopWatch:
     def _emit(self, notice: Notice) -> None:
         if self.log is not None:
             self.log.emit(events.PREEMPT_NOTICE, **notice.to_json())
-        _log.warning("termination notice (%s): %.1f s before the expected kill; every rank "
-                     "stops at an agreed step and saves", notice.source,
-                     notice.remaining_s(self.clock()))
+        what = ("stopping after this step and saving it" if self.world_size == 1 else
+                "agreeing with the other ranks on a step to stop at and save")
+        _log.warning("termination notice (%s): %.1f s before the expected kill; %s",
+                     notice.source, notice.remaining_s(self.clock()), what)
 
     def _warn(self, name: str, e: BaseException) -> None:
         key = (name, type(e).__name__)
@@ -256,3 +269,9 @@ class StopWatch:
 
     def _k(self, name: str) -> str:
         return f"{self.key}/{name}"
+
+
+def _store_lost(e: BaseException) -> bool:
+    """The job's store (hosted by the torchrun agent) is unreachable for good: its
+    connection was refused or reset, not a slow answer."""
+    return type(e).__name__ == "DistNetworkError" or isinstance(e, ConnectionError)
