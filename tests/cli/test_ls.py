@@ -12,12 +12,13 @@ import pytest
 from faultproxy import NO_MULTIPART_LISTING
 from s3server import S3Env
 
-import tierckpt.cli.ls  # noqa: F401  (registers the command)
+import tierckpt
+import tierckpt.cli.ls
 from tierckpt.format import layout
 from tierckpt.tier0.root import BASE_ENV, JOB_FILE, default_root
 from tierckpt.tier2.storage import LocalStorage
 
-from ._checkpoints import clone, manifest, upload
+from ._checkpoints import clone, manifest, train_state, upload
 from ._helpers import flags, invoke, invoke_json
 
 
@@ -193,3 +194,19 @@ def test_tier0_rows_where_this_node_holds_the_jobs_ram(
     (other / JOB_FILE).write_text(json.dumps({"tier1": "/another/job"}))
     result = invoke("ls", "--tier1", str(t1), "--tier0", str(other))
     assert result.exit_code == 2 and "belongs to another job" in " ".join(result.stderr.split())
+
+
+def test_ls_says_what_the_upload_cadence_copies_next(tmp_path: Path) -> None:
+    root, bucket = tmp_path / "t1", tmp_path / "b"
+    bucket.mkdir()
+    st = train_state(0)
+    with tierckpt.CheckpointManager(tier1=root, keep_last=10, tier2=tierckpt.Tier2(
+            bucket.as_uri(), upload_every=3, start_uploader=False)) as ck:
+        for step in (9, 19, 29, 39):  # commits 1-4: the 3rd is marked
+            ck.save(step, st).wait(60)
+    # the clean close asked for the newest (39) by name as well
+    assert invoke_json("ls", "--tier1", str(root))["upload_cadence"] == {
+        "upload_every": 3, "counted": 1, "commits_to_next": 2, "waiting": [29, 39]}
+    out = " ".join(invoke("ls", "--tier1", str(root)).stdout.split())
+    assert "tier 2 copies one commit in 3 (1 counted since the last)" in out
+    assert "next: the commit 2 from now; waiting: 29, 39" in out

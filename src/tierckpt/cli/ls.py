@@ -43,7 +43,8 @@ def ls(
 
     Tier 0 (node RAM) is listed too when this node holds the job's tier-0 root. States:
     complete, partial, uploading, upload failed, verified, invalid, conflict; pinned
-    checkpoints name their holders. Below the table: the tier-2 modes the job recorded. A
+    checkpoints name their holders. Below the table: the tier-2 modes the job recorded and
+    what its upload cadence copies next. A
     tier 2 that cannot be listed does not hide tier 1: its rows are shown, then the error
     (exit status 1)."""
     root = tier1_dir(tier1)
@@ -51,11 +52,13 @@ def ls(
         ram = inventory.tier0_root(root, tier0)
     entries, t2_error = _entries(root, tier2_url, ram)
     modes = probe.recorded(Tier1Catalog(root))
+    cadence = inventory.upload_cadence(root)
     if as_json:
         emit_json({"tier1": str(root), "tier0": None if ram is None else str(ram),
                    "tier2": tier2_url,
                    "checkpoints": [e.to_json() for e in entries],
-                   "tier2_modes": _modes_json(modes), "tier2_error": t2_error})
+                   "tier2_modes": _modes_json(modes), "tier2_error": t2_error,
+                   "upload_cadence": None if cadence is None else cadence.to_json()})
         if t2_error is not None:
             raise typer.Exit(1)
         return
@@ -83,6 +86,8 @@ def ls(
                   e.integrity or "", e.detail or "")
     out.print(t)
     _print_modes(modes)
+    if cadence is not None:
+        out.print(cadence.describe(), soft_wrap=True, markup=False)
     _tier2_failed(tier2_url, t2_error)
 
 

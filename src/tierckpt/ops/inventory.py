@@ -258,3 +258,50 @@ def inventory(tier1: Path, storage: Storage | None = None, *, tier0: Path | None
     cat = Tier1Catalog(tier1)
     return classify(observed, upload=cat.upload_records(), pins=cat.pins(),
                     now=time.time() if now is None else now)
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadCadence:
+    """What the job's tier-2 policy copies next, from what it recorded on tier 1:
+    ``upload_every`` (every Nth commit), ``counted`` commits since the last one marked,
+    ``waiting`` steps marked or asked for and not yet on tier 2 (oldest first)."""
+
+    upload_every: int
+    counted: int
+    waiting: tuple[int, ...]
+
+    @property
+    def commits_to_next(self) -> int:
+        """Commits until the next one is marked for tier 2 (1: the next commit)."""
+        return self.upload_every - self.counted
+
+    def to_json(self) -> dict[str, Any]:
+        return {"upload_every": self.upload_every, "counted": self.counted,
+                "commits_to_next": self.commits_to_next, "waiting": list(self.waiting)}
+
+    def describe(self) -> str:
+        """One line for ``tierckpt ls``."""
+        every = "every commit" if self.upload_every == 1 else \
+            f"one commit in {self.upload_every} ({self.counted} counted since the last)"
+        nxt = "the next commit" if self.commits_to_next == 1 else \
+            f"the commit {self.commits_to_next} from now"
+        wait = f"; waiting: {', '.join(map(str, self.waiting))}" if self.waiting else ""
+        return f"tier 2 copies {every}, and the newest at a clean close; next: {nxt}{wait}"
+
+
+def upload_cadence(tier1: Path) -> UploadCadence | None:
+    """The job's upload cadence on ``tier1``, or None when no job with a tier 2 recorded
+    one (no policy: the root has no uploader)."""
+    cat = Tier1Catalog(tier1)
+    try:
+        recorded = cat.recorded_policy()
+    except IntegrityError:
+        return None
+    if recorded is None:
+        return None
+    counted = cat.upload_cadence()
+    done = cat.uploaded_steps()
+    floor = max(done, default=-1)
+    waiting = sorted(s for s in cat.split_pins()[1] if s > floor and s not in done)
+    return UploadCadence(upload_every=recorded.policy.upload_every,
+                         counted=0 if counted is None else counted[0], waiting=tuple(waiting))
