@@ -116,7 +116,8 @@ def _sources() -> list[Path]:
 def _tierckpt_imports(path: Path) -> dict[str, int]:
     """Dotted names below ``tierckpt.`` that ``path`` imports, each with the line of its first
     import: ``from tierckpt.a import b`` counts as ``a.b``, ``from tierckpt import x`` as
-    ``x``. Imports inside functions and under ``TYPE_CHECKING`` count too."""
+    ``x``, a bare ``import tierckpt`` as the root's ``__init__``. Imports inside functions
+    and under ``TYPE_CHECKING`` count too."""
     found: dict[str, int] = {}
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: list[str] = []
@@ -129,6 +130,7 @@ def _tierckpt_imports(path: Path) -> dict[str, int]:
         elif isinstance(node, ast.Import):
             names = [a.name.removeprefix("tierckpt.") for a in node.names
                      if a.name.startswith("tierckpt.")]
+            names += ["__init__" for a in node.names if a.name == "tierckpt"]  # the root
         for name in names:
             found[name] = min(found.get(name, node.lineno), node.lineno)
     return found
@@ -284,3 +286,11 @@ def test_every_exception_class_lives_in_errors() -> None:
                     for b in node.bases):
                 defined.append(f"{p.relative_to(SRC)}:{node.name}")
     assert defined and all(d.startswith("errors.py:") for d in defined), defined
+
+
+def test_a_bare_import_of_the_package_counts_as_the_root(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text("def f():\n    import tierckpt\n    import tierckpt.tier1.fs\n")
+    found = _tierckpt_imports(mod)
+    assert found == {"__init__": 2, "tier1.fs": 3}
+    assert _resolve("__init__") == "__init__.py"
