@@ -19,21 +19,21 @@ import contextlib
 import logging
 import os
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from tierckpt.config import ManagerConfig, resolve
-from tierckpt.errors import CheckpointError, ConfigError, HealError
+from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.format import layout
+from tierckpt.heal import regroup, survivor
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.preempt.config import Preemption
 from tierckpt.preempt.session import PreemptSession, resolve_grace
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.restore.verify import Verify
-from tierckpt.runtime import events, regroup
+from tierckpt.runtime import events
 from tierckpt.runtime.cadence import Cadence
 from tierckpt.runtime.save_cost import SaveCostMeter
 from tierckpt.runtime.steps import StepMarks
@@ -197,50 +197,9 @@ class CheckpointManager:
         the process exit, and the launcher restarts the whole job, which resumes from the
         newest complete checkpoint as always. Events: ``heal_begin``, ``heal_done`` or
         ``heal_failed``."""
-        j = regroup.healing()
-        if j is None or j.heal is None or not isinstance(error, RuntimeError) \
-                or isinstance(error, ConfigError):
-            raise error
-        require_state(state)
-        gen, phase, times = j.heal.gen, "leave", [time.monotonic()]
-        regroup.mark_left()  # else the launcher takes this rank for stuck and replaces it
-        self._events.emit(events.HEAL_BEGIN, generation=gen,
-                          error=f"{type(error).__name__}: {error}"[:500])
-        traceback.clear_frames(error.__traceback__)  # the failed step's frames hold groups
-        try:
-            regroup.detach(state.model)  # peers waiting on this rank's sockets fail now
-            self._leave_generation()
-            times.append(time.monotonic())
-            phase = "regroup"
-            joined = regroup.regroup()
-            regroup.rebind_fsdp(state.model)
-            times.append(time.monotonic())
-            phase = "open"
-            if rebuild is not None:
-                rebuild()
-            self._comm = Comm.create(self.config.failures.collective_timeout_s)
-            self._closed = False
-            self._open(self.config)
-            times.append(time.monotonic())
-            phase = "restore"
-            info = self.restore(state)
-            if info is None:  # the survivors' state is past the start: nothing to go back to
-                raise HealError("no complete checkpoint to roll back to")
-        except BaseException as e:
-            log = events.EventLog(self.config.tier1 / layout.EVENTS, rank=j.rank)
-            log.emit(events.HEAL_FAILED, generation=gen, phase=phase,
-                     error=f"{type(e).__name__}: {e}"[:500])
-            log.close()
-            raise HealError(f"rank {j.rank}: the heal of generation {gen} failed while "
-                            f"{phase}: {e}") from e
-        done = time.monotonic()
-        self._events.emit(events.HEAL_DONE, step=info.step,
-                          generation=joined.gen, dead=list(regroup.replaced(joined.gen)),
-                          source=info.source,
-                          seconds=done - times[0], leave_s=times[1] - times[0],
-                          wait_s=joined.wait_s, form_s=joined.form_s,
-                          open_s=times[3] - times[2], restore_s=done - times[3])
-        return info
+        return survivor.heal(survivor.Manager(
+            leave=self._leave_generation, reopen=self._reopen, restore=self.restore,
+            log=lambda: self._events, tier1=self.config.tier1), state, error, rebuild)
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
         """Stage ``state`` into host buffers (see :class:`~tierckpt.save.config.Staging`),
@@ -430,6 +389,12 @@ class CheckpointManager:
             self._saver.tier0 = None
             return True
         return self._saves % t0.config.tier1_every == 0
+
+    def _reopen(self) -> None:
+        """After a heal re-formed the group: open this manager again on it."""
+        self._comm = Comm.create(self.config.failures.collective_timeout_s)
+        self._closed = False
+        self._open(self.config)
 
     def _leave_generation(self) -> None:
         """Let go of everything bound to the failed generation's groups, as a close after an

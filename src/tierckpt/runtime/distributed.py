@@ -134,7 +134,7 @@ class DistInfo:
 @dataclass
 class Joined:
     """What ``init_distributed`` joined, kept for re-forming the group after a heal
-    (:mod:`tierckpt.runtime.regroup`): the job's store, the backend and timeout, this
+    (:mod:`tierckpt.heal.regroup`): the job's store, the backend and timeout, this
     process's rank, and the heal launcher's environment (None: not started by it), whose
     ``gen`` follows each re-formation."""
 

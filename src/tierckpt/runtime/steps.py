@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from tierckpt.runtime import events
 from tierckpt.runtime.distributed import generation, process_started_at
@@ -68,6 +69,17 @@ def emit_first_step(log: events.EventLog, step: int) -> None:
     started = process_started_at()
     log.emit(events.FIRST_STEP, step=step, seconds_since_process_start=(
         None if started is None else time.time() - started))
-    from tierckpt.runtime import regroup  # torch.distributed: imported when a step is done
+    for hook in _FIRST_STEP_HOOKS:
+        hook()
 
-    regroup.mark_stepped()
+
+_FIRST_STEP_HOOKS: list[Callable[[], None]] = []
+
+
+def on_first_step(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`emit_first_step` records a process's first step of a
+    generation: how a wing that needs that moment (the heal launcher's ``stepped`` count,
+    :func:`tierckpt.heal.regroup.mark_stepped`) learns of it without this module importing
+    the wing. Registering the same hook twice calls it once."""
+    if hook not in _FIRST_STEP_HOOKS:
+        _FIRST_STEP_HOOKS.append(hook)

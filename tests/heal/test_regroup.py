@@ -1,4 +1,4 @@
-"""What :mod:`tierckpt.runtime.regroup` resets of an FSDP2 step that failed part-way, in a
+"""What :mod:`tierckpt.heal.regroup` resets of an FSDP2 step that failed part-way, in a
 real two-rank gloo group: the next step after it is the step an untouched model takes — the
 same gradients, and the same collectives (a survivor that made one more than the
 replacement, a stale backward prefetch, hung the first step after a heal)."""
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests._launch import free_port, spawn
-from tierckpt.runtime import regroup
+from tierckpt.heal import regroup
 
 _WORLD = 2  # both ranks fail alike and are healed alike (FSDP2 skips collectives at 1)
 

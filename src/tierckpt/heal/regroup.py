@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from tierckpt.errors import HealError
+from tierckpt.runtime import steps
 from tierckpt.runtime.distributed import Joined, joined
 
 _POLL_S = 0.01
@@ -176,10 +177,14 @@ def mark_left() -> None:
 
 def mark_stepped() -> None:
     """Count this rank's first completed step in its generation (the launcher replaces the
-    spares a heal took once every rank has counted). No-op outside the heal launcher."""
+    spares a heal took once every rank has counted). No-op outside the heal launcher.
+    Called through :func:`tierckpt.runtime.steps.on_first_step` (registered below)."""
     j = healing()
     if j is not None and j.heal is not None:
         j.store.add(j.heal.key(f"stepped/{j.heal.gen}"), 1)
+
+
+steps.on_first_step(mark_stepped)  # the manager imports this module: every job registers it
 
 
 def rebind_fsdp(model: object) -> int:
