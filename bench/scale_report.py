@@ -151,7 +151,7 @@ def _synthetic(r: dict[str, Any]) -> list[str]:
              "(it verifies its domain) before → since: the whole manifest besides → the "
              "marker again, the first part (the header) and its own part again. "
              "*Replanning save "
-             "since*: DCP's coordinator with `save/planner.py`'s validation and merge (the "
+             "since*: DCP's coordinator with `_torch/planner.py`'s validation and merge (the "
              "first save of a run, or a new layout).", "",
              "| W | layers built | DCP coordinator s | of which validate s | coordinator "
              "peak | tierckpt manifest s | .metadata | manifest.json | read per rank on "

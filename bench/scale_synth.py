@@ -75,11 +75,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 
 from bench.scale_state import LAYER, LAYERS, MOMENTS, local_plan, written
+from tierckpt._torch.planner import merge_first_wins, validate_global_plan
 from tierckpt.format import layout, records
 from tierckpt.format import manifest as mf
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
-from tierckpt.save.planner import merge_first_wins, validate_global_plan
 from tierckpt.tier1.catalog import MANIFEST_LIMIT
 
 RANKS_PER_DOMAIN = 8
@@ -369,7 +369,7 @@ def _point(world: int, item_cap: int, validate_full_s: float) -> dict[str, Any]:
     seconds["now.validate"] = val["ours_estimate_seconds"]
     seconds["now.merge_planner_data"] = _merge_full(world, merge_first_wins)
     dcp = sum(v for k, v in seconds.items() if k.startswith("dcp."))
-    # a save that plans (the first, or a new layout) since save/planner.py
+    # a save that plans (the first, or a new layout) since _torch/planner.py
     replan = dcp - seconds["dcp.validate"] - seconds["dcp.merge_planner_data"] \
         + seconds["now.validate"] + seconds["now.merge_planner_data"]
     ours = sum(v for k, v in seconds.items() if k.startswith("tierckpt."))

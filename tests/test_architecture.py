@@ -49,7 +49,7 @@ LAYERS = (
      "tier0/", "tier2/", "tier1/"),                                            # parts
     ("runtime/",),                                                            # job runtime
     ("policy/", "format/"),                                                   # pure
-    ("errors.py", "_version.py", "_runs.py"),                                 # base
+    ("errors.py", "_version.py", "_runs.py", "_torch/"),                      # base
 )
 
 # part -> what it may import from tierckpt besides itself: ``pkg/`` is the whole package,
@@ -75,31 +75,32 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ops/": ("restore/verify.py", "tier0/root.py", "tier2/", "tier1/", "policy/", "format/",
              "errors.py"),
     "share/": ("restore/loader.py", "restore/metadata.py", "tier2/", "tier1/", "policy/",
-               "format/", "errors.py"),
+               "format/", "errors.py", "_torch/dcp.py"),
     "restore/": ("save/config.py", "state.py", "tier0/", "tier2/", "tier1/", "runtime/",
-                 "format/", "errors.py", "_runs.py"),
+                 "format/", "errors.py", "_runs.py", "_torch/dcp.py"),
     "save/": ("tier0/", "tier1/", "runtime/", "policy/", "format/", "errors.py",
-              "_version.py", "_runs.py"),
+              "_version.py", "_runs.py", "_torch/"),
     "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py",
                 "runtime/scheduler.py", "policy/", "format/", "errors.py", "_version.py"),
     "heal/": ("preempt/config.py", "restore/loader.py", "state.py", "runtime/", "format/",
-              "errors.py"),
-    "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py"),
+              "errors.py", "_torch/"),
+    "state.py": ("model_state.py", "_rng.py", "data.py", "errors.py", "_torch/core.py"),
     "model_state.py": ("state_capture.py",),
-    "state_capture.py": (),
+    "state_capture.py": ("_torch/core.py",),
     "_rng.py": (),
     "data.py": ("errors.py",),
     "tier0/": ("tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "tier2/": ("tier1/", "runtime/events.py", "runtime/deadline.py", "policy/", "format/",
                "errors.py"),
     "tier1/": ("policy/", "format/", "errors.py"),
-    "runtime/": ("policy/", "errors.py"),
+    "runtime/": ("policy/", "errors.py", "_torch/core.py"),
     "policy/": ("errors.py",),
     "format/": ("errors.py",),
     "errors.py": (),
     "_version.py": (),
     "_runs.py": (),
+    "_torch/": ("errors.py",),
 }
 
 

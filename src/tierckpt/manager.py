@@ -16,6 +16,7 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -136,8 +137,9 @@ class CheckpointManager:
                                  on_committed=Tier1Retention(
                                      self._catalog, cfg.retention, uploader=cfg.tier2 is not None,
                                      log=self._events), tier0=self.tier0,
-                                 tier0_config=cfg.tier0)
-        self._saves = 0  # this incarnation's saves: every tier1_every-th goes to tier 1
+                                 tier0_config=cfg.tier0, tier0_fits=None if self._tier0 is None
+                                 else functools.partial(self._tier0.check_budget,
+                                                        log=self._events))
         if cfg.preemption is not None:
             grace = comm.broadcast(resolve_grace(cfg.preemption) if comm.rank == 0 else None)
             self._preempt = PreemptSession(
@@ -239,11 +241,10 @@ class CheckpointManager:
                          deferred_bytes=staged.deferred_bytes, ready=staged.ready,
                          staged=handle.staged)
         try:
-            to_tier1 = self._to_tier1(nbytes)
+            to_tier1 = self._saver.to_tier1(nbytes)
         except BaseException:
             self._gate.settle()  # the buffers are not handed to a writer: let go
             raise
-        self._saves += 1
         self._inflight.handle = handle
         self._saver.submit(SaveJob(step=step, staged=staged.tree, nbytes=nbytes,
                                 save_id=f"{self.run_id}-{step}", started=t0,
@@ -377,18 +378,6 @@ class CheckpointManager:
                   self._seen, last if last >= 0 else "none")
         self._events.emit(events.FINAL_SAVE, step=self._seen, last_saved=last)
         self.save(self._seen, self._state)
-
-    def _to_tier1(self, nbytes: int) -> bool:
-        """Whether this save also goes to tier 1 (always without tier 0; every
-        ``Tier0.tier1_every``-th with it). Collective at the first save with tier 0: its RAM
-        budget, which may turn tier 0 off."""
-        t0 = self._tier0
-        if t0 is None or t0.root is None:
-            return True
-        if not t0.check_budget(nbytes, self._events):
-            self._saver.tier0 = None
-            return True
-        return self._saves % t0.config.tier1_every == 0
 
     def _reopen(self) -> None:
         """After a heal re-formed the group: open this manager again on it."""

@@ -42,6 +42,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from tierckpt import _rng
+from tierckpt._torch.core import flatten_dense_tensors
 from tierckpt.data import global_rng_draw
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.model_state import ModelState, TorchModelState
@@ -239,7 +240,7 @@ def _pack(tensors: dict[tuple[Any, ...], torch.Tensor]) -> dict[str, Any]:
             for path, t in members:
                 index.append((path, str(dtype), tuple(t.shape), pos))
                 pos += t.numel() * dtype.itemsize
-            flat = torch._C._nn.flatten_dense_tensors([t for _, t in members])
+            flat = flatten_dense_tensors([t for _, t in members])
             parts.append(flat.cpu().view(torch.uint8))
     data = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
     return {"data": data, "index": pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)}

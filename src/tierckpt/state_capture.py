@@ -37,6 +37,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.tensor import DTensor
 
+from tierckpt._torch.core import adam_step_dtype
+
 _log = logging.getLogger("tierckpt")
 
 StateDicts = tuple[dict[str, Any], dict[str, Any]]
@@ -130,8 +132,6 @@ def prime_state(optimizer: torch.optim.Optimizer) -> bool:
     gets state, as DCP's zero-gradient step gives it. Returns False, changing nothing, for
     any other optimizer or one that already has state; a later ``step()`` then behaves as
     an optimizer's first."""
-    from torch.optim.optimizer import _get_scalar_dtype
-
     if type(optimizer) not in _PRIMED or optimizer.state:
         return False
     groups = optimizer.param_groups
@@ -143,9 +143,9 @@ def prime_state(optimizer: torch.optim.Optimizer) -> bool:
             if not p.requires_grad:
                 continue
             state = optimizer.state[p]
-            state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=g["fused"]),
+            state["step"] = (torch.zeros((), dtype=adam_step_dtype(fused=g["fused"]),
                                          device=p.device) if on_device
-                             else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu"))
+                             else torch.tensor(0.0, dtype=adam_step_dtype(), device="cpu"))
             names = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if g["amsgrad"] else ())
             for name in names:
                 state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)

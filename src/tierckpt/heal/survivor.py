@@ -1,14 +1,15 @@
 """A survivor's side of a heal, start to end: the procedure behind
 :meth:`tierckpt.CheckpointManager.heal` (docs/heal.md, "What a heal does").
 
-In order: tell the launcher this rank is leaving (else it is taken for stuck), let go of
-everything bound to the failed generation (:func:`~tierckpt.heal.regroup.detach`, then the
-manager's ``leave``), join the launcher's next generation (:func:`~tierckpt.heal.regroup.
-regroup`), point FSDP2 at it, run the user's ``rebuild`` (a DDP wrapper), reopen the manager
-on the new group, and load the newest complete checkpoint in place (``restore``) — with the
-replacement, whose own ``restore()`` is that call's other side. The manager keeps its
-lifecycle; this module only sequences it, times it and reports it (``heal_begin``,
-``heal_done`` or ``heal_failed``)."""
+On a torch outside :data:`tierckpt._torch.TESTED` it declines (HealError: the launcher
+restarts the whole job). Else, in order: tell the launcher this rank is leaving (else it is
+taken for stuck), let go of everything bound to the failed generation
+(:func:`tierckpt._torch.fsdp2.detach`, then the manager's ``leave``), join the launcher's
+next generation (:func:`tierckpt.heal.regroup.regroup`), point FSDP2 at it, run the user's
+``rebuild`` (a DDP wrapper), reopen the manager on the new group, and load the newest
+complete checkpoint in place (``restore``) — with the replacement, whose own ``restore()``
+is that call's other side. The manager keeps its lifecycle; this module only sequences it,
+times it and reports it (``heal_begin``, ``heal_done`` or ``heal_failed``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from tierckpt._torch import fsdp2, untested
 from tierckpt.errors import ConfigError, HealError
 from tierckpt.format import layout
 from tierckpt.heal import regroup
@@ -51,18 +53,22 @@ def heal(manager: Manager, state: TrainState, error: BaseException,
             or isinstance(error, ConfigError):
         raise error
     require_state(state)
+    declined = untested("healing in place")
+    if declined is not None:  # the surgery below is FSDP2/DDP internals: never run untested
+        raise HealError(f"rank {j.rank}: {declined}; the launcher restarts the whole job "
+                        "instead") from error
     gen, phase, times = j.heal.gen, "leave", [time.monotonic()]
     regroup.mark_left()  # else the launcher takes this rank for stuck and replaces it
     manager.log().emit(events.HEAL_BEGIN, generation=gen,
                        error=f"{type(error).__name__}: {error}"[:500])
     traceback.clear_frames(error.__traceback__)  # the failed step's frames hold groups
     try:
-        regroup.detach(state.model)  # peers waiting on this rank's sockets fail now
+        fsdp2.detach(state.model)  # peers waiting on this rank's sockets fail now
         manager.leave()
         times.append(time.monotonic())
         phase = "regroup"
         joined = regroup.regroup()
-        regroup.rebind_fsdp(state.model)
+        fsdp2.rebind_fsdp(state.model)
         times.append(time.monotonic())
         phase = "open"
         if rebuild is not None:

@@ -14,12 +14,11 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
 
+from tierckpt._torch.dcp import create_chunk_list, flatten_state_dict, set_element
 from tierckpt.errors import (
     CheckpointError,
     CorruptDataError,
@@ -65,7 +64,6 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
@@ -216,7 +214,7 @@ def uncovered(target: dict[str, Any], md: Metadata) -> str | None:
                 tuple(saved.size) != tuple(value.size()):
             return f"{fqn}: not in this rank's metadata with this shape"
         chunks = {tuple(c.offsets): tuple(c.sizes) for c in saved.chunks}
-        for local in _create_chunk_list(value):
+        for local in create_chunk_list(value):
             if math.prod(local.sizes) == 0:
                 continue
             if chunks.get(tuple(local.offsets)) != tuple(local.sizes) or \

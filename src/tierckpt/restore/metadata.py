@@ -36,9 +36,9 @@ from typing import Any
 import torch
 import torch.serialization
 from torch.distributed.checkpoint import metadata as _md
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from tierckpt._torch.dcp import MEM_FORMAT_ENCODING, StorageInfo, get_layout
 from tierckpt.errors import IntegrityError, UnsafeCheckpointError
 from tierckpt.format import checksum
 from tierckpt.format.manifest import FileEntry
@@ -48,10 +48,10 @@ ALLOWED: Mapping[tuple[str, str], Any] = MappingProxyType({
     **{(_MD, c.__name__): c for c in (
         _md.Metadata, _md.TensorStorageMetadata, _md.BytesStorageMetadata,
         _md.ChunkStorageMetadata, _md.TensorProperties, _md.MetadataIndex, _md.StorageMeta,
-        _md._MEM_FORMAT_ENCODING)},
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+        MEM_FORMAT_ENCODING)},
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
     ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    ("torch.serialization", "_get_layout"): get_layout,
     **{("torch", name): v for name, v in vars(torch).items() if isinstance(v, torch.dtype)},
     ("pathlib", "PosixPath"): pathlib.PosixPath,
 })

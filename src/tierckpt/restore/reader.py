@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from tierckpt._runs import contiguous_runs
+from tierckpt._torch.dcp import StorageInfo, narrow_tensor_by_index
 from tierckpt.errors import IntegrityError
 from tierckpt.format import checksum, layout
 from tierckpt.format.manifest import Chunk, FileEntry, Manifest
@@ -52,7 +53,7 @@ _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at mo
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
 
-def _raw_data_offset(fd: int, info: _StorageInfo, nbytes: int) -> int | None:
+def _raw_data_offset(fd: int, info: StorageInfo, nbytes: int) -> int | None:
     """Absolute file offset of the ``nbytes`` raw tensor bytes in the ``torch.save`` record
     ``info`` points at, or None when it is not a plain one-storage record of that size."""
     def read(offset: int, n: int) -> bytes:
@@ -279,11 +280,11 @@ class DirectReader(FileSystemReader):
             self._chunk_maps[rel] = {(c.offset, c.length): c for c in chunks}
         return self._chunk_maps[rel]
 
-    def _record_chunk(self, rel: str, info: _StorageInfo) -> Chunk | None:
+    def _record_chunk(self, rel: str, info: StorageInfo) -> Chunk | None:
         return self._chunks(rel).get((info.offset, info.length))
 
     def _check_records(self, f: BinaryIO, rel: str,
-                       records: list[tuple[_StorageInfo, int, memoryview]]) -> None:
+                       records: list[tuple[StorageInfo, int, memoryview]]) -> None:
         """Check each in-place record of a file read in part against its own CRC32C: the
         header bytes before the tensor's, the tensor's (already in the destination), the
         trailer after. Without per-record CRC32Cs the file stays unverified."""
@@ -312,7 +313,6 @@ class DirectReader(FileSystemReader):
         """DCP's own per-item path (``torch.load`` then copy into the target); returns
         ``(file offset, length, CRC32C)`` of the item's bytes as read. With a per-record
         CRC32C they are checked before use."""
-        from torch.distributed._shard._utils import narrow_tensor_by_index
 
         info = self.storage_data[item.storage_index]
         data = os.pread(f.fileno(), info.length, info.offset)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from tierckpt._torch.core import default_store
 from tierckpt.errors import LockError
 
 T = TypeVar("T")
@@ -109,7 +110,7 @@ class Comm:
         if self.group is None:
             return None
         try:
-            return dist.distributed_c10d._get_default_store().clone()  # type: ignore[attr-defined]
+            return default_store().clone()
         except (RuntimeError, AttributeError, ValueError):
             return None
 

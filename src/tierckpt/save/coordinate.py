@@ -7,7 +7,7 @@ results and **broadcasts the whole global** ``Metadata`` **to every rank**. This
 the same protocol (``StorageWriter``/``SavePlanner`` calls in DCP's order, the files
 byte-for-byte the same, ``dcp.load`` reads them) with:
 
-- **a global plan without O(W²) work** when one is built (:mod:`tierckpt.save.planner`).
+- **a global plan without O(W²) work** when one is built (:mod:`tierckpt._torch.planner`).
 - **a cached plan.** The state's layout does not change between saves, so each rank
   fingerprints its local plan; one all-reduce of a flag says whether any rank's changed.
   Only then are plans gathered and the global plan rebuilt (the first save, or a new
@@ -50,9 +50,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 
+from tierckpt._torch.planner import SavePlanner
 from tierckpt.format.manifest import FileEntry
 from tierckpt.runtime.topology import Comm
-from tierckpt.save.planner import SavePlanner
 from tierckpt.save.writer import ShardWriter
 
 

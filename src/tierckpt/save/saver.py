@@ -136,7 +136,8 @@ class AsyncSaver:
     def __init__(self, tier1: Path, writes: Writes, comm: Comm,
                  domains: tuple[tuple[int, ...], ...], log: events.EventLog,
                  on_committed: Callable[[SaveResult], list[Path]] | None = None,
-                 tier0: Tier0Root | None = None, tier0_config: Tier0 | None = None) -> None:
+                 tier0: Tier0Root | None = None, tier0_config: Tier0 | None = None,
+                 tier0_fits: Callable[[int], bool] | None = None) -> None:
         self.tier1, self.writes, self.comm, self.domains, self.log = \
             tier1, writes, comm, domains, log
         self.tier0_config = tier0_config or Tier0()
@@ -145,6 +146,8 @@ class AsyncSaver:
         self.domain = next(d for d in domains if comm.rank in d)
         self.tier0 = tier0
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
+        self._tier0_fits = tier0_fits
+        self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
         self._meta_held: tuple[bytes, bytes] | None = None
         """Owners: (SHA-256, bytes) of the ``.metadata`` this rank last committed."""
@@ -155,6 +158,20 @@ class AsyncSaver:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
                                         initargs=(writes.background_nice,))
+
+    def to_tier1(self, nbytes: int) -> bool:
+        """Which tiers the next save of ``nbytes`` (this rank's) reaches: True for tier 1
+        (always without tier 0; with it every ``Tier0.tier1_every``-th save, the first
+        included), False for tier 0 alone. Collective at the first save with tier 0:
+        ``tier0_fits`` (the RAM budget) may turn tier 0 off, and every save then goes to
+        tier 1. Call once per save, before :meth:`submit`."""
+        if self.tier0 is None:
+            return True
+        if self._tier0_fits is not None and not self._tier0_fits(nbytes):
+            self.tier0 = None
+            return True
+        self._routed += 1
+        return (self._routed - 1) % self.tier0_config.tier1_every == 0
 
     def submit(self, job: SaveJob, handle: SaveHandle) -> None:
         def run() -> None:

@@ -35,6 +35,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tierckpt._runs import contiguous_runs
+from tierckpt._torch.core import tensor_version
 from tierckpt.errors import StagingRaceError
 from tierckpt.tier1.directio import ZERO_COPY_MIN
 
@@ -62,13 +63,6 @@ def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.T
     try:
         return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
     except (TypeError, ValueError, RuntimeError):
-        return None
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return int(t._version)
-    except RuntimeError:  # inference tensors have no version counter
         return None
 
 
@@ -154,7 +148,7 @@ class HostStager:
     def _copy_later(self, jobs: list[tuple[torch.Tensor, torch.Tensor]],
                     cuda_jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> Future[float]:
         started = time.monotonic()
-        versions = [_version(src) for _, src in (*jobs, *cuda_jobs)]
+        versions = [tensor_version(src) for _, src in (*jobs, *cuda_jobs)]
         events = []
         for device in dict.fromkeys(src.device for _, src in cuda_jobs):
             # per device: a side stream queued behind the work issued so far on it
@@ -176,7 +170,7 @@ class HostStager:
             for event in events:
                 event.synchronize()
             for (_, src), before in zip((*jobs, *cuda_jobs), versions, strict=True):
-                if before is not None and _version(src) != before:
+                if before is not None and tensor_version(src) != before:
                     raise StagingRaceError(
                         "a tensor staged in the background (shape "
                         f"{tuple(src.shape)}, {src.dtype}) was changed in place before its "

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import (
     SavePlan,
@@ -41,6 +40,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from tierckpt._torch.dcp import StorageInfo, StoragePrefix
 from tierckpt.format import checksum, layout, records
 from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.tier1.directio import DirectFile
@@ -117,7 +117,7 @@ def _tensor_item_bytes(item: WriteItem) -> int:
     n = 1
     for s in item.tensor_data.size:
         n *= s
-    return n * torch._utils._element_size(item.tensor_data.properties.dtype)
+    return n * item.tensor_data.properties.dtype.itemsize
 
 
 class ShardWriter(StorageWriter):
@@ -158,11 +158,11 @@ class ShardWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_"))
+        return [dataclasses.replace(p, storage_data=StoragePrefix(f"__{i}_"))
                 for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        prefix: _StoragePrefix = plan.storage_data
+        prefix: StoragePrefix = plan.storage_data
         buckets = _balance(plan.items, self.thread_count)
         jobs = [(f"{prefix.prefix}{i}.distcp", items) for i, items in enumerate(buckets) if items]
         results: list[WriteResult] = []
@@ -271,7 +271,7 @@ class ShardWriter(StorageWriter):
                 offset, length, crc = f.mark()  # after any alignment padding
                 chunks.append(Chunk(offset, length, crc))
                 out.append(WriteResult(index=item.index, size_in_bytes=length,
-                                       storage_data=_StorageInfo(name, offset, length)))
+                                       storage_data=StorageInfo(name, offset, length)))
             f.close()  # flush, truncate, fsync
         except Exception as e:
             f.abort()

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -28,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
+from tierckpt._torch.dcp import flatten_state_dict
 from tierckpt.errors import CheckpointError, ConfigError, StateMismatchError
 from tierckpt.restore.loader import SafeLoadPlanner
 from tierckpt.share.ranged import RangedReader, ReadCheck, VerifyMode

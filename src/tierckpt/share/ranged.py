@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -42,6 +41,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from tierckpt._torch.dcp import StorageInfo, narrow_tensor_by_index
 from tierckpt.errors import ConfigError, CorruptDataError
 from tierckpt.format import checksum
 from tierckpt.format.torchzip import tensor_data_offset
@@ -72,7 +72,7 @@ WINDOW = 128 * 1024 * 1024
 Key = tuple[str, int, int]
 
 
-def _key(info: _StorageInfo) -> Key:
+def _key(info: StorageInfo) -> Key:
     return (info.relative_path, info.offset, info.length)
 
 
@@ -117,7 +117,7 @@ class RecordFetcher:
             self.whole_files.add(name)
             return data
 
-    def check(self, info: _StorageInfo, data: memoryview, what: str) -> memoryview:
+    def check(self, info: StorageInfo, data: memoryview, what: str) -> memoryview:
         """``data`` (the record ``info``), verified against its chunk CRC32C."""
         self.ckpt.entry(info.relative_path)  # IntegrityError for a file it does not list
         chunk = self.ckpt.chunk_index.record(info.relative_path, info.offset, info.length)
@@ -142,7 +142,7 @@ class SpanReader:
     planned record is taken once)."""
 
     def __init__(self, fetcher: RecordFetcher,
-                 plan: Sequence[tuple[_StorageInfo, str]], *, window: int = WINDOW) -> None:
+                 plan: Sequence[tuple[StorageInfo, str]], *, window: int = WINDOW) -> None:
         self.fetcher = fetcher
         self.window = max(1, window)
         span_max = min(SPAN_MAX, self.window)
@@ -188,7 +188,7 @@ class SpanReader:
         self._futures[i] = fut
         self._ahead += n
 
-    def get(self, info: _StorageInfo) -> memoryview:
+    def get(self, info: StorageInfo) -> memoryview:
         """The verified bytes of record ``info`` (which must be in the plan)."""
         k = _key(info)
         with self._lock:
@@ -242,7 +242,7 @@ class RangedReader(StorageReader):
                  threads: int = 8) -> None:
         super().__init__()
         self.fetcher = RecordFetcher(ckpt, verify=verify, threads=threads)
-        self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
+        self.storage_data: dict[MetadataIndex, StorageInfo] = {}
         self.load_id: str | None = None
         self._dtypes: dict[str, torch.dtype] = {}
 
@@ -276,10 +276,9 @@ class RangedReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        from torch.distributed._shard._utils import narrow_tensor_by_index
 
         by_record: dict[Key, list[ReadItem]] = {}
-        infos: dict[Key, _StorageInfo] = {}
+        infos: dict[Key, StorageInfo] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]
             if info.transform_descriptors:
@@ -331,7 +330,7 @@ class RangedReader(StorageReader):
         return False
 
 
-def tensor_plan(md: Metadata, fqns: Sequence[str]) -> list[tuple[_StorageInfo, str]]:
+def tensor_plan(md: Metadata, fqns: Sequence[str]) -> list[tuple[StorageInfo, str]]:
     """Every saved chunk of ``fqns``, in that order (what :func:`assemble` will take)."""
     out = []
     for fqn in fqns:

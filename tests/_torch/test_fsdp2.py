@@ -1,4 +1,4 @@
-"""What :mod:`tierckpt.heal.regroup` resets of an FSDP2 step that failed part-way, in a
+"""What :mod:`tierckpt._torch.fsdp2` resets of an FSDP2 step that failed part-way, in a
 real two-rank gloo group: the next step after it is the step an untouched model takes — the
 same gradients, and the same collectives (a survivor that made one more than the
 replacement, a stale backward prefetch, hung the first step after a heal)."""
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tests._launch import free_port, spawn
-from tierckpt.heal import regroup
+from tierckpt._torch import fsdp2
 
 _WORLD = 2  # both ranks fail alike and are healed alike (FSDP2 skips collectives at 1)
 
@@ -80,10 +80,10 @@ def _worker(rank: int, port: int, out: str, root_params: bool) -> None:
         fail[0] = False
         for p in sharded:  # as if the loop zeroed gradients only after step()
             p.grad = torch.ones_like(p)
-        regroup.detach(model)  # what a heal does: leave, form the next group, rebind
+        fsdp2.detach(model)  # what a heal does: leave, form the next group, rebind
         dist.init_process_group("gloo", store=dist.PrefixStore("gen1/", store), rank=rank,
                                 world_size=_WORLD)
-        assert regroup.rebind_fsdp(model) == 3 + root_params
+        assert fsdp2.rebind_fsdp(model) == 3 + root_params
         assert all(p.grad is None for p in sharded)
         calls: list[str] = []
         got = _grads(model, calls)
@@ -118,10 +118,10 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
     ddp = DistributedDataParallel(plain)  # held by the loop (here), not by tierckpt
     ddp(torch.ones(2, 4)).sum().backward()
     again = DistributedDataParallel(nn.Linear(4, 4))  # the state's model is the wrapper
-    found = [regroup._ddp_wrappers(plain) == [ddp], regroup._ddp_wrappers(again) == [again],
-             regroup._ddp_wrappers(nn.Linear(4, 4)) == []]
-    regroup.detach(plain)
-    regroup.detach(again)
+    found = [fsdp2._ddp_wrappers(plain) == [ddp], fsdp2._ddp_wrappers(again) == [again],
+             fsdp2._ddp_wrappers(nn.Linear(4, 4)) == []]
+    fsdp2.detach(plain)
+    fsdp2.detach(again)
     emptied = [w.reducer is None and w.logger is None and w.process_group is None
                for w in (ddp, again)]
     Path(out).write_text(f"{all(found)} {all(emptied)}")

@@ -1,4 +1,4 @@
-"""``save/planner.py``: the global plan's checks give DCP's verdicts — every out-of-bounds
+"""``_torch/planner.py``: the global plan's checks give DCP's verdicts — every out-of-bounds
 chunk, overlap and volume error it reports, and none where it reports none — on FSDP-style
 dim-0 shards (the case DCP sweeps quadratically), 2-D block tilings, empty shards past the
 end, and broken plans; the ``planner_data`` merge equals ``dict(ChainMap(...))``."""
@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 
-from tierckpt.save.planner import SavePlanner, merge_first_wins, validate_global_plan
+from tierckpt._torch.planner import SavePlanner, merge_first_wins, validate_global_plan
 
 
 def _item(fqn: str, size: tuple[int, ...], offsets: tuple[int, ...],
