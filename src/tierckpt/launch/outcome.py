@@ -63,16 +63,22 @@ class Verdict:
     requeued: bool = False
 
 
-def emergency_save(records: Iterable[Mapping[str, Any]], since_unix: float
-                   ) -> Mapping[str, Any] | None:
-    """The newest ``preempt_saved`` at or after ``since_unix`` that reached a tier."""
+def _newest(records: Iterable[Mapping[str, Any]], since_unix: float, event: str,
+            flag: str) -> Mapping[str, Any] | None:
+    """The newest ``event`` record at or after ``since_unix`` whose ``flag`` is truthy."""
     found = None
     for r in records:
         t = r.get("t")
-        if (r.get("event") == ev.PREEMPT_SAVED and r.get("reached")
+        if (r.get("event") == event and r.get(flag)
                 and isinstance(t, int | float) and t >= since_unix):
             found = r
     return found
+
+
+def emergency_save(records: Iterable[Mapping[str, Any]], since_unix: float
+                   ) -> Mapping[str, Any] | None:
+    """The newest ``preempt_saved`` at or after ``since_unix`` that reached a tier."""
+    return _newest(records, since_unix, ev.PREEMPT_SAVED, "reached")
 
 
 def finished(records: Iterable[Mapping[str, Any]], since_unix: float) -> bool:
@@ -92,13 +98,7 @@ def requeued_by_job(records: Iterable[Mapping[str, Any]], since_unix: float
                     ) -> Mapping[str, Any] | None:
     """The newest ``slurm_requeue`` at or after ``since_unix`` whose ``scontrol requeue``
     succeeded: the job requeued itself after its emergency save."""
-    found = None
-    for r in records:
-        t = r.get("t")
-        if (r.get("event") == ev.SLURM_REQUEUE and r.get("requeued")
-                and isinstance(t, int | float) and t >= since_unix):
-            found = r
-    return found
+    return _newest(records, since_unix, ev.SLURM_REQUEUE, "requeued")
 
 
 def decide(*, rc: int, notices: Iterable[str], saved: Mapping[str, Any] | None,
