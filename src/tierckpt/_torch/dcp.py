@@ -6,10 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import metadata as _metadata
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict, set_element
-from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
-from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
+
+from tierckpt._torch import untested
+
+try:
+    from torch.distributed.checkpoint import metadata as _metadata
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict, set_element
+    from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
+    from torch.distributed.checkpoint.planner_helpers import _create_chunk_list
+except ImportError as e:  # a torch that moved one: say which, and what was tested
+    raise ImportError(f"tierckpt's save and restore use DCP internals this torch lacks "
+                      f"({e}); {untested('saving and restoring') or 'tested here'}") from e
 
 StorageInfo = _StorageInfo
 """Where one DCP record lies in a file: ``(relative_path, offset, length)``."""
@@ -22,8 +29,8 @@ get_layout = torch.serialization._get_layout
 MEM_FORMAT_ENCODING = _metadata._MEM_FORMAT_ENCODING
 """How DCP's ``TensorProperties`` pickles a memory format (an allowlisted global)."""
 
-__all__ = ["MEM_FORMAT_ENCODING", "StorageInfo", "StoragePrefix", "create_chunk_list", "flatten_state_dict",
-           "get_layout", "narrow_tensor_by_index", "set_element"]
+__all__ = ["MEM_FORMAT_ENCODING", "StorageInfo", "StoragePrefix", "create_chunk_list",
+           "flatten_state_dict", "get_layout", "narrow_tensor_by_index", "set_element"]
 
 
 def narrow_tensor_by_index(tensor: torch.Tensor, offsets: Any, sizes: Any) -> torch.Tensor:
