@@ -7,6 +7,7 @@ catalogue)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,71 +90,118 @@ def drill(
     every rank stopped at one step, lost nothing and continued bit for bit. With --heal: rank
     deaths under `tierckpt run --heal` instead, exit 1 unless each healed (or fell back to a
     full restart where it must) and every loss is unchanged. Needs PyTorch."""
+    f = _Flags(command=tuple(command), nproc=nproc, nnodes=nnodes, steps=steps, seed=seed,
+               chaos=chaos, tier2=tier2, out=out, rtol=rtol, tier0=tier0, preempt=preempt,
+               preempt_rank=preempt_rank, kinds=kinds, heal=heal)
+    pick = (_heal_drill if heal and chaos is None else _chaos_drill if chaos is not None
+            else _preempt_drill if preempt else _resume_drills)
     with needs_torch("drill"):
-        from tierckpt.drill import DRILLS, DrillConfig, run_drills
-        from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
-        from tierckpt.drill.heal import HEAL_FAULTS, HEAL_STAGES, HealDrillConfig, run_heal
-        from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
-    if heal and chaos is None:
-        def run_heal_drill(progress: Progress) -> dict[str, Any]:
-            if preempt or tier0 is not None or nnodes not in (None, 1):
-                raise ConfigError("--heal runs on one node: drop --preempt, --tier0 and "
-                                  "--nnodes")
-            faults = tuple(HEAL_FAULTS) if kinds is None else tuple(
-                k.strip() for k in kinds.split(",") if k.strip())
-            cfg = HealDrillConfig(command=tuple(command), nproc=3 if nproc is None else nproc,
-                                  steps=120 if steps is None else steps, seed=seed,
-                                  faults=faults, out=out)
-            return run_heal(cfg, progress)
-        _run_and_render(run_heal_drill, (*HEAL_STAGES, "report"), heal_table,
-                        (("report", "md"),), as_json)
-        return
-    if chaos is not None:
-        def run_chaos_drill(progress: Progress) -> dict[str, Any]:
-            if preempt_rank is not None:
-                raise ConfigError("--preempt-rank is a preemption drill option: give "
-                                  "--preempt without --chaos")
-            more: dict[str, Any] = {} if kinds is None else {
-                "kinds": tuple(k.strip() for k in kinds.split(",") if k.strip())}
-            cfg = ChaosConfig(command=tuple(command), cycles=chaos,
-                              nproc=(3 if heal else 1) if nproc is None else nproc,
-                              nnodes=(1 if heal else 2) if nnodes is None else nnodes,
-                              steps=steps, seed=seed, tier2=tier2, out=out, rtol=rtol,
-                              tier0=tier0, preempt=preempt, heal=heal, **more)
-            return run_chaos(cfg, progress)
-        _run_and_render(run_chaos_drill, (*STAGES, "report"), chaos_table, (("report", "md"),),
-                        as_json)
-        return
-    if preempt:
-        def run_preempt_drill(progress: Progress) -> dict[str, Any]:
-            if tier0 is not None or kinds is not None:
-                raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
-            cfg = PreemptConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
-                                nnodes=1 if nnodes is None else nnodes,
-                                steps=20 if steps is None else steps, seed=seed,
-                                rank=preempt_rank, tier2=tier2, out=out, rtol=rtol)
-            return run_preempt(cfg, progress)
-        _run_and_render(run_preempt_drill, (*PREEMPT_STAGES, "report"), preempt_table,
-                        (("report", "md"),), as_json)
-        return
+        mode = pick(f)
+    _run_and_render(*mode, as_json=as_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flags:
+    """The command's flags as given (None: the chosen drill's default)."""
+
+    command: tuple[str, ...]
+    nproc: int | None
+    nnodes: int | None
+    steps: int | None
+    seed: int
+    chaos: int | None
+    tier2: str | None
+    out: Path
+    rtol: float | None
+    tier0: str | None
+    preempt: bool
+    preempt_rank: int | None
+    kinds: str | None
+    heal: bool
+
+    def kind_list(self) -> tuple[str, ...] | None:
+        """``--kinds`` split on commas (None: not given)."""
+        if self.kinds is None:
+            return None
+        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
+
+
+_Mode = tuple[Callable[["Progress"], dict[str, Any]], tuple[str, ...],
+              Callable[[dict[str, Any]], Table], tuple[tuple[str, str], ...]]
+"""A drill to run: its runner, its stages, its table and the report files it names."""
+
+
+def _heal_drill(f: _Flags) -> _Mode:
+    """``--heal`` (without ``--chaos``): rank deaths under ``tierckpt run --heal``."""
+    from tierckpt.drill.heal import HEAL_FAULTS, HEAL_STAGES, HealDrillConfig, run_heal
 
     def run(progress: Progress) -> dict[str, Any]:
-        if tier0 is not None or kinds is not None:
+        if f.preempt or f.tier0 is not None or f.nnodes not in (None, 1):
+            raise ConfigError("--heal runs on one node: drop --preempt, --tier0 and --nnodes")
+        cfg = HealDrillConfig(command=f.command, nproc=3 if f.nproc is None else f.nproc,
+                              steps=120 if f.steps is None else f.steps, seed=f.seed,
+                              faults=tuple(HEAL_FAULTS) if (k := f.kind_list()) is None
+                              else k, out=f.out)
+        return run_heal(cfg, progress)
+    return run, (*HEAL_STAGES, "report"), heal_table, (("report", "md"),)
+
+
+def _chaos_drill(f: _Flags) -> _Mode:
+    """``--chaos N``: seeded fault cycles on one job (with ``--heal``, under the heal
+    launcher; with ``--preempt``, the notice faults too)."""
+    from tierckpt.drill.chaos import STAGES, ChaosConfig, run_chaos
+
+    def run(progress: Progress) -> dict[str, Any]:
+        if f.preempt_rank is not None:
+            raise ConfigError("--preempt-rank is a preemption drill option: give --preempt "
+                              "without --chaos")
+        kinds = f.kind_list()
+        more: dict[str, Any] = {} if kinds is None else {"kinds": kinds}
+        assert f.chaos is not None
+        cfg = ChaosConfig(command=f.command, cycles=f.chaos,
+                          nproc=(3 if f.heal else 1) if f.nproc is None else f.nproc,
+                          nnodes=(1 if f.heal else 2) if f.nnodes is None else f.nnodes,
+                          steps=f.steps, seed=f.seed, tier2=f.tier2, out=f.out, rtol=f.rtol,
+                          tier0=f.tier0, preempt=f.preempt, heal=f.heal, **more)
+        return run_chaos(cfg, progress)
+    return run, (*STAGES, "report"), chaos_table, (("report", "md"),)
+
+
+def _preempt_drill(f: _Flags) -> _Mode:
+    """``--preempt``: a termination notice at a seeded step."""
+    from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
+
+    def run(progress: Progress) -> dict[str, Any]:
+        if f.tier0 is not None or f.kinds is not None:
             raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
-        if preempt_rank is not None:
+        cfg = PreemptConfig(command=f.command, nproc=2 if f.nproc is None else f.nproc,
+                            nnodes=1 if f.nnodes is None else f.nnodes,
+                            steps=20 if f.steps is None else f.steps, seed=f.seed,
+                            rank=f.preempt_rank, tier2=f.tier2, out=f.out, rtol=f.rtol)
+        return run_preempt(cfg, progress)
+    return run, (*PREEMPT_STAGES, "report"), preempt_table, (("report", "md"),)
+
+
+def _resume_drills(f: _Flags) -> _Mode:
+    """No mode flag: the five resume drills."""
+    from tierckpt.drill import DRILLS, DrillConfig, run_drills
+
+    def run(progress: Progress) -> dict[str, Any]:
+        if f.tier0 is not None or f.kinds is not None:
+            raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
+        if f.preempt_rank is not None:
             raise ConfigError("--preempt-rank is a preemption drill option: give --preempt")
-        cfg = DrillConfig(command=tuple(command), nproc=2 if nproc is None else nproc,
-                          nnodes=1 if nnodes is None else nnodes,
-                          steps=20 if steps is None else steps, seed=seed, tier2=tier2,
-                          out=out, rtol=rtol)
+        cfg = DrillConfig(command=f.command, nproc=2 if f.nproc is None else f.nproc,
+                          nnodes=1 if f.nnodes is None else f.nnodes,
+                          steps=20 if f.steps is None else f.steps, seed=f.seed,
+                          tier2=f.tier2, out=f.out, rtol=f.rtol)
         return run_drills(cfg, progress)
-    _run_and_render(run, (*DRILLS, "report"), summary_table,
-                    (("report", "md"), ("timeline", "png")), as_json)
+    return run, (*DRILLS, "report"), summary_table, (("report", "md"), ("timeline", "png"))
 
 
 def _run_and_render(run: Callable[[Progress], dict[str, Any]], stages: tuple[str, ...],
                     table: Callable[[dict[str, Any]], Table],
-                    files: Sequence[tuple[str, str]], as_json: bool) -> None:
+                    files: Sequence[tuple[str, str]], *, as_json: bool) -> None:
     """Run a drill under the live view (on stderr with --json, so stdout carries only the
     document), then print its JSON or its table and report files; exit 1 unless it passed.
     A ConfigError (bad arguments) exits 2."""
