@@ -67,7 +67,8 @@ def _edit_manifest_and_part(d: Path) -> None:
 
 def _flip_marker_digest(d: Path) -> None:
     body = json.loads((d / layout.COMPLETE).read_text())
-    body["manifest_sha256"] = "f" + body["manifest_sha256"][1:]
+    digest = body["manifest_sha256"]  # another first digit: "f" + digest[1:] was a no-op 1 in 16
+    body["manifest_sha256"] = ("0" if digest[0] != "0" else "1") + digest[1:]
     (d / layout.COMPLETE).write_text(json.dumps(body, sort_keys=True) + "\n")
 
 
