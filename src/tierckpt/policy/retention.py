@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 
 from tierckpt.policy.units import check_count
 
@@ -72,12 +73,13 @@ def tier2_deletions(complete_steps: Iterable[int], *, keep_last: int, keep_every
     return sorted(s for s in steps[1:] if s not in keep)
 
 
-def upload_due(step: int, *, upload_every: int, marked: Iterable[int] = ()) -> bool:
+def upload_due(step: int, *, upload_every: int, marked: AbstractSet[int] = frozenset()
+               ) -> bool:
     """Whether the tier-2 policy uploads ``step``: every committed checkpoint when
     ``upload_every`` is 1, else those the job ``marked`` as its every-Nth commit
     (:func:`count_commit`)."""
     check_count("upload_every", upload_every)
-    return upload_every == 1 or step in set(marked)
+    return upload_every == 1 or step in marked
 
 
 def count_commit(count: int, *, upload_every: int) -> tuple[int, bool]:
@@ -95,8 +97,8 @@ def _due(complete_steps: Iterable[int], *, upload_every: int, done: Iterable[int
     done_set, asked, marks = set(done), set(requested), set(marked)
     floor = max(done_set, default=-1)
     return {s for s in complete_steps
-            if (s in asked or upload_every == 1 or s in marks) and s not in done_set
-            and s > floor}
+            if (s in asked or upload_due(s, upload_every=upload_every, marked=marks))
+            and s not in done_set and s > floor}
 
 
 def next_upload(complete_steps: Iterable[int], *, upload_every: int,
