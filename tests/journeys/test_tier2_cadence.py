@@ -47,8 +47,13 @@ def test_every_fifth_save_reaches_tier_2_under_the_readme_save_rule(tmp_path: Pa
     code, url = _loop(tmp_path, every=5, rule="step % 10 == 9")
     _run.ok(_run.run(code, tmp_path, _run.env()), "the run")
     due = [e["step"] for e in _run.events(tmp_path / "ckpt", "upload_due")]
-    assert due == [49]  # the 5th save
-    assert _run.tier2_steps(url)[:2] == [59, 49]  # 59: the final state of the clean end
+    assert due == [49]  # the 5th save is due for tier 2
+    # 59, the final state of the clean end, is on tier 2. 49 is too when the uploader
+    # copied it before close() asked for 59; else it was skipped for the newer copy (the
+    # uploader skips ahead rather than fall behind): the run takes milliseconds, so which
+    # one is a race, and only what cannot race is asserted.
+    on_tier2 = _run.tier2_steps(url)
+    assert on_tier2[0] == 59 and set(on_tier2) <= {49, 59}
 
 
 def test_a_clean_end_leaves_its_final_step_on_tier_2(tmp_path: Path) -> None:
