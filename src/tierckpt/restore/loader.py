@@ -99,41 +99,48 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
     # alone on the disk: several streams; ranks sharing it: one each (theirs run in parallel
     # already; on the bench's disk 2 ranks x 1 restored 1.25-1.8x faster than 2 x 2 or 2 x 4)
     streams = READ_STREAMS if readers <= 1 else 1
-    manifest = _rank_part(ckpt_dir, comm.rank, notes) if saved_world == comm.world_size \
-        else None
+    md, target, reader, read_before = _plan_reads(state, ckpt_dir, saved_world, comm,
+                                                  streams, notes)
+    mismatch = comm.first_error(_mismatches(state.tensors(), md))
+    if mismatch:
+        raise StateMismatchError(
+            f"the state does not match checkpoint {ckpt_dir} ({mismatch}); nothing was "
+            "loaded. Build the model (and optimizer) the checkpoint was saved from, or "
+            "start a new tier1 directory")
+    _load(target, reader, ckpt_dir, comm)
+    try:
+        state.load_state_dict(target)
+    except (RuntimeError, KeyError, ValueError) as e:  # set_state_dict's strict checks
+        raise StateMismatchError(f"the state does not match checkpoint {ckpt_dir}: {e}. The "
+                                 "model's large tensors were already loaded from it") from e
+    return read_before + reader.bytes_read
+
+
+def _plan_reads(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm,
+                streams: int, notes: list[str] | None
+                ) -> tuple[Metadata, dict[str, Any], DirectReader, int]:
+    """Collective: the metadata ``load_into`` plans from, the load targets, the reader, and
+    the bytes read through a reader that was replaced. This rank's own metadata when it
+    covers every target (:func:`_plan_own`), else the global ``.metadata``; a refused
+    metadata raises :class:`CorruptDataError` on every rank before anything is loaded."""
+    same_world = saved_world == comm.world_size
+    manifest = _rank_part(ckpt_dir, comm.rank, notes) if same_world else None
     partial = manifest is not None
     if manifest is None:
         manifest = read_committed(ckpt_dir, step=None).manifest
     entries, reader = _reader(ckpt_dir, manifest, streams)
     read_before = 0  # bytes read through a reader that was replaced
-    src = comm.rank if saved_world == comm.world_size else comm.rank % saved_world
-    key = f"{RANK_STATE}.{src}"
-    target, bad = None, None
-    own = layout.rank_metadata_filename(comm.rank)
-    if saved_world == comm.world_size and own in entries:
-        # the saved layout: plan from this rank's own metadata (O(1) in the world size)
-        try:
-            md = reader.read_metadata(rank=comm.rank)
-        except UnsafeCheckpointError as e:  # planted, not damaged: the step is refused
-            md, bad = None, f"rank {comm.rank}: {e}"
-        except IntegrityError as e:
-            md = None
-            if notes is not None:
-                notes.append(f"{own} is damaged, so the reads were planned from "
-                             f"{layout.METADATA} ({e})")
-        if md is not None and isinstance(md.state_dict_metadata.get(key),
-                                         TensorStorageMetadata):
-            blob: Any = md.state_dict_metadata[key]
-            target = state.load_targets(source_rank=src, blob_bytes=int(blob.size[0]))
-            if uncovered(target, md) is None:
-                reader.metadata_rank = comm.rank
-            else:  # items another rank wrote (a replicated tensor), or a new layout
-                target = None
+    src = comm.rank if same_world else comm.rank % saved_world
+    md: Metadata | None = None
+    target: dict[str, Any] | None = None
+    bad: str | None = None
+    if same_world and layout.rank_metadata_filename(comm.rank) in entries:
+        md, target, bad = _plan_own(state, reader, src, comm.rank, notes)
     if target is None and bad is None:
         if partial:  # reads beyond this rank's files may follow: the whole manifest
             read_before = reader.bytes_read
-            entries, reader = _reader(ckpt_dir, read_committed(ckpt_dir, step=None).manifest,
-                                      streams)
+            _, reader = _reader(ckpt_dir, read_committed(ckpt_dir, step=None).manifest,
+                                streams)
         try:
             md = reader.read_metadata()
         except IntegrityError as e:  # UnsafeCheckpointError too: a planted pickle, not run
@@ -143,18 +150,45 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
         raise CorruptDataError(f"{ckpt_dir.name}: {bad} (nothing was loaded)")
     assert md is not None
     if target is None:
-        blob_md: Any = md.state_dict_metadata.get(key)
+        blob_md: Any = md.state_dict_metadata.get(f"{RANK_STATE}.{src}")
         if blob_md is None:
             raise CheckpointError(f"checkpoint {ckpt_dir} has no per-rank state for rank {src}")
         target = state.load_targets(source_rank=src, blob_bytes=int(blob_md.size[0]))
-    mismatch = comm.first_error(_mismatches(state.tensors(), md))
-    if mismatch:
-        raise StateMismatchError(
-            f"the state does not match checkpoint {ckpt_dir} ({mismatch}); nothing was "
-            "loaded. Build the model (and optimizer) the checkpoint was saved from, or "
-            "start a new tier1 directory")
-    # No central plan: DCP's global load plan changes nothing (every rank plans its reads
-    # from the metadata it read), so each rank loads alone and one flag says whether all did.
+    return md, target, reader, read_before
+
+
+def _plan_own(state: TrainState, reader: DirectReader, src: int, rank: int,
+              notes: list[str] | None
+              ) -> tuple[Metadata | None, dict[str, Any] | None, str | None]:
+    """The saved layout: plan from this rank's own metadata (O(1) in the world size).
+    Returns (that metadata, the load targets when it covers them all, why the step is
+    refused); a damaged file is noted and leaves all three None (plan from ``.metadata``)."""
+    own = layout.rank_metadata_filename(rank)
+    try:
+        md = reader.read_metadata(rank=rank)
+    except UnsafeCheckpointError as e:  # planted, not damaged: the step is refused
+        return None, None, f"rank {rank}: {e}"
+    except IntegrityError as e:
+        if notes is not None:
+            notes.append(f"{own} is damaged, so the reads were planned from "
+                         f"{layout.METADATA} ({e})")
+        return None, None, None
+    blob: Any = md.state_dict_metadata.get(f"{RANK_STATE}.{src}")
+    if not isinstance(blob, TensorStorageMetadata):
+        return md, None, None
+    target = state.load_targets(source_rank=src, blob_bytes=int(blob.size[0]))
+    if uncovered(target, md) is not None:  # items another rank wrote (a replicated
+        return md, None, None  # tensor), or a new layout
+    reader.metadata_rank = rank
+    return md, target, None
+
+
+def _load(target: dict[str, Any], reader: DirectReader, ckpt_dir: Path, comm: Comm) -> None:
+    """Collective: DCP-load ``target`` through ``reader``; a failure on any rank raises on
+    every rank (:class:`CorruptDataError` when the bytes are bad, else
+    :class:`CheckpointError`). No central plan: DCP's global load plan changes nothing
+    (every rank plans its reads from the metadata it read), so each rank loads alone and
+    one flag says whether all did."""
     failure: BaseException | None = None
     err: tuple[bool, str] | None = None  # (the data is bad, why)
     try:
@@ -173,12 +207,6 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
             raise CorruptDataError(f"{ckpt_dir.name}: {why} (the state was partly "
                                    "overwritten and must be loaded again)") from failure
         raise CheckpointError(why) from failure
-    try:
-        state.load_state_dict(target)
-    except (RuntimeError, KeyError, ValueError) as e:  # set_state_dict's strict checks
-        raise StateMismatchError(f"the state does not match checkpoint {ckpt_dir}: {e}. The "
-                                 "model's large tensors were already loaded from it") from e
-    return read_before + reader.bytes_read
 
 
 def _rank_part(ckpt_dir: Path, rank: int, notes: list[str] | None) -> Manifest | None:
