@@ -20,61 +20,78 @@ from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
 from tierckpt.policy.units import format_duration, parse_duration
 
+# plan's options, each with its help; the flag is the parameter's name (--write-time).
+_Blocking = Annotated[str | None, typer.Option(
+    help="C: seconds training blocks per save (90s, 5s).")]
+_Restart = Annotated[str | None, typer.Option(
+    help="R: restart cost per failure (detect→training again): 15m.")]
+_WriteTime = Annotated[str | None, typer.Option(
+    help="W: background write time after staging (warns if longer than the interval).")]
+_JobMtbf = Annotated[str | None, typer.Option(help="Job MTBF: 12h.")]
+_NodeMtbf = Annotated[str | None, typer.Option(help="Node MTBF (with --nodes): 32d.")]
+_Nodes = Annotated[int | None, typer.Option(help="Nodes in the job.")]
+_Rule = Annotated[str, typer.Option(help="Recommended interval: young | daly.")]
+_Resize = Annotated[int | None, typer.Option(help="Recompute for this many nodes.")]
+_Compare = Annotated[list[str] | None, typer.Option(
+    help="A strategy NAME:C=..,R=..[,W=..], repeatable; missing keys come from the flags. "
+         "E.g. --compare sync:C=60s,R=15m --compare async:C=5s,R=5m")]
+_FromEvents = Annotated[Path | None, typer.Option(
+    help="events.jsonl: measured C, W, R (flags still win).")]
+_FromDrill = Annotated[Path | None, typer.Option(
+    help="drill-report.json: measured C, W, R (flags still win).")]
+_AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (docs/planning.md).")]
+_Plot = Annotated[Path | None, typer.Option(help="Draw waste vs interval to this PNG.")]
+_Notice = Annotated[list[str] | None, typer.Option(
+    help="A grace period (30s, 2m), repeatable: can the emergency save reach each tier "
+         "in it? No MTBF needed.")]
+_Tier1 = Annotated[Path | None, typer.Option(
+    help="Tier-1 root: measure from its events.jsonl (as --from-events).")]
+_SizePerNode = Annotated[str | None, typer.Option(
+    help="With --notice: checkpoint bytes each node writes (80GB).")]
+_Tier0Rate = Annotated[str | None, typer.Option(
+    help="With --notice: one node's copy into RAM (5GB/s); puts tier 0 in the chain.")]
+_Tier1Rate = Annotated[str | None, typer.Option(
+    help="With --notice: one node's write to tier 1 (1GB/s).")]
+_Tier2Rate = Annotated[str | None, typer.Option(
+    help="With --notice: one node's upload to tier 2, verified (200MB/s).")]
+_StepTime = Annotated[str | None, typer.Option(
+    help="With --notice: one training step (the stop waits for it): 2s.")]
+_Margin = Annotated[str | None, typer.Option(
+    help="With --notice: seconds kept free before the deadline (default 2s).")]
+
 
 @command()
 def plan(
-    blocking: Annotated[str | None, typer.Option(
-        help="C: seconds training blocks per save (90s, 5s).")] = None,
-    restart: Annotated[str | None, typer.Option(
-        help="R: restart cost per failure (detect→training again): 15m.")] = None,
-    write_time: Annotated[str | None, typer.Option(
-        help="W: background write time after staging (warns if longer than the interval).")
-    ] = None,
-    job_mtbf: Annotated[str | None, typer.Option(help="Job MTBF: 12h.")] = None,
-    node_mtbf: Annotated[str | None, typer.Option(help="Node MTBF (with --nodes): 32d.")] = None,
-    nodes: Annotated[int | None, typer.Option(help="Nodes in the job.")] = None,
-    rule: Annotated[str, typer.Option(help="Recommended interval: young | daly.")] = "young",
-    resize: Annotated[int | None, typer.Option(help="Recompute for this many nodes.")] = None,
-    compare: Annotated[list[str] | None, typer.Option(
-        help="A strategy NAME:C=..,R=..[,W=..], repeatable; missing keys come from the flags. "
-             "E.g. --compare sync:C=60s,R=15m --compare async:C=5s,R=5m")] = None,
-    from_events: Annotated[Path | None, typer.Option(
-        help="events.jsonl: measured C, W, R (flags still win).")] = None,
-    from_drill: Annotated[Path | None, typer.Option(
-        help="drill-report.json: measured C, W, R (flags still win).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (docs/planning.md).")
-    ] = False,
-    plot: Annotated[Path | None, typer.Option(help="Draw waste vs interval to this PNG.")
-    ] = None,
-    notice: Annotated[list[str] | None, typer.Option(
-        help="A grace period (30s, 2m), repeatable: can the emergency save reach each tier "
-             "in it? No MTBF needed.")] = None,
-    tier1: Annotated[Path | None, typer.Option(
-        help="Tier-1 root: measure from its events.jsonl (as --from-events).")] = None,
-    size_per_node: Annotated[str | None, typer.Option(
-        help="With --notice: checkpoint bytes each node writes (80GB).")] = None,
-    tier0_rate: Annotated[str | None, typer.Option(
-        help="With --notice: one node's copy into RAM (5GB/s); puts tier 0 in the chain.")
-    ] = None,
-    tier1_rate: Annotated[str | None, typer.Option(
-        help="With --notice: one node's write to tier 1 (1GB/s).")] = None,
-    tier2_rate: Annotated[str | None, typer.Option(
-        help="With --notice: one node's upload to tier 2, verified (200MB/s).")] = None,
-    step_time: Annotated[str | None, typer.Option(
-        help="With --notice: one training step (the stop waits for it): 2s.")] = None,
-    margin: Annotated[str | None, typer.Option(
-        help="With --notice: seconds kept free before the deadline (default 2s).")] = None,
+    blocking: _Blocking = None,
+    restart: _Restart = None,
+    write_time: _WriteTime = None,
+    job_mtbf: _JobMtbf = None,
+    node_mtbf: _NodeMtbf = None,
+    nodes: _Nodes = None,
+    rule: _Rule = "young",
+    resize: _Resize = None,
+    compare: _Compare = None,
+    from_events: _FromEvents = None,
+    from_drill: _FromDrill = None,
+    as_json: _AsJson = False,
+    plot: _Plot = None,
+    notice: _Notice = None,
+    tier1: _Tier1 = None,
+    size_per_node: _SizePerNode = None,
+    tier0_rate: _Tier0Rate = None,
+    tier1_rate: _Tier1Rate = None,
+    tier2_rate: _Tier2Rate = None,
+    step_time: _StepTime = None,
+    margin: _Margin = None,
 ) -> None:
     """Checkpoint interval and expected waste: C/τ + τ/(2M) + R/M, τ = sqrt(2CM).
 
     With --notice GRACE: what an emergency save reaches before the kill."""
     with config_errors():
         events_path = _events_path(tier1, from_events)
-        notice_flags = {"--size-per-node": size_per_node, "--tier0-rate": tier0_rate,
-                        "--tier1-rate": tier1_rate, "--tier2-rate": tier2_rate,
-                        "--step-time": step_time, "--margin": margin}
-        if not notice and (stray := [k for k, v in notice_flags.items() if v is not None]):
-            raise ConfigError(f"{', '.join(stray)}: only used with --notice GRACE")
+        _notice_only(notice, {"--size-per-node": size_per_node, "--tier0-rate": tier0_rate,
+                              "--tier1-rate": tier1_rate, "--tier2-rate": tier2_rate,
+                              "--step-time": step_time, "--margin": margin})
         doc: dict[str, Any] = {}
         if not notice or job_mtbf is not None or node_mtbf is not None:
             doc = plan_report(blocking=blocking, restart=restart, write_time=write_time,
@@ -89,6 +106,17 @@ def plan(
                                      tier2_rate=tier2_rate, step_time=step_time,
                                      blocking=blocking, margin=margin)
             doc["notice"] = _notice.report(notice, inputs)
+    _show(doc, plot, as_json=as_json)
+
+
+def _notice_only(notice: list[str] | None, flags: dict[str, str | None]) -> None:
+    """ConfigError naming the ``flags`` given (not None) when no ``--notice`` is."""
+    if not notice and (stray := [k for k, v in flags.items() if v is not None]):
+        raise ConfigError(f"{', '.join(stray)}: only used with --notice GRACE")
+
+
+def _show(doc: dict[str, Any], plot: Path | None, *, as_json: bool) -> None:
+    """Print ``doc``: as JSON, or the interval table and the notice verdicts it holds."""
     if as_json:
         emit_json(doc)
         return
