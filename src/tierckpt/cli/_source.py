@@ -1,15 +1,25 @@
 """The checkpoint a sharing command (``inspect``, ``export``) reads: ``STEP`` (a number or
-``latest``) on ``--tier1 DIR`` or ``--tier2 URL`` (``--tier`` picks when both are given)."""
+``latest``) on ``--tier1 DIR`` or ``--tier2 URL`` (``--tier`` picks when both are given):
+the three options, and the source they name (:func:`source_of`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
+
+import typer
 
 from tierckpt.errors import ConfigError
 
 if TYPE_CHECKING:  # share.source imports torch; the CLI's light commands must not
     from tierckpt.share.source import Step
+
+# A sharing command's source options; ``tier2_url: Tier2Option = None`` reads as --tier2.
+TierOption = Annotated[int | None, typer.Option(
+    help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")]
+Tier1Option = Annotated[Path | None, typer.Option(help="Tier-1 root, or one step directory.")]
+Tier2Option = Annotated[str | None, typer.Option(
+    "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")]
 
 
 def parse_step(text: str) -> Step:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,22 +20,22 @@ from rich.progress import (
 from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import console, emit_json
-from tierckpt.cli._source import parse_step, source_of
+from tierckpt.cli._source import Tier1Option, Tier2Option, TierOption, parse_step, source_of
 from tierckpt.cli._tiers import failures
 from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes, parse_size
+
+if TYPE_CHECKING:  # share.export imports torch: imported by the command when it runs
+    from tierckpt.share.export import ExportSummary
 
 
 @command()
 def export(
     step: Annotated[str, typer.Argument(help="Step to export, or 'latest'.")],
     to: Annotated[Path, typer.Option("--to", help="Directory to create (must not exist).")],
-    tier: Annotated[int | None, typer.Option(
-        help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")] = None,
-    tier1: Annotated[Path | None, typer.Option(
-        help="Tier-1 root, or one step directory.")] = None,
-    tier2_url: Annotated[str | None, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")] = None,
+    tier: TierOption = None,
+    tier1: Tier1Option = None,
+    tier2_url: Tier2Option = None,
     fmt: Annotated[str, typer.Option("--format", help="safetensors or torch.")
                    ] = "safetensors",
     key: Annotated[list[str] | None, typer.Option(
@@ -69,10 +69,7 @@ def export(
             raise ConfigError(f"--format must be safetensors or torch, got {fmt!r}")
         source = source_of(tier, tier1, tier2_url)
         shard = parse_size(max_shard_size, "--max-shard-size")
-        bar = Progress(TextColumn("export"), BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn(), TimeRemainingColumn(),
-                       console=Console(stderr=True), disable=as_json,
-                       redirect_stdout=False, redirect_stderr=False)
+        bar = _progress_bar(disable=as_json)
         task = bar.add_task("export", total=None)
         with bar:
             summary = run_export(
@@ -81,16 +78,35 @@ def export(
                 dtype=parse_dtype(dtype), max_shard_bytes=shard, strip_prefix=strip_prefix,
                 add_prefix=add_prefix, hf_config=hf_config, force=force,
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
-    r = summary.result
     if as_json:
-        emit_json({"step": summary.step, "source": summary.location,
-                   "to": str(summary.out_dir), "format": fmt, "tensors": r.tensors,
-                   "tensor_bytes": r.tensor_bytes, "bytes_read": summary.bytes_read,
-                   "peak_tensor_bytes": r.peak_tensor_bytes, "seconds": summary.seconds,
-                   "skipped": list(summary.skipped),
-                   "files": [{"name": f.name, "size": f.size, "sha256": f.sha256}
-                             for f in r.files]})
-        return
+        emit_json(_summary_json(summary, fmt))
+    else:
+        _print_summary(summary)
+
+
+def _progress_bar(*, disable: bool) -> Progress:
+    """The export's progress bar, on stderr (stdout stays the result's)."""
+    return Progress(TextColumn("export"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=disable,
+                    redirect_stdout=False, redirect_stderr=False)
+
+
+def _summary_json(summary: ExportSummary, fmt: str) -> dict[str, Any]:
+    """The ``--json`` document (schema in docs/cli.md)."""
+    r = summary.result
+    return {"step": summary.step, "source": summary.location,
+            "to": str(summary.out_dir), "format": fmt, "tensors": r.tensors,
+            "tensor_bytes": r.tensor_bytes, "bytes_read": summary.bytes_read,
+            "peak_tensor_bytes": r.peak_tensor_bytes, "seconds": summary.seconds,
+            "skipped": list(summary.skipped),
+            "files": [{"name": f.name, "size": f.size, "sha256": f.sha256}
+                      for f in r.files]}
+
+
+def _print_summary(summary: ExportSummary) -> None:
+    """One line for what was written, one for what was not (not tensors)."""
+    r = summary.result
     out = console()
     out.print(f"[green]exported[/] step {summary.step} from {escape(summary.location)} to "
               f"{escape(str(summary.out_dir))}: {r.tensors} tensors, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -13,7 +12,7 @@ from rich.table import Table
 from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import console, emit_json
-from tierckpt.cli._source import parse_step, source_of
+from tierckpt.cli._source import Tier1Option, Tier2Option, TierOption, parse_step, source_of
 from tierckpt.cli._tiers import failures
 from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes
@@ -25,12 +24,9 @@ if TYPE_CHECKING:  # share.contents imports torch: imported by the command when 
 @command()
 def inspect(
     step: Annotated[str, typer.Argument(help="Step to inspect, or 'latest'.")] = "latest",
-    tier: Annotated[int | None, typer.Option(
-        help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")] = None,
-    tier1: Annotated[Path | None, typer.Option(
-        help="Tier-1 root, or one step directory.")] = None,
-    tier2_url: Annotated[str | None, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")] = None,
+    tier: TierOption = None,
+    tier1: Tier1Option = None,
+    tier2_url: Tier2Option = None,
     key: Annotated[list[str] | None, typer.Option(
         help="Only entries under this top-level key (model, optim, rank_state); repeatable.")
     ] = None,
