@@ -56,65 +56,98 @@ def transfer(comm: Comm, streams: list[Stream], *, bandwidth: float | None = Non
     if not streams:
         return 0
     plans = [s.pieces() for s in streams]
-    fds: dict[tuple[int, str], int] = {}
-    crcs: dict[tuple[int, str], int] = {}
-    received = 0
-    failed: OSError | None = None
+    arrivals = _Arrivals()
     t0 = time.monotonic()
     sent = 0
     try:
-        for k, s in enumerate(streams):
-            if s.receive:
-                for f in s.files:  # every file exists, even an empty one
-                    fd = os.open(s.directory / layout.safe_member_name(f.name),
-                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
-                    os.ftruncate(fd, f.size)
-                    fds[(k, f.name)], crcs[(k, f.name)] = fd, 0
+        arrivals.open(streams)
         for i in range(max(len(p) for p in plans)):
-            ops, landing = [], []
-            for k, (s, plan) in enumerate(zip(streams, plans, strict=True)):
-                if i >= len(plan):
-                    continue
-                entry, off, n = plan[i]
-                if s.receive:
-                    buf = torch.empty(n, dtype=torch.uint8)
-                    ops.append(dist.P2POp(dist.irecv, buf, s.peer, group=comm.group))
-                    landing.append((k, entry, off, buf))
-                else:
-                    data = _read(s.directory / layout.safe_member_name(entry.name), off, n)
-                    ops.append(dist.P2POp(dist.isend, data, s.peer, group=comm.group))
-                    sent += n
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-            for k, entry, off, buf in landing:
-                mv = buf.numpy().data.cast("B")
-                crcs[(k, entry.name)] = checksum.extend(crcs[(k, entry.name)], mv)
-                received += len(mv)
-                if failed is None:  # after a failure keep receiving (the sender must not
-                    try:            # block on us), but write nothing more
-                        os.pwrite(fds[(k, entry.name)], mv, off)
-                    except OSError as e:
-                        failed = e
+            sent += _round(comm, streams, plans, i, arrivals)
             if bandwidth:
                 ahead = sent / bandwidth - (time.monotonic() - t0)
                 if ahead > 0:
                     time.sleep(ahead)
-        if failed is not None:
-            raise failed
-        for (k, name), fd in fds.items():
+        arrivals.verify(streams)
+    finally:
+        arrivals.close()
+    return arrivals.received
+
+
+def _round(comm: Comm, streams: list[Stream], plans: list[list[tuple[mf.FileEntry, int, int]]],
+           i: int, arrivals: _Arrivals) -> int:
+    """Move piece ``i`` of every stream that has one (one ``batch_isend_irecv``); returns
+    the bytes this rank sent."""
+    ops, landing, sent = [], [], 0
+    for k, (s, plan) in enumerate(zip(streams, plans, strict=True)):
+        if i >= len(plan):
+            continue
+        entry, off, n = plan[i]
+        if s.receive:
+            buf = torch.empty(n, dtype=torch.uint8)
+            ops.append(dist.P2POp(dist.irecv, buf, s.peer, group=comm.group))
+            landing.append((k, entry, off, buf))
+        else:
+            data = _read(s.directory / layout.safe_member_name(entry.name), off, n)
+            ops.append(dist.P2POp(dist.isend, data, s.peer, group=comm.group))
+            sent += n
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    for k, entry, off, buf in landing:
+        arrivals.land(k, entry, off, buf)
+    return sent
+
+
+class _Arrivals:
+    """The files this rank receives, keyed by (stream index, name): open descriptors, the
+    CRC32C so far, bytes received, and the first write error. ``close()`` closes them all."""
+
+    def __init__(self) -> None:
+        self.fds: dict[tuple[int, str], int] = {}
+        self.crcs: dict[tuple[int, str], int] = {}
+        self.received = 0
+        self.failed: OSError | None = None
+
+    def open(self, streams: list[Stream]) -> None:
+        """Create every received file at its full size (every file exists, even an empty one)."""
+        for k, s in enumerate(streams):
+            if s.receive:
+                for f in s.files:
+                    fd = os.open(s.directory / layout.safe_member_name(f.name),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+                    os.ftruncate(fd, f.size)
+                    self.fds[(k, f.name)], self.crcs[(k, f.name)] = fd, 0
+
+    def land(self, k: int, entry: mf.FileEntry, off: int, buf: torch.Tensor) -> None:
+        """Checksum a received piece and write it at ``off``."""
+        mv = buf.numpy().data.cast("B")
+        self.crcs[(k, entry.name)] = checksum.extend(self.crcs[(k, entry.name)], mv)
+        self.received += len(mv)
+        if self.failed is None:  # after a failure keep receiving (the sender must not
+            try:                 # block on us), but write nothing more
+                os.pwrite(self.fds[(k, entry.name)], mv, off)
+            except OSError as e:
+                self.failed = e
+
+    def verify(self, streams: list[Stream]) -> None:
+        """Raise the first write error, or :class:`CorruptDataError` for a file whose CRC32C
+        is not its entry's; fsync each file that matches."""
+        if self.failed is not None:
+            raise self.failed
+        for (k, name), fd in self.fds.items():
             entry = next(f for f in streams[k].files if f.name == name)
-            if crcs[(k, name)] != entry.crc32c:
+            if self.crcs[(k, name)] != entry.crc32c:
                 raise CorruptDataError(
                     f"{name} from rank {streams[k].peer}: CRC32C "
-                    f"{checksum.to_hex(crcs[(k, name)])} != manifest "
+                    f"{checksum.to_hex(self.crcs[(k, name)])} != manifest "
                     f"{checksum.to_hex(entry.crc32c)} (damaged in the sender's RAM or in "
                     "transit); not committed")
             os.fsync(fd)
-    finally:
-        for fd in fds.values():
+
+    def close(self) -> None:
+        """Close every file opened (once, when the transfer ends either way)."""
+        for fd in self.fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
-    return received
 
 
 def _read(path: Path, offset: int, length: int) -> torch.Tensor:
