@@ -188,61 +188,12 @@ def gather(env: Mapping[str, str] | None = None, *, script: Path | None = None) 
 
 def checks(f: Facts, save: SaveTime | None) -> list[Check]:
     """Judge ``f`` against the emergency-save time ``save`` (None: not measured)."""
-    out: list[Check] = []
     need = save.seconds if save else None
     need_txt = (f"the measured emergency save ({need:.1f} s: {save.source})" if save
                 else "the emergency save (not measured yet: run once with this --tier1)")
-    if f.signals is None:
-        out.append(Check("torchrun forwards the notice", None, "no torchrun found (not "
-                         "under torchrun, and no script given)", "run inside the job, or "
-                         "pass --script JOB.sbatch / MANIFEST.yaml"))
-    else:
-        notice = f.slurm_signal or "SIGTERM"
-        ok = notice in f.signals
-        out.append(Check(
-            "torchrun forwards the notice", ok,
-            f"{notice} {'is' if ok else 'is not'} in --signals-to-handle "
-            f"{','.join(f.signals)} ({f.torchrun_from})",
-            "" if ok else f"add {notice} to torchrun's --signals-to-handle, e.g. "
-            f"--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,{notice}"))
-        ok2 = None if need is None or f.shutdown_s is None else f.shutdown_s >= need
-        out.append(Check("torchrun waits for the save", ok2,
-                         f"--shutdown-timeout {f.shutdown_s:g} s vs {need_txt}",
-                         "" if ok2 is not False else f"raise torchrun's --shutdown-timeout "
-                         f"to at least {need:.0f} s"))
+    out = _torchrun_checks(f, need, need_txt)
     if f.scheduler == "slurm":
-        if f.slurm_lead_s is None:
-            out.append(Check("Slurm warns before the time limit", False, "no --signal: the "
-                             "job gets no notice before its time limit",
-                             "add #SBATCH --signal=B:USR1@LEAD (tierckpt launch slurm "
-                             "computes LEAD)"))
-        else:
-            ok3 = None if need is None else f.slurm_lead_s >= need
-            out.append(Check("Slurm warns before the time limit", ok3,
-                             f"--signal {f.slurm_signal}@{f.slurm_lead_s:g} s vs {need_txt}",
-                             "" if ok3 is not False else f"raise the --signal lead to at "
-                             f"least {need:.0f} s"))
-        if f.slurm_batch_only:
-            ok5, sig = bool(f.slurm_forwards), (f.slurm_signal or "").removeprefix("SIG")
-            out.append(Check(
-                "the lead's signal reaches torchrun", ok5,
-                f"--signal=B:{sig} goes to the batch shell only; the script "
-                f"{'traps' if ok5 else 'does not trap'} it",
-                "" if ok5 else f"drop B: (#SBATCH --signal={sig}@LEAD signals "
-                "the job's steps, and srun passes it to torchrun), or trap it in the script "
-                "and pass it to srun (tierckpt launch slurm writes such a script)"))
-        state = {True: "set", False: "not set", None: "unknown"}[f.slurm_requeue]
-        where = f" ({f.requeue_from})" if f.requeue_from else ""
-        out.append(Check(
-            "Slurm requeues the job", f.slurm_requeue,
-            f"--requeue {state}{where}" + (": after an announced notice whose emergency "
-                                           "save committed, the job requeues itself (rank 0 "
-                                           "runs scontrol requeue)" if f.slurm_requeue
-                                           else ""),
-            "" if f.slurm_requeue else "submit with #SBATCH --requeue (and the cluster's "
-            "JobRequeue=1): after its emergency save the job asks Slurm to requeue it, "
-            "which Slurm refuses without it; the loop must call should_save and "
-            "should_stop (docs/preemption.md)"))
+        out += _slurm_checks(f, need, need_txt)
     if f.grace_s is not None:
         ok4 = None if need is None else f.grace_s >= need
         knob = ("the GraceTime of the partition or QOS" if f.scheduler == "slurm"
@@ -251,4 +202,62 @@ def checks(f: Facts, save: SaveTime | None) -> list[Check]:
                          f"{f.grace_s:g} s ({f.grace_from}) vs {need_txt}",
                          "" if ok4 is not False else f"ask for a grace of at least "
                          f"{need:.0f} s ({knob})"))
+    return out
+
+
+def _torchrun_checks(f: Facts, need: float | None, need_txt: str) -> list[Check]:
+    """Does torchrun forward the notice, and wait long enough for the save?"""
+    if f.signals is None:
+        return [Check("torchrun forwards the notice", None, "no torchrun found (not "
+                      "under torchrun, and no script given)", "run inside the job, or "
+                      "pass --script JOB.sbatch / MANIFEST.yaml")]
+    notice = f.slurm_signal or "SIGTERM"
+    ok = notice in f.signals
+    ok2 = None if need is None or f.shutdown_s is None else f.shutdown_s >= need
+    return [Check("torchrun forwards the notice", ok,
+                  f"{notice} {'is' if ok else 'is not'} in --signals-to-handle "
+                  f"{','.join(f.signals)} ({f.torchrun_from})",
+                  "" if ok else f"add {notice} to torchrun's --signals-to-handle, e.g. "
+                  f"--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,{notice}"),
+            Check("torchrun waits for the save", ok2,
+                  f"--shutdown-timeout {f.shutdown_s:g} s vs {need_txt}",
+                  "" if ok2 is not False else f"raise torchrun's --shutdown-timeout "
+                  f"to at least {need:.0f} s")]
+
+
+def _slurm_checks(f: Facts, need: float | None, need_txt: str) -> list[Check]:
+    """Does Slurm warn early enough, does its signal reach torchrun, does it requeue?"""
+    out: list[Check] = []
+    if f.slurm_lead_s is None:
+        out.append(Check("Slurm warns before the time limit", False, "no --signal: the "
+                         "job gets no notice before its time limit",
+                         "add #SBATCH --signal=B:USR1@LEAD (tierckpt launch slurm "
+                         "computes LEAD)"))
+    else:
+        ok3 = None if need is None else f.slurm_lead_s >= need
+        out.append(Check("Slurm warns before the time limit", ok3,
+                         f"--signal {f.slurm_signal}@{f.slurm_lead_s:g} s vs {need_txt}",
+                         "" if ok3 is not False else f"raise the --signal lead to at "
+                         f"least {need:.0f} s"))
+    if f.slurm_batch_only:
+        ok5, sig = bool(f.slurm_forwards), (f.slurm_signal or "").removeprefix("SIG")
+        out.append(Check(
+            "the lead's signal reaches torchrun", ok5,
+            f"--signal=B:{sig} goes to the batch shell only; the script "
+            f"{'traps' if ok5 else 'does not trap'} it",
+            "" if ok5 else f"drop B: (#SBATCH --signal={sig}@LEAD signals "
+            "the job's steps, and srun passes it to torchrun), or trap it in the script "
+            "and pass it to srun (tierckpt launch slurm writes such a script)"))
+    state = {True: "set", False: "not set", None: "unknown"}[f.slurm_requeue]
+    where = f" ({f.requeue_from})" if f.requeue_from else ""
+    out.append(Check(
+        "Slurm requeues the job", f.slurm_requeue,
+        f"--requeue {state}{where}" + (": after an announced notice whose emergency "
+                                       "save committed, the job requeues itself (rank 0 "
+                                       "runs scontrol requeue)" if f.slurm_requeue
+                                       else ""),
+        "" if f.slurm_requeue else "submit with #SBATCH --requeue (and the cluster's "
+        "JobRequeue=1): after its emergency save the job asks Slurm to requeue it, "
+        "which Slurm refuses without it; the loop must call should_save and "
+        "should_stop (docs/preemption.md)"))
     return out
