@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,14 +26,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tierckpt._ports import free_port
+
 J = TypeVar("J")
 RankFn = Callable[[int, int, J], dict[str, Any]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(rank: int, world: int, port: int, fn: RankFn[J], job: J, out: str) -> None:
@@ -56,6 +51,6 @@ def _entry(rank: int, world: int, port: int, fn: RankFn[J], job: J, out: str) ->
 def run_ranks(world: int, fn: RankFn[J], job: J) -> list[dict[str, Any]]:
     """Run ``fn(rank, world, job)`` on ``world`` spawned processes; results ordered by rank."""
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as out:
-        mp.start_processes(_entry, args=(world, _free_port(), fn, job, out), nprocs=world,
+        mp.start_processes(_entry, args=(world, free_port(), fn, job, out), nprocs=world,
                            join=True, start_method="spawn")
         return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]

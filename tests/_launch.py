@@ -6,7 +6,6 @@ import functools
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -34,13 +33,6 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, max_restarts: int =
                              f"--- stdout ---\n{proc.stdout[-4000:]}\n"
                              f"--- stderr ---\n{proc.stderr[-8000:]}")
     return proc
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(fn: Callable[..., None], *args: Any, nprocs: int = 2) -> None:

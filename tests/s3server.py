@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 import pytest
 
 from tests._require import require
+from tierckpt._ports import reserve
 
 ACCESS_KEY = "tierckpt-test-key"
 SECRET_KEY = "tierckpt-test-secret-0123456789"  # a test-only credential for a loopback server
@@ -53,17 +53,8 @@ def weed_binary() -> str | None:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback TCP ports (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct reserved loopback TCP ports (:func:`tierckpt._ports.reserve`)."""
+    return reserve(n)
 
 
 def make_client(endpoint: str, **config: Any) -> Any:

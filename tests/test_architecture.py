@@ -43,13 +43,13 @@ TORCH_FREE_MODULES = ("tierckpt", "tierckpt.uploader", "tierckpt.config",
 # Outermost first. A part imports only parts of its own layer or a lower one.
 LAYERS = (
     ("cli/", "drill/", "uploader.py", "integrations/"),                      # shells
-    ("__init__.py", "manager.py", "config.py"),                               # public face
+    ("__init__.py", "manager.py", "generation.py", "config.py"),              # public face
     ("ops/", "share/", "restore/", "save/", "preempt/", "launch/", "heal/"),  # paths
     ("state.py", "model_state.py", "state_capture.py", "_rng.py", "data.py",
      "tier0/", "tier2/", "tier1/"),                                            # parts
     ("runtime/",),                                                            # job runtime
     ("policy/", "format/"),                                                   # pure
-    ("errors.py", "_version.py", "_runs.py", "_torch/"),                      # base
+    ("errors.py", "_version.py", "_runs.py", "_ports.py", "_torch/"),         # base
 )
 
 # part -> what it may import from tierckpt besides itself: ``pkg/`` is the whole package,
@@ -60,16 +60,18 @@ ALLOWED: dict[str, tuple[str, ...]] = {
              "runtime/", "policy/", "format/", "errors.py", "_version.py",
              "preempt/config.py"),
     "drill/": ("config.py", "ops/", "tier0/", "tier2/", "tier1/", "runtime/", "format/",
-               "errors.py", "_version.py", "preempt/config.py"),
+               "errors.py", "_ports.py", "_version.py", "preempt/config.py"),
     "uploader.py": ("tier2/",),
     "integrations/": ("manager.py", "config.py", "share/", "restore/", "save/", "state.py",
                       "model_state.py", "runtime/", "policy/", "format/", "errors.py"),
     "__init__.py": ("manager.py", "config.py", "share/", "restore/", "save/", "state.py",
                     "data.py", "tier0/", "tier2/", "runtime/", "policy/", "errors.py",
                     "_version.py", "preempt/"),
-    "manager.py": ("config.py", "restore/", "save/", "state.py", "tier0/", "tier2/",
-                   "tier1/", "runtime/", "policy/", "format/", "errors.py", "preempt/",
-                   "heal/regroup.py", "heal/survivor.py"),
+    "manager.py": ("generation.py", "config.py", "restore/", "save/", "state.py",
+                   "tier0/", "tier2/", "tier1/", "runtime/", "policy/", "errors.py",
+                   "preempt/config.py", "heal/regroup.py", "heal/survivor.py"),
+    "generation.py": ("config.py", "save/", "state.py", "tier0/", "tier2/", "tier1/",
+                      "runtime/", "format/", "errors.py", "preempt/"),
     "config.py": ("restore/verify.py", "save/config.py", "tier0/config.py",
                   "tier2/config.py", "policy/", "errors.py", "preempt/config.py"),
     "ops/": ("restore/verify.py", "tier0/root.py", "tier2/", "tier1/", "policy/", "format/",
@@ -100,6 +102,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "errors.py": (),
     "_version.py": (),
     "_runs.py": (),
+    "_ports.py": (),
     "_torch/": ("errors.py",),
 }
 

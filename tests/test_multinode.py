@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests._launch import WORKLOADS, read_jsonl
+from tierckpt._ports import free_port
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
@@ -26,14 +26,8 @@ from tierckpt.tier2.uploader import Uploader, UploaderConfig
 TRAIN = WORKLOADS / "fsdp_train.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _two_nodes(tier1_pattern: str, losses: Path, tier2: str, steps: int) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={i}",

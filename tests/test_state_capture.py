@@ -14,8 +14,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from tests._launch import free_port, spawn
+from tests._launch import spawn
 from tierckpt import state_capture
+from tierckpt._ports import free_port
 from tierckpt.state_capture import StateCapture, _same
 
 

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 import tierckpt
-from tests._launch import free_port, spawn
+from tests._launch import spawn
+from tierckpt._ports import free_port
 
 
 def _build(rank: int) -> torch.nn.Module:

@@ -16,48 +16,30 @@ Background errors surface at the next ``save()``, ``wait()`` or ``close()`` on e
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
-import time
-import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from tierckpt.config import ManagerConfig, resolve
 from tierckpt.errors import CheckpointError, ConfigError
-from tierckpt.format import layout
+from tierckpt.generation import Generation
 from tierckpt.heal import regroup, survivor
 from tierckpt.policy.interval import AutoInterval, Every
 from tierckpt.preempt.config import Preemption
-from tierckpt.preempt.session import PreemptSession, resolve_grace
 from tierckpt.restore.loader import RestoreInfo
 from tierckpt.restore.restorer import Restorer
 from tierckpt.restore.verify import Verify
 from tierckpt.runtime import events
-from tierckpt.runtime.cadence import Cadence
-from tierckpt.runtime.save_cost import SaveCostMeter
-from tierckpt.runtime.steps import StepMarks
-from tierckpt.runtime.topology import Comm, discover_domains
+from tierckpt.runtime.topology import Comm
 from tierckpt.save.config import Failures, OnSaveError, Staging, Writes
-from tierckpt.save.gate import StagingGate
-from tierckpt.save.inflight import InFlight
-from tierckpt.save.retention import Tier1Retention
-from tierckpt.save.saver import AsyncSaver, SaveHandle, SaveJob, SaveResult
-from tierckpt.save.staging import HostStager
+from tierckpt.save.saver import SaveHandle, SaveResult
 from tierckpt.state import TrainState, require_state
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.root import Tier0Root
-from tierckpt.tier0.session import Tier0Session
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier1.session import Tier1Session
 from tierckpt.tier2.config import Tier2
-from tierckpt.tier2.link import Tier2Link
 
 _log = logging.getLogger("tierckpt")
-
-_LEAVE_WAIT_S = 1.0
-"""How long a heal waits for the failed generation's in-flight save before abandoning it."""
 
 
 class CheckpointManager:
@@ -79,78 +61,27 @@ class CheckpointManager:
         self.config = cfg = resolve(config, dict(
             tier1=tier1, keep_last=keep_last, verify=verify, interval=interval, tier0=tier0,
             tier2=tier2, writes=writes, failures=failures, preemption=preemption))
-        self._closed = False
         self._catalog = Tier1Catalog(cfg.tier1)
-        self._tier1: Tier1Session | None = None
-        self._tier0: Tier0Session | None = None
-        self._tier2: Tier2Link | None = None
         self._last_result: SaveResult | None = None
-        self._preempt: PreemptSession | None = None
         self._state: TrainState | None = None  # the last one restored or saved
         self._seen = -1  # the newest step the loop named (should_save / should_stop)
-        self._comm = Comm.create(cfg.failures.collective_timeout_s)
-        try:
-            self._open(cfg)
-        except BaseException:
-            self._release(drain=False)
-            raise
+        self._open()
 
-    def _open(self, cfg: ManagerConfig) -> None:
-        """Collective start-up: root, domains, lock, tier 0, tier 2, events, saver."""
-        comm, w = self._comm, cfg.writes
-        self._catalog.prepare(dir_mode=w.dir_mode, file_mode=w.file_mode)
-        self._domains = discover_domains(cfg.tier1, comm)
-        self._domain = next(d for d in self._domains if comm.rank in d)
-        self._is_owner = self._domain[0] == comm.rank
-        self._tier1 = Tier1Session(self._catalog, comm, is_owner=self._is_owner)
-        self._tier1.open(file_mode=w.file_mode)
-        if cfg.tier0 is not None:
-            self._tier0 = Tier0Session(cfg.tier0, tier1=cfg.tier1, comm=comm,
-                                       domains=self._domains, domain=self._domain,
-                                       is_owner=self._is_owner)
-            self._tier0.open(dir_mode=w.dir_mode, file_mode=w.file_mode)
-        if cfg.tier2 is not None:
-            self._tier2 = Tier2Link(cfg.tier2, catalog=self._catalog, comm=comm,
-                                    is_owner=self._is_owner)
-            self._tier2.probe(dir_mode=w.dir_mode)
-        self._events = events.EventLog(cfg.tier1 / layout.EVENTS, rank=comm.rank,
-                                       mode=w.file_mode)
-        self.run_id: str = comm.broadcast(uuid.uuid4().hex[:12])
+    def _open(self) -> None:
+        """Open a generation on a new checkpoint group (collective; see
+        :class:`~tierckpt.generation.Generation`)."""
+        self._g = g = Generation(self.config, self._catalog,
+                                 Comm.create(self.config.failures.collective_timeout_s))
+        self._closed = False
+        self.run_id: str = g.run_id
         """This incarnation's id (part of every save id)."""
-        roots = [self._catalog] + ([self.tier0.own] if self.tier0 is not None else [])
-        mine = [s for r in roots for s in r.complete_steps()[:1]] if self._is_owner else []
-        newest = max(comm.all_gather(max(mine, default=-1)))
-        self.last_committed: int | None = None if newest < 0 else newest
+        self.last_committed: int | None = g.newest
         """The newest committed step this job knows of (None: none yet)."""
-        if self._tier2 is not None:
-            self._tier2.start(cfg.retention, self._events, file_mode=w.file_mode,
-                              dir_mode=w.dir_mode)
-        self._stager = HostStager()
-        self._gate = StagingGate(self._events)
-        self._inflight = InFlight(cfg.failures, self._events)
-        self._steps = StepMarks(self._events, SaveCostMeter(self._events))
-        self._cadence = None if cfg.interval is None else Cadence(
-            cfg.interval, comm, self._events, cfg.tier1 / layout.EVENTS)
-        if self._cadence is None:
-            self._gate.on_step = lambda: self._steps.completed(busy=self._saving())
-        self._saver = AsyncSaver(cfg.tier1, w, comm, self._domains, self._events,
-                                 on_committed=Tier1Retention(
-                                     self._catalog, cfg.retention, uploader=cfg.tier2 is not None,
-                                     log=self._events), tier0=self.tier0,
-                                 tier0_config=cfg.tier0, tier0_fits=None if self._tier0 is None
-                                 else functools.partial(self._tier0.check_budget,
-                                                        log=self._events))
-        if cfg.preemption is not None:
-            grace = comm.broadcast(resolve_grace(cfg.preemption) if comm.rank == 0 else None)
-            self._preempt = PreemptSession(
-                cfg.preemption, store=comm.store(), rank=comm.rank,
-                world_size=comm.world_size, run_id=self.run_id, log=self._events,
-                events_path=cfg.tier1 / layout.EVENTS, grace=grace)
 
     @property
     def tier0(self) -> Tier0Root | None:
         """This node's tier 0 (None: off, or turned off because it did not fit)."""
-        return self._tier0.root if self._tier0 is not None else None
+        return self._g.tier0
 
     # -- public API -----------------------------------------------------------------------
     def restore(self, state: TrainState) -> RestoreInfo | None:
@@ -166,15 +97,15 @@ class CheckpointManager:
         """
         self._check_open()
         require_state(state)
-        self._gate.settle()  # no background copy may read what the restore overwrites
-        cfg, down = self.config, self._tier2.down if self._tier2 is not None else None
-        info = Restorer(self._catalog, self._comm, self._domain, verify=cfg.verify,
-                        is_owner=self._is_owner, log=self._events, tier2=cfg.tier2,
-                        tier2_down=down, writes=cfg.writes, tier0=self.tier0,
-                        domains=self._domains).restore(state)
+        g, cfg = self._g, self.config
+        g.gate.settle()  # no background copy may read what the restore overwrites
+        info = Restorer(self._catalog, g.comm, g.domain, verify=cfg.verify,
+                        is_owner=g.is_owner, log=g.log, tier2=cfg.tier2,
+                        tier2_down=g.tier2.down if g.tier2 is not None else None,
+                        writes=cfg.writes, tier0=g.tier0, domains=g.domains).restore(state)
         self.last_committed = None if info is None else info.step
-        self._steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
-        self._gate.watch(state.optimizer)  # its steps are the marks until save() names one
+        g.steps.anchor(-1 if info is None else info.step)  # the loop goes on from here
+        g.gate.watch(state.optimizer)  # its steps are the marks until save() names one
         self._state, self._seen = state, -1
         regroup.mark_ready()  # under the heal launcher: this rank's generation is loaded
         return info
@@ -200,8 +131,8 @@ class CheckpointManager:
         newest complete checkpoint as always. Events: ``heal_begin``, ``heal_done`` or
         ``heal_failed``."""
         return survivor.heal(survivor.Manager(
-            leave=self._leave_generation, reopen=self._reopen, restore=self.restore,
-            log=lambda: self._events, tier1=self.config.tier1), state, error, rebuild)
+            leave=self._leave, reopen=self._open, restore=self.restore,
+            log=lambda: self._g.log, tier1=self.config.tier1), state, error, rebuild)
 
     def save(self, step: int, state: TrainState) -> SaveHandle:
         """Stage ``state`` into host buffers (see :class:`~tierckpt.save.config.Staging`),
@@ -215,51 +146,26 @@ class CheckpointManager:
         require_state(state)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigError(f"save(step=...) must be an int >= 0, got {step!r}")
-        self._state = state
-        self._gate.settle()
-        previous, skip = self._inflight.settle()
+        self._state, g = state, self._g
+        g.gate.settle()
+        previous, skip = g.inflight.settle()
         self._note(previous)
         if skip is not None:
-            return self._inflight.skipped(step, skip)
-        if self._tier2 is not None:
-            self._tier2.check(
-                raise_error=self.config.failures.on_save_error is OnSaveError.RAISE)
+            return g.inflight.skipped(step, skip)
+        if g.tier2 is not None:
+            g.tier2.check(raise_error=self.config.failures.on_save_error is OnSaveError.RAISE)
         if self.last_committed is not None and step <= self.last_committed:
             raise ConfigError(
                 f"save(step={step}) but step {self.last_committed} is already committed in "
                 f"{self.config.tier1}; steps must increase (resume with restore() first, or "
                 "use a new tier1 directory)")
-        t0 = time.monotonic()
-        state.step = step
-        defer = state.overlap_filter() if self.config.writes.staging is Staging.OVERLAP else None
-        self._gate.watch(state.optimizer)  # waits for overlapped copies; marks steps
-        staged = self._stager.stage(state.state_dict(), defer=defer)
-        staged_at = time.monotonic()
-        nbytes = staged.nbytes
-        handle = SaveHandle(step=step, staged=Future(), durable=Future())
-        self._gate.begin(step=step, blocked_s=staged_at - t0, nbytes=nbytes,
-                         deferred_bytes=staged.deferred_bytes, ready=staged.ready,
-                         staged=handle.staged)
-        try:
-            to_tier1 = self._saver.to_tier1(nbytes)
-        except BaseException:
-            self._gate.settle()  # the buffers are not handed to a writer: let go
-            raise
-        self._inflight.handle = handle
-        self._saver.submit(SaveJob(step=step, staged=staged.tree, nbytes=nbytes,
-                                save_id=f"{self.run_id}-{step}", started=t0,
-                                staged_at=staged_at, to_tier1=to_tier1,
-                                ready=staged.ready), handle)
-        self._steps.saving(step, t0)
-        if self._cadence is not None:
-            self._cadence.saved(step)
-        return handle
+        return g.submit(step, state, overlap=self.config.writes.staging is Staging.OVERLAP)
 
     def wait_for_staging(self) -> None:
         """Block until the last save's background copies (``Staging.OVERLAP``) landed —
         what the step pre-hook on ``state.optimizer`` does. Call it before writing the
         parameters or optimizer state anywhere other than ``optimizer.step()``."""
-        self._gate.settle()
+        self._g.gate.settle()
 
     def should_save(self, step: int) -> bool:
         """Whether to save after ``step`` under ``interval=`` (cheap: call it every step;
@@ -267,12 +173,12 @@ class CheckpointManager:
         (the loop decides itself) — except at the step agreed after a termination notice,
         True with or without one. The README loop:
         ``if ckpt.should_save(step): ckpt.save(step, state)``."""
-        self._seen = max(self._seen, step)
-        urgent = self._preempt is not None and self._preempt.should_save(step)
-        if self._cadence is None:
+        self._seen, g = max(self._seen, step), self._g
+        urgent = g.preempt is not None and g.preempt.should_save(step)
+        if g.cadence is None:
             return urgent
-        self._steps.completed(busy=self._saving(), step=step)
-        return self._cadence.should_save(step) or urgent
+        g.steps.completed(busy=g.saving(), step=step)
+        return g.cadence.should_save(step) or urgent
 
     def should_stop(self, step: int) -> bool:
         """True once every rank reached the step agreed after a termination notice (a
@@ -283,12 +189,11 @@ class CheckpointManager:
         (before it they act as they did without tierckpt). Saves ``step`` itself if the
         loop did not. Collective at the agreed step; cheap otherwise."""
         self._check_open()
-        self._seen = max(self._seen, step)
-        p = self._preempt
+        self._seen, p = max(self._seen, step), self._g.preempt
         if p is None or not p.at_stop(step):
             return False
         if p.carry is None:
-            h = self._inflight.handle
+            h = self._g.inflight.handle
             if h is None or h.step != step:
                 if self._state is None:
                     raise ConfigError("should_stop() has no state to save: call "
@@ -296,23 +201,14 @@ class CheckpointManager:
                 self.save(step, self._state)
             result = self.wait() or self._last_result
             assert result is not None and result.step == step
-            p.carry_save(step, nbytes=result.bytes_total, tier=result.tier,
-                         tier0=self.tier0 is not None, tier2=self._tier2 is not None,
-                         flush=lambda: self._saver.flush_to_tier1(result),
-                         request_upload=self._catalog.request_upload if self._is_owner
-                         else lambda s: None)
+            self._g.carry(step, result)
         return True
-
-    def _saving(self) -> bool:
-        """A save is still in flight (not yet committed or failed)."""
-        h = self._inflight.handle
-        return h is not None and not h.done()
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until the in-flight save (if any) is committed; raise its error."""
         self._check_open()
-        self._gate.settle()
-        return self._note(self._inflight.finish(record_overlap=False, timeout=timeout))
+        self._g.gate.settle()
+        return self._note(self._g.inflight.finish(record_overlap=False, timeout=timeout))
 
     def close(self, *, after_error: bool = False) -> None:
         """Wait for the in-flight save, release the lock and the checkpoint group;
@@ -333,20 +229,17 @@ class CheckpointManager:
             except BaseException:
                 self.close(after_error=True)
                 raise
-        self._closed = True
+        self._closed, g = True, self._g
+        p = g.preempt
         try:
-            self._gate.close()
-            self._note(self._inflight.finish(record_overlap=False))
-            last, p = self._last_result, self._preempt
-            if not after_error and last is not None and (p is None or p.carry is None):
-                if last.tier == "tier0" and self.tier0 is not None:
-                    self._saver.flush_to_tier1(last)
-                if self._tier2 is not None and self._is_owner:
-                    self._catalog.request_upload(last.step)  # the drain below copies it
+            g.gate.close()
+            self._note(g.inflight.finish(record_overlap=False))
+            if not after_error and self._last_result is not None \
+                    and (p is None or p.carry is None):
+                g.keep(self._last_result)
         finally:
-            self._saver.close(wait=not self._inflight.stuck)  # bounded: abandon a stuck write
-            self._stager.close()
-            self._release(drain=not after_error)
+            g.stop_writing()
+            g.release(drain=not after_error, step=self.last_committed)
         if p is not None and p.carry is not None and p.config.exit_code and not after_error:
             raise SystemExit(p.config.exit_code)
 
@@ -365,7 +258,7 @@ class CheckpointManager:
         """At a clean close: save the loop's newest named step if no save covers it yet
         (collective: every rank named the same steps). After a notice the emergency save
         is the final one."""
-        p, h = self._preempt, self._inflight.handle
+        p, h = self._g.preempt, self._g.inflight.handle
         last = max(-1 if h is None else h.step, -1 if self.last_committed is None
                    else self.last_committed)
         if self._seen <= last or (p is not None and p.carry is not None):
@@ -376,59 +269,19 @@ class CheckpointManager:
             return
         _log.info("close(): saving step %d, the loop's last (the newest save was %s)",
                   self._seen, last if last >= 0 else "none")
-        self._events.emit(events.FINAL_SAVE, step=self._seen, last_saved=last)
+        self._g.log.emit(events.FINAL_SAVE, step=self._seen, last_saved=last)
         self.save(self._seen, self._state)
 
-    def _reopen(self) -> None:
-        """After a heal re-formed the group: open this manager again on it."""
-        self._comm = Comm.create(self.config.failures.collective_timeout_s)
-        self._closed = False
-        self._open(self.config)
-
-    def _leave_generation(self) -> None:
-        """Let go of everything bound to the failed generation's groups, as a close after an
-        error does. The in-flight save gets ``_LEAVE_WAIT_S`` to end (its collectives fail
-        with the dead peer), then is abandoned: a coordinator waiting in a gather for the
-        dead rank's part is not woken by an abort (gloo's receive waits out its timeout),
-        and it can never commit — no survivor answers the old group again — so it ends in
-        its own ``save_failed`` and its tmp directory is debris the next start removes."""
+    def _leave(self) -> None:
+        """A heal lets go of the failed generation (:meth:`Generation.leave`)."""
         self._closed = True
-        self._gate.close()
-        with contextlib.suppress(CheckpointError):  # it failed with the peer: expected
-            self._inflight.finish(record_overlap=False, timeout=_LEAVE_WAIT_S)
-        try:
-            self._saver.close(wait=not self._inflight.stuck)
-            self._stager.close()
-        finally:
-            self._release(drain=False, closing=False)
-        self._inflight.handle, self._inflight.stuck = None, False
+        self._g.leave()
 
     def _note(self, result: SaveResult | None) -> SaveResult | None:
         if result is not None:
             self.last_committed = max(self.last_committed or -1, result.step)
             self._last_result = result
         return result
-
-    def _release(self, *, drain: bool, closing: bool = True) -> None:
-        p, left = self._preempt, None
-        if self._tier2 is not None:  # drains what is due, bounded (by the grace after a notice)
-            c = p.carry if p is not None else None
-            left = self._tier2.close(drain=drain, drain_s=c.drain_s if c else None)
-        if p is not None:
-            p.finish(tier2_left=left)
-            p.close()
-        if closing and getattr(self, "_events", None) is not None:
-            # a launcher tells a finished job from one cut short by this (not by a heal)
-            self._events.emit(events.MANAGER_CLOSED, clean=drain,
-                              stopped=p is not None and p.carry is not None,
-                              step=self.last_committed)
-        if self._tier1 is not None:
-            self._tier1.release()
-        if self._tier0 is not None:
-            self._tier0.release(clean=drain)
-        if getattr(self, "_events", None) is not None:
-            self._events.close()
-        self._comm.close()
 
     def _check_open(self) -> None:
         if self._closed:

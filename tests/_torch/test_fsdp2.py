@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests._launch import free_port, spawn
+from tests._launch import spawn
+from tierckpt._ports import free_port
 from tierckpt._torch import fsdp2
 
 _WORLD = 2  # both ranks fail alike and are healed alike (FSDP2 skips collectives at 1)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from tests._launch import read_jsonl
 from tests._require import require
 from tests.faults import _sweep
 from tests.faults._oracle import TALLY, check_root, newest_valid
+from tierckpt._ports import free_port
 
 JOB = Path(__file__).with_name("rank_kill_job.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +39,9 @@ def _needs_strace() -> None:
 
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(*args: str, timeout: float = 180) -> list[int]:
     """Start both ranks as plain processes; return their exit codes."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),

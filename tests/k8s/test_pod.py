@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests._launch import free_port
+from tierckpt._ports import free_port
 from tierckpt.format import layout
 from tierckpt.launch import k8s
 from tierckpt.launch.command import TrainCommand

@@ -22,7 +22,8 @@ from torch.distributed.checkpoint import FileSystemReader
 
 import tierckpt
 from bench.reads import Reads
-from tests._launch import free_port, spawn
+from tests._launch import spawn
+from tierckpt._ports import free_port
 from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf

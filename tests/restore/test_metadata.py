@@ -18,8 +18,9 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
 import tierckpt
-from tests._launch import free_port, spawn
+from tests._launch import spawn
 from tests._payload import REFUSED, Where, plant_metadata_payload
+from tierckpt._ports import free_port
 from tierckpt.errors import IntegrityError, UnsafeCheckpointError
 from tierckpt.format import layout
 from tierckpt.restore.metadata import ALLOWED, load_metadata, read_metadata_file

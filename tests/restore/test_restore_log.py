@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import tierckpt
-from tests._launch import free_port, spawn
+from tests._launch import spawn
+from tierckpt._ports import free_port
 from tierckpt.format import layout
 from tierckpt.restore.restorer import reshard_note
 

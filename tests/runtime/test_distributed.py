@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from tierckpt._ports import free_port
 from tierckpt.errors import CheckpointError, ConfigError
 from tierckpt.runtime.distributed import (
     DistInfo,
@@ -214,14 +215,6 @@ def test_timeout_recipe() -> None:
     assert DistInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:
     import time
 
@@ -249,7 +242,7 @@ def test_hot_spare_joining_restarts_with_fresh_namespace(tmp_path: Path) -> None
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is part of the recipe: with torch 2.13's shared
     store, a node joining a running job waits forever for ``MASTER_ADDR`` of the new round
     (rank 0's agent publishes it only on its first round; see docs/restarts.md)."""
-    port = _free_port()
+    port = free_port()
 
     def agent(tag: str) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
@@ -298,7 +291,7 @@ def test_two_agents_restart_after_a_kill_with_the_shared_store(tmp_path: Path) -
     the store that still holds the first incarnation's keys, and the per-agent
     TORCHELASTIC_RESTART_COUNT may differ between them (recorded, not asserted: it is a
     race); the new group must still form and finish."""
-    port = _free_port()
+    port = free_port()
     events = tmp_path / "events.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
            "--nproc-per-node", "1", "--rdzv-backend", "c10d",

@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import tierckpt
-from tests._launch import free_port, spawn
+from tests._launch import spawn
+from tierckpt._ports import free_port
 from tierckpt.format import layout
 from tierckpt.runtime.commcount import counting
 

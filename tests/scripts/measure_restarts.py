@@ -15,19 +15,14 @@ import argparse
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tierckpt._ports import free_port
+
 LOOP = Path(__file__).with_name("restart_loop.py")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _one(mode: str, agents: int, limit: float, out: Path, timeout: float) -> tuple[str, str]:
@@ -39,7 +34,7 @@ def _one(mode: str, agents: int, limit: float, out: Path, timeout: float) -> tup
         cmds = [[*run, "--standalone", "--nproc-per-node", "2", *script]]
     else:
         rdzv = ["--nnodes", str(agents), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{_port()}", "--rdzv-id", out.name]
+                "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", out.name]
         cmds = [[*run, *rdzv, *script]] * agents
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL,

@@ -29,9 +29,10 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import tierckpt
-from tests._launch import free_port, spawn
+from tests._launch import spawn
 from tests._require import require
 from tierckpt import Failures, Tier2
+from tierckpt._ports import free_port
 from tierckpt.share.contents import contents
 from tierckpt.share.loader import load
 from tierckpt.share.source import open_checkpoint

@@ -25,6 +25,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tierckpt._ports import reserve
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "sinfo", "squeue", "scancel")
 
@@ -40,14 +42,7 @@ def _exe(name: str) -> str:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return reserve(n)
 
 
 def slurm_conf(root: Path, *, host: str, ports: tuple[int, int], grace_s: int,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests._launch import WORKLOADS, read_jsonl
+from tierckpt._ports import free_port
 from tierckpt.drill.launch import agent_argv
 from tierckpt.format import layout
 
@@ -22,17 +23,9 @@ TRAIN = WORKLOADS / "fsdp_train.py"
 STEPS = 12  # saves after steps 3, 7, 11
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(base: Path, shm: Path, *extra: str, restarts: int = 0, check: bool = True) -> None:
     """Both nodes' agents; ``extra`` goes to the training script."""
-    port, run_id = _free_port(), uuid.uuid4().hex[:8]
+    port, run_id = free_port(), uuid.uuid4().hex[:8]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(TRAIN), "--tier1", str(base / "node{node}" / "t1"),

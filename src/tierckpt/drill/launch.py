@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierckpt._ports import free_port
 from tierckpt.errors import ConfigError
 
 __all__ = ["Job", "JobSpec", "agent_argv", "free_port", "heal_argv", "training_argv"]
@@ -83,13 +83,6 @@ def training_argv(command: Sequence[str], *, tier1: Path, losses: Path, steps: i
     if tier0 is not None:
         out += ["--tier0", tier0]
     return out
-
-
-def free_port() -> int:
-    """A currently free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True, kw_only=True)
