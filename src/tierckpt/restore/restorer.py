@@ -5,10 +5,12 @@ aside and try the next older one. Collective: every rank of the job calls it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from tierckpt.errors import (
     CheckpointError,
@@ -66,65 +68,70 @@ class Restorer:
         (``state`` then holds part of one)."""
         t0 = time.monotonic()
         self.log.emit(events.RESTORE_STARTED)
-        failed: dict[int, str] = {}  # verified, yet failed to load: never chosen again
-        rechecked: set[int] = set()  # steps whose tier-0 copies were re-verified in full
-        bad_copies: list[tuple[int, str]] = []  # local copies set aside, the step retried
+        tried = _Tried()
         while True:
-            chosen = self._choose_through_outage(exclude=frozenset(failed))
+            chosen = self._choose_through_outage(exclude=frozenset(tried.failed))
             if chosen is None:
-                if failed:
+                if tried.failed:
                     raise CorruptDataError(
-                        f"no checkpoint could be loaded (failed while reading: {failed}); the "
-                        "state holds part of one of them: build it anew to start fresh")
+                        f"no checkpoint could be loaded (failed while reading: "
+                        f"{tried.failed}); the state holds part of one of them: build it "
+                        "anew to start fresh")
                 return None
             step, source, skipped, fetched, saved_world, mine = chosen
             in_ram = mine in ("tier0", "tier0-peer") and self.tier0 is not None
             path = (self.tier0.path if in_ram and self.tier0 is not None
                     else self.catalog.root) / layout.step_dirname(step)
             t_load = time.monotonic()
-            notes: list[str] = []
             try:
-                nbytes = load_into(state, path, saved_world, self.comm,
-                                   readers=len(self.domain), notes=notes)
-                for note in notes:
-                    self.log.emit(events.METADATA_FALLBACK, step=step, reason=note)
-                    _log.warning("step %d: %s", step, note)
+                nbytes = self._load(state, step, path, saved_world)
                 break
             except CorruptDataError as e:
-                sources = set(source.split("+"))
-                if sources & {"tier0", "tier0-peer"} and step not in rechecked:  # every rank
-                    rechecked.add(step)
-                    self._recheck_tier0(step, str(e))
-                    continue  # the step again, without the RAM copies that failed
-                self._set_aside(step, str(e))
-                if "tier2" not in sources and self.tier2 is not None and \
-                        step not in {s for s, _ in bad_copies}:
-                    # same step first: tier 2 may hold it verified; the chooser fetches it
-                    # there now that the local copy is gone, else moves to an older step
-                    bad_copies.append((step, f"tier 1: {e}"))
-                    continue
-                failed[step] = str(e)
+                self._after_failure(step, source, e, tried)
         now = time.monotonic()
         self.log.emit(events.STATE_LOADED, step=step, seconds=now - t_load)
-        if mine == "tier0-peer":
-            by_source = {"tier0": 0, "tier0-peer": fetched, "tier1": 0, "tier2": 0}
-        elif mine == "tier0":
-            by_source = {"tier0": nbytes, "tier0-peer": 0, "tier1": 0, "tier2": 0}
-        else:
-            by_source = {"tier0": 0, "tier0-peer": 0, "tier1": nbytes,
-                         "tier2": fetched}
-        if mine == "tier0-peer":  # what was read from RAM after the pull
-            by_source["tier0"] = nbytes
         info = RestoreInfo(step=step, source=source, path=path, seconds=now - t0,
-                           bytes_read=nbytes + fetched, bytes_by_source=by_source,
+                           bytes_read=nbytes + fetched,
+                           bytes_by_source=_bytes_by_source(mine, nbytes, fetched),
                            world_size=self.comm.world_size, saved_world_size=saved_world,
-                           skipped=(*skipped, *bad_copies, *failed.items()))
+                           skipped=(*skipped, *tried.bad_copies, *tried.failed.items()))
         self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
-                      bytes=info.bytes_read, source=source, bytes_by_source=by_source,
-                      world_size=info.world_size, saved_world_size=saved_world)
+                      bytes=info.bytes_read, source=source,
+                      bytes_by_source=info.bytes_by_source, world_size=info.world_size,
+                      saved_world_size=saved_world)
         if info.resharded and self.comm.rank == 0:  # one line for the job, not one per rank
             _log.warning("%s", reshard_note(step, saved_world, info.world_size))
         return info
+
+    def _load(self, state: TrainState, step: int, path: Path, saved_world: int) -> int:
+        """Load ``step`` from ``path`` (:func:`load_into`), logging each metadata fallback it
+        noted; returns the bytes this rank read."""
+        notes: list[str] = []
+        nbytes = load_into(state, path, saved_world, self.comm,
+                           readers=len(self.domain), notes=notes)
+        for note in notes:
+            self.log.emit(events.METADATA_FALLBACK, step=step, reason=note)
+            _log.warning("step %d: %s", step, note)
+        return nbytes
+
+    def _after_failure(self, step: int, source: str, e: CorruptDataError,
+                       tried: _Tried) -> None:
+        """``step`` verified but failed while loading from ``source``: what is tried next.
+        Once, the step again without its RAM copies (re-verified on every rank); once, the
+        step from tier 2 after the local copy is set aside; else never again."""
+        sources = set(source.split("+"))
+        if sources & {"tier0", "tier0-peer"} and step not in tried.rechecked:  # every rank
+            tried.rechecked.add(step)
+            self._recheck_tier0(step, str(e))
+            return  # the step again, without the RAM copies that failed
+        self._set_aside(step, str(e))
+        if "tier2" not in sources and self.tier2 is not None and \
+                step not in {s for s, _ in tried.bad_copies}:
+            # same step first: tier 2 may hold it verified; the chooser fetches it
+            # there now that the local copy is gone, else moves to an older step
+            tried.bad_copies.append((step, f"tier 1: {e}"))
+            return
+        tried.failed[step] = str(e)
 
     def _recheck_tier0(self, step: int, error: str) -> None:
         """After a load from RAM failed while reading (tier-0 copies are checked by size
@@ -233,6 +240,28 @@ class Restorer:
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
         return step, source, skipped, fetched, saved_world, mine
+
+
+@dataclasses.dataclass
+class _Tried:
+    """What one restore learned from the loads that failed while reading."""
+
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)
+    """Verified, yet failed to load: never chosen again."""
+    rechecked: set[int] = dataclasses.field(default_factory=set)
+    """Steps whose tier-0 copies were re-verified in full."""
+    bad_copies: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    """Local copies set aside, the step retried (from tier 2)."""
+
+
+def _bytes_by_source(mine: str | None, nbytes: int, fetched: int) -> dict[str, int]:
+    """The bytes of a restore by where they came from: ``nbytes`` read from this domain's
+    source ``mine``, ``fetched`` from tier 2 or a partner's RAM."""
+    if mine == "tier0-peer":  # pulled from a partner's RAM, then read from this node's
+        return {"tier0": nbytes, "tier0-peer": fetched, "tier1": 0, "tier2": 0}
+    if mine == "tier0":
+        return {"tier0": nbytes, "tier0-peer": 0, "tier1": 0, "tier2": 0}
+    return {"tier0": 0, "tier0-peer": 0, "tier1": nbytes, "tier2": fetched}
 
 
 def reshard_note(step: int, saved_world: int, world: int) -> str:
