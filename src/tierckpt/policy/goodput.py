@@ -256,6 +256,32 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
     staged = [r for r in recs if r.get("event") == "save_staged" and r.get("rank", 0) == 0]
     for part, seconds in _save_parts(recs, incs).items():
         sec[part] += seconds
+    interruptions = _split_training(incs, sec)
+    sec["productive"] -= sec["blocked"] + sec["slowed"] + sec["overlap"] + sec["lost_work"]
+    wall = t1 - t0
+    sec["unaccounted"] = wall - sum(v for k, v in sec.items() if k != "unaccounted")
+    failures = sum(1 for i in interruptions if i.kind == "unannounced")
+    saved_steps = sorted({int(r["step"]) for r in staged if isinstance(r.get("step"), int)})
+    save_ts = sorted(float(r["t"]) for r in staged)
+    tau = statistics.median([b - a for a, b in itertools.pairwise(save_ts)]) \
+        if len(save_ts) > 1 else None
+    per_save = [c for c, _ in costs.per_save(recs).values()]  # C + slower steps, if measured
+    C = statistics.median(per_save) if per_save else None
+    R = sum(i.restart_s for i in interruptions if i.kind == "unannounced") / failures \
+        if failures else None
+    M = (node_mtbf_s / nodes) if node_mtbf_s else (wall / failures if failures else None)
+    predicted = None
+    if tau and C and M:
+        predicted = plan.waste(C, tau, M, R or 0.0).total
+    return Goodput(wall_s=wall, seconds=sec, incarnations=tuple(incs), failures=failures,
+                   saves=len(saved_steps), interval_s=tau, C_s=C, R_s=R, M_s=M,
+                   predicted_waste=predicted, interruptions=interruptions)
+
+
+def _split_training(incs: list[Incarnation], sec: dict[str, float]
+                    ) -> tuple[Interruption, ...]:
+    """Add each incarnation's start-up, restart, training and lost work to ``sec`` (the
+    training still holds the saves' share); returns the interruptions between them."""
     dead_prev = None
     lost: list[tuple[int, float]] = []  # per incarnation but the last: steps, seconds
     restarts: list[float] = []  # per incarnation but the first
@@ -282,30 +308,11 @@ def account(records: Iterable[Mapping[str, Any]], *, node_mtbf_s: float | None =
             sec["lost_work"] += seconds
         if not last:
             lost.append((steps, seconds))
-    sec["productive"] -= sec["blocked"] + sec["slowed"] + sec["overlap"] + sec["lost_work"]
-    interruptions = tuple(
+    return tuple(
         Interruption(kind="announced" if inc.announced else "unannounced",
                      at_t=_training_end(inc, False), lost_steps=steps, lost_work_s=seconds,
                      restart_s=restart)
         for inc, (steps, seconds), restart in zip(incs[:-1], lost, restarts, strict=True))
-    wall = t1 - t0
-    sec["unaccounted"] = wall - sum(v for k, v in sec.items() if k != "unaccounted")
-    failures = sum(1 for i in interruptions if i.kind == "unannounced")
-    saved_steps = sorted({int(r["step"]) for r in staged if isinstance(r.get("step"), int)})
-    save_ts = sorted(float(r["t"]) for r in staged)
-    tau = statistics.median([b - a for a, b in itertools.pairwise(save_ts)]) \
-        if len(save_ts) > 1 else None
-    per_save = [c for c, _ in costs.per_save(recs).values()]  # C + slower steps, if measured
-    C = statistics.median(per_save) if per_save else None
-    R = sum(i.restart_s for i in interruptions if i.kind == "unannounced") / failures \
-        if failures else None
-    M = (node_mtbf_s / nodes) if node_mtbf_s else (wall / failures if failures else None)
-    predicted = None
-    if tau and C and M:
-        predicted = plan.waste(C, tau, M, R or 0.0).total
-    return Goodput(wall_s=wall, seconds=sec, incarnations=tuple(incs), failures=failures,
-                   saves=len(saved_steps), interval_s=tau, C_s=C, R_s=R, M_s=M,
-                   predicted_waste=predicted, interruptions=interruptions)
 
 
 def _training_end(inc: Incarnation, last: bool) -> float:
