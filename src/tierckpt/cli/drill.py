@@ -34,54 +34,68 @@ _STATE_STYLE = {"waiting": "dim", "running": "bold yellow", "passed": "green",
                 "failed": "bold red", "skipped": "dim red"}
 
 
+# drill's options, each with its help; the flag is the parameter's name (--preempt-rank).
+_Command = Annotated[list[str], typer.Argument(
+    help="The training command, after --: python examples/train.py FLAGS... It must "
+         "accept --tier1, --losses, --steps and --tier2 (docs/drills.md).")]
+_Nproc = Annotated[int | None, typer.Option(
+    help="Ranks per node (default 2; with --chaos 1; with --heal 3).")]
+_Nnodes = Annotated[int | None, typer.Option(
+    help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2, "
+         "with --chaos --heal 1).")]
+_Steps = Annotated[int | None, typer.Option(
+    help="Training steps per run (default 20; with --chaos 150 per cycle).")]
+_Seed = Annotated[int, typer.Option(
+    help="Picks the step and rank to kill (with --chaos: every cycle's faults).")]
+_Chaos = Annotated[int | None, typer.Option(
+    help="Run the chaos drill instead: this many seeded fault cycles on one job "
+         "(docs/drills.md, 'Chaos drill').")]
+_Tier2 = Annotated[str | None, typer.Option(
+    help="Tier-2 URL (s3://bucket/prefix or file:///path) (default: file://OUT/tier2).")]
+_Out = Annotated[Path, typer.Option(help="Directory for runs and reports.")]
+_Rtol = Annotated[float | None, typer.Option(
+    help="Loss tolerance for continuity (default: exact on CPU, 1e-2 on GPU).")]
+_Tier0 = Annotated[str | None, typer.Option(
+    help="With --chaos: run the job with tier 0 and its RAM faults: 'auto' (Tier0()) or "
+         "a directory on tmpfs; passed to the command as --tier0 (default: the command's "
+         "own --tier0, else none).")]
+_Preempt = Annotated[bool, typer.Option(
+    "--preempt", help="Run the preemption drill instead: a notice (SIGTERM to the "
+    "launcher) at a seeded step; every rank must stop at one step and lose nothing. With "
+    "--chaos: add the notice faults to the chaos catalogue (docs/drills.md).")]
+_PreemptRank = Annotated[int | None, typer.Option(
+    help="With --preempt: send SIGUSR1 to this rank's worker only, not SIGTERM to the "
+         "launcher.")]
+_Kinds = Annotated[str | None, typer.Option(
+    help="With --chaos: draw only these fault kinds, comma-separated (default: the whole "
+         "catalogue that can be injected here). With --heal: these heal faults, in order "
+         "(default: mid_step, two_at_once, mid_save, replacement, mid_heal).")]
+_Heal = Annotated[bool, typer.Option(
+    "--heal", help="Run the heal drill instead: the command under `tierckpt run --heal` "
+    "(default 3 ranks, 120 steps), a seeded series of rank deaths; each must end in a "
+    "heal (or, when it must, a full restart) that changes no loss (docs/heal.md). With "
+    "--chaos: the chaos job runs on one node under `tierckpt run` and heal_kill joins "
+    "its catalogue (docs/drills.md).")]
+_AsJson = Annotated[bool, typer.Option("--json", help="Print the report JSON.")]
+
+
 @command(context_settings={"allow_interspersed_args": False})
 def drill(
-    command: Annotated[list[str], typer.Argument(
-        help="The training command, after --: python examples/train.py FLAGS... It must "
-             "accept --tier1, --losses, --steps and --tier2 (docs/drills.md).")],
-    nproc: Annotated[int | None, typer.Option(
-        help="Ranks per node (default 2; with --chaos 1; with --heal 3).")] = None,
-    nnodes: Annotated[int | None, typer.Option(
-        help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2, "
-             "with --chaos --heal 1).")
-    ] = None,
-    steps: Annotated[int | None, typer.Option(
-        help="Training steps per run (default 20; with --chaos 150 per cycle).")] = None,
-    seed: Annotated[int, typer.Option(
-        help="Picks the step and rank to kill (with --chaos: every cycle's faults).")] = 0,
-    chaos: Annotated[int | None, typer.Option(
-        help="Run the chaos drill instead: this many seeded fault cycles on one job "
-             "(docs/drills.md, 'Chaos drill').")] = None,
-    tier2: Annotated[str | None, typer.Option(
-        help="Tier-2 URL (s3://bucket/prefix or file:///path) (default: file://OUT/tier2).")
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Directory for runs and reports.")] = Path(
-        "drill-out"),
-    rtol: Annotated[float | None, typer.Option(
-        help="Loss tolerance for continuity (default: exact on CPU, 1e-2 on GPU).")] = None,
-    tier0: Annotated[str | None, typer.Option(
-        help="With --chaos: run the job with tier 0 and its RAM faults: 'auto' (Tier0()) or "
-             "a directory on tmpfs; passed to the command as --tier0 (default: the command's "
-             "own --tier0, else none).")] = None,
-    preempt: Annotated[bool, typer.Option(
-        "--preempt", help="Run the preemption drill instead: a notice (SIGTERM to the "
-        "launcher) at a seeded step; every rank must stop at one step and lose nothing. With "
-        "--chaos: add the notice faults to the chaos catalogue (docs/drills.md).")] = False,
-    preempt_rank: Annotated[int | None, typer.Option(
-        help="With --preempt: send SIGUSR1 to this rank's worker only, not SIGTERM to the "
-             "launcher.")] = None,
-    kinds: Annotated[str | None, typer.Option(
-        help="With --chaos: draw only these fault kinds, comma-separated (default: the whole "
-             "catalogue that can be injected here). With --heal: these heal faults, in order "
-             "(default: mid_step, two_at_once, mid_save, replacement, mid_heal).")] = None,
-    heal: Annotated[bool, typer.Option(
-        "--heal", help="Run the heal drill instead: the command under `tierckpt run --heal` "
-        "(default 3 ranks, 120 steps), a seeded series of rank deaths; each must end in a "
-        "heal (or, when it must, a full restart) that changes no loss (docs/heal.md). With "
-        "--chaos: the chaos job runs on one node under `tierckpt run` and heal_kill joins "
-        "its catalogue (docs/drills.md).")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON.")] = False,
+    command: _Command,
+    nproc: _Nproc = None,
+    nnodes: _Nnodes = None,
+    steps: _Steps = None,
+    seed: _Seed = 0,
+    chaos: _Chaos = None,
+    tier2: _Tier2 = None,
+    out: _Out = Path("drill-out"),
+    rtol: _Rtol = None,
+    tier0: _Tier0 = None,
+    preempt: _Preempt = False,
+    preempt_rank: _PreemptRank = None,
+    kinds: _Kinds = None,
+    heal: _Heal = False,
+    as_json: _AsJson = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
 
