@@ -133,31 +133,8 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
                            is_coordinator=coordinator)
     writer.set_up_storage_writer(coordinator, rank=comm.rank, use_collectives=True)
     local = writer.prepare_local_plan(planner.create_local_plan())
-    fp = _fingerprint(local)
-    replan = _changed_anywhere(comm, cache.central is None or fp != cache.fingerprint)
-    if replan:
-        plans = comm.gather(local)
-        scattered: list[SavePlan] | None = None
-        if coordinator:
-            assert plans is not None
-            global_plans, metadata = planner.create_global_plan(plans)
-            scattered = writer.prepare_global_plan(global_plans)
-            cache.metadata = metadata
-        central = comm.scatter(scattered)
-        cache.fingerprint, cache.central = fp, central
-        cache.plans += 1
-    assert cache.central is not None
-    results: list[WriteResult] = []
-    error: str | None = None
-    exc: BaseException | None = None
-    try:
-        fut = writer.write_data(planner.finish_plan(cache.central), planner)
-        fut.wait()
-        results = fut.value()
-        writer.write_rank_metadata(rank_metadata(local, results))
-        writer.write_rank_records()
-    except Exception as e:  # reported through the gather: every rank fails together
-        error, exc = f"rank {comm.rank}: {type(e).__name__}: {e}", e
+    replan = _plan_centrally(comm, planner, writer, local, cache)
+    results, error, exc = _write(writer, planner, cache, local, comm.rank)
     # the same plan writes the same records at the same offsets: a rank whose results did
     # not change since it last sent them sends their digest only (O(1) per rank)
     digest = _digest(results)
@@ -171,18 +148,65 @@ def save(state_dict: dict[str, Any], writer: ShardWriter, comm: Comm,
     all_results, changed = _results(gathered, cache, errors)
     if not any(errors):
         try:
-            if changed or cache.metadata_bytes is None:
-                writer.finish(metadata=cache.metadata, results=all_results)
-                cache.metadata_bytes = writer.metadata_bytes
-            else:  # nothing changed anywhere: the same .metadata, not rebuilt (O(1))
-                writer.finish_bytes(cache.metadata_bytes)
-                cache.reused += 1
+            _finish(writer, cache, all_results, changed=changed)
         except Exception as e:
             errors[0] = f"rank 0: writing .metadata: {type(e).__name__}: {e}"
             exc = exc or e
     return Written(files=writer.files, error=error or next((e for e in errors if e), None),
                    exception=exc, all_files=[g[2] for g in gathered], all_errors=errors,
                    all_held=[g[4] for g in gathered], replanned=replan)
+
+
+def _plan_centrally(comm: Comm, planner: SavePlanner, writer: ShardWriter, local: SavePlan,
+                    cache: PlanCache) -> bool:
+    """Collective: when any rank's local plan changed (or none is cached), gather the
+    plans, let the coordinator build the global plan and metadata, and scatter each rank
+    its part into ``cache``; returns whether it did."""
+    fp = _fingerprint(local)
+    replan = _changed_anywhere(comm, cache.central is None or fp != cache.fingerprint)
+    if replan:
+        plans = comm.gather(local)
+        scattered: list[SavePlan] | None = None
+        if comm.rank == 0:
+            assert plans is not None
+            global_plans, metadata = planner.create_global_plan(plans)
+            scattered = writer.prepare_global_plan(global_plans)
+            cache.metadata = metadata
+        central = comm.scatter(scattered)
+        cache.fingerprint, cache.central = fp, central
+        cache.plans += 1
+    assert cache.central is not None
+    return replan
+
+
+def _write(writer: ShardWriter, planner: SavePlanner, cache: PlanCache, local: SavePlan,
+           rank: int) -> tuple[list[WriteResult], str | None, BaseException | None]:
+    """This rank's shards, its own metadata and records: (the write results, the error as
+    reported to every rank, the exception). An error is returned, not raised."""
+    assert cache.central is not None
+    results: list[WriteResult] = []  # those of a write whose metadata failed are sent too
+    try:
+        fut = writer.write_data(planner.finish_plan(cache.central), planner)
+        fut.wait()
+        results = fut.value()
+        writer.write_rank_metadata(rank_metadata(local, results))
+        writer.write_rank_records()
+    except Exception as e:  # reported through the gather: every rank fails together
+        return results, f"rank {rank}: {type(e).__name__}: {e}", e
+    return results, None, None
+
+
+def _finish(writer: ShardWriter, cache: PlanCache, all_results: list[list[WriteResult]], *,
+            changed: bool) -> None:
+    """Coordinator: write ``.metadata``; rebuilt when any rank's results changed, else the
+    cached bytes again (O(1))."""
+    assert cache.metadata is not None
+    if changed or cache.metadata_bytes is None:
+        writer.finish(metadata=cache.metadata, results=all_results)
+        cache.metadata_bytes = writer.metadata_bytes
+    else:  # nothing changed anywhere: the same .metadata, not rebuilt
+        writer.finish_bytes(cache.metadata_bytes)
+        cache.reused += 1
 
 
 def _results(gathered: list[Any], cache: PlanCache, errors: list[str | None]
