@@ -57,6 +57,12 @@ def gc(
         emit_json({"tier1_root": str(root), "tier2_url": tier2_url, **plan.to_json(),
                    "policy": resolved.to_json()})
         return
+    _render(root, tier2_url, plan, resolved)
+
+
+def _render(root: Path, tier2_url: str | None, plan: gclib.GcPlan,
+            resolved: gclib.ResolvedPolicy) -> None:
+    """The policy, then a table of each step's action, tier by tier."""
     verb = "deleted" if plan.applied else "would delete"
     out = console()
     out.print(f"gc of {root}" + (f" and {tier2_url}" if tier2_url else "")
