@@ -89,7 +89,7 @@ def _notice_rank(rank: int, world: int, job: NoticeJob) -> dict[str, Any]:
         if rank == 0:
             cat = Tier1Catalog(Path(job.root))
             deadline = time.monotonic() + 600
-            while 0 not in cat.uploaded_steps() and time.monotonic() < deadline:
+            while 0 not in cat.uploads.uploaded_steps() and time.monotonic() < deadline:
                 time.sleep(0.05)
         dist.barrier()
         for step in range(1, 10_000):

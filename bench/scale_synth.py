@@ -80,7 +80,7 @@ from tierckpt.format import layout, records
 from tierckpt.format import manifest as mf
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
-from tierckpt.tier1.catalog import MANIFEST_LIMIT
+from tierckpt.tier1.manifests import MANIFEST_LIMIT
 
 RANKS_PER_DOMAIN = 8
 ITEM_CAP = 4096

@@ -332,13 +332,14 @@ class _Record:
         if t < self.next:
             return self.status
         self.next = t + CHECK_S
-        rec = self.local.upload_record(STEP) or {}
+        rec = self.local.uploads.upload_record(STEP) or {}
         self.status, self.seconds = str(rec.get("status", "")), float(rec.get("seconds", 0))
         if self.status in ("failed", "conflict"):
             raise RuntimeError(f"the uploader process failed: {rec.get('error')}")
         if self.proc.poll() is not None or t > self.deadline:
             raise RuntimeError(f"the uploader process exited ({self.proc.poll()}) or took "
-                               f"over {DEADLINE_S:.0f} s; see {self.local.upload_state_dir()}")
+                               f"over {DEADLINE_S:.0f} s; see "
+                               f"{self.local.uploads.upload_state_dir()}")
         return self.status
 
 
@@ -359,7 +360,7 @@ def _throughput(saved: Saved, remote: str, repeats: int, loop_seconds: float
                 ) -> dict[str, Any]:
     local, threads = Tier1Catalog(saved.root), torch.get_num_threads()
     # the uploader's record of the step (Tier1Catalog's layout): without it the step is due
-    record_path = local.upload_state_dir() / f"{layout.step_dirname(STEP)}.json"
+    record_path = local.uploads.upload_state_dir() / f"{layout.step_dirname(STEP)}.json"
     idle, during = [], []
     torch.set_num_threads(1)  # one core trains, as a rank does in the other sections
     try:

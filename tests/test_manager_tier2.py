@@ -35,7 +35,7 @@ def _state() -> tierckpt.TrainState:
 
 def _wait_for_failed_record(root: Path, step: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while (Tier1Catalog(root).upload_record(step) or {}).get("status") != "failed":
+    while (Tier1Catalog(root).uploads.upload_record(step) or {}).get("status") != "failed":
         assert time.monotonic() < deadline, f"the uploader recorded no failure for {step}"
         time.sleep(0.05)
 

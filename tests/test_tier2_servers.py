@@ -59,7 +59,7 @@ def test_resume_from_tier2_only_on_each_server(tmp_path: Path, any_s3_env: S3Env
         ck.save(5, st).wait()  # close() drains the upload
     assert losses == reference[:6]
     mode = {"seaweedfs": "crc32c", "moto": "md5"}[any_s3_env.server.kind]
-    assert Tier1Catalog(root).upload_record(5)["integrity"] == mode  # type: ignore[index]
+    assert Tier1Catalog(root).uploads.upload_record(5)["integrity"] == mode  # type: ignore[index]
     shutil.rmtree(root)  # the node is gone: tier 2 alone
     st2 = _state(seed=99)
     with tierckpt.CheckpointManager(tier1=root, tier2=any_s3_env.url) as ck:

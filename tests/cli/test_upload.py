@@ -30,7 +30,7 @@ def test_uploads_newest_verified_then_nothing_left(template: Path, tmp_path: Pat
     m = manifest(t1, 3)
     assert doc["results"][0]["bytes"] == m.total_bytes
     assert Tier2Catalog(LocalStorage(t2)).read_committed(3)[0] == m
-    assert Tier1Catalog(t1).upload_record(3)["status"] == "verified"  # type: ignore[index]
+    assert Tier1Catalog(t1).uploads.upload_record(3)["status"] == "verified"  # type: ignore[index]
     again = invoke("upload", "--tier1", str(t1), "--tier2", t2.as_uri())
     assert again.exit_code == 0 and "nothing to upload" in again.stdout
 
@@ -107,8 +107,8 @@ def test_watch_uploads_new_checkpoints_until_sigterm(template: Path, tmp_path: P
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         storage = LocalStorage(t2)
-        _wait_for(lambda: (Tier1Catalog(t1).upload_record(3) or {}).get("status") == "verified",
-                  "step 3", proc)
+        _wait_for(lambda: (Tier1Catalog(t1).uploads.upload_record(3) or {}).get("status")
+                  == "verified", "step 3", proc)
         save_steps(t1, [4])  # a job saves while the watcher runs (different locks)
         _wait_for(lambda: 4 in Tier2Catalog(storage).complete_steps(), "step 4", proc)
         proc.send_signal(signal.SIGTERM)

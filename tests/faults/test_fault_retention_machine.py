@@ -107,10 +107,10 @@ class RetentionResume(RuleBasedStateMachine):
         self.next_step += 1
         before = set(committed(self.root))
         cat = Tier1Catalog(self.root)
-        done, asked = cat.uploaded_steps(), cat.split_pins()[1]
+        done, asked = cat.uploads.uploaded_steps(), cat.uploads.split_pins()[1]
         set_weights(self.state.model, step)
         ck.save(step, self.state).wait()
-        asked |= Tier1Catalog(self.root).split_pins()[1]  # this commit may be the Nth
+        asked |= Tier1Catalog(self.root).uploads.split_pins()[1]  # this commit may be the Nth
         held = retention.tier1_upload_holds(before | {step}, upload_every=UPLOAD_EVERY,
                                             done=done, marked=asked)
         self.intact.add(step)

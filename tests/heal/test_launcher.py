@@ -58,7 +58,12 @@ def test_workers_get_torchruns_environment_and_the_heal_contract(tmp_path: Path)
 def test_a_death_before_the_state_loaded_is_a_full_restart(tmp_path: Path) -> None:
     """No rank counted ``ready``: nothing to heal from, so every worker starts again, in a new
     incarnation (a fresh heal id), as torchrun would."""
-    status, lines = _run(tmp_path, "if rank == 1 and restart == 0:\n    sys.exit(1)\n"
+    # rank 1 dies once rank 0 of its incarnation wrote its environment (else, on a loaded
+    # machine, rank 0 could be killed before it started and leave one record, not two)
+    status, lines = _run(tmp_path, "if rank == 1 and restart == 0:\n"
+                         "    while open(sys.argv[1]).read().count('RANK\": \"0') < 1:\n"
+                         "        time.sleep(0.01)\n"
+                         "    sys.exit(1)\n"
                          "time.sleep(2 if rank == 0 else 0)\n")
     assert status == 0
     assert any("never loaded its state on every rank" in x for x in lines), lines

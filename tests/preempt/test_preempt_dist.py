@@ -22,7 +22,7 @@ from tests._launch import read_jsonl
 from tierckpt.format import layout
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.events import read_events
-from tierckpt.tier1.catalog import read_committed
+from tierckpt.tier1.manifests import read_committed
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train.py"
 STEPS, EVERY = 24, 5

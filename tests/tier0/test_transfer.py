@@ -19,7 +19,7 @@ from tierckpt.runtime.topology import Comm
 from tierckpt.tier0.replicate import holder_of, replicate, ring
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier0.transfer import PIECE
-from tierckpt.tier1.catalog import read_committed
+from tierckpt.tier1.manifests import read_committed
 
 DOMAINS = ((0,), (1,))
 SIZES = {"__0_0.distcp": (PIECE + 1000, 0), "__1_0.distcp": (5000, 1),

@@ -40,7 +40,7 @@ def test_unsupported_flock_is_a_lock_error_naming_the_root_and_the_fix(
     _flock_failing_with(monkeypatch, code)
     before = _open_fds()
     cat = Tier1Catalog(tmp_path)
-    for take in (cat.lock, cat.uploader_lock):
+    for take in (cat.lock, cat.uploads.uploader_lock):
         with pytest.raises(LockError) as e:
             take()
         msg = str(e.value)

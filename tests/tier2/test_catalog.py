@@ -9,7 +9,7 @@ import pytest
 from tests._synthetic import make_checkpoint
 from tierckpt.errors import IntegrityError, ObjectNotFoundError
 from tierckpt.format import layout
-from tierckpt.tier1 import catalog as t1
+from tierckpt.tier1 import manifests as t1
 from tierckpt.tier2 import catalog as t2
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage, MemoryStorage

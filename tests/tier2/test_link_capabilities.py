@@ -42,8 +42,8 @@ def _state() -> tierckpt.TrainState:
 
 def _wait_verified(root: Path, step: int, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while (Tier1Catalog(root).upload_record(step) or {}).get("status") != "verified":
-        assert time.monotonic() < deadline, Tier1Catalog(root).upload_record(step)
+    while (Tier1Catalog(root).uploads.upload_record(step) or {}).get("status") != "verified":
+        assert time.monotonic() < deadline, Tier1Catalog(root).uploads.upload_record(step)
         time.sleep(0.05)
 
 
@@ -69,7 +69,8 @@ def test_a_minimal_server_gets_every_checkpoint_in_single_puts(
     assert not _kinds(root, events.UPLOADER_RESTARTED)  # no crash loop
     assert not _kinds(root, events.UPLOAD_FAILED)
     assert {e["step"] for e in _kinds(root, events.UPLOAD_VERIFIED)} == set(STEPS)
-    assert {s: (Tier1Catalog(root).upload_record(s) or {}).get("status") for s in STEPS} == {
+    ledger = Tier1Catalog(root).uploads
+    assert {s: (ledger.upload_record(s) or {}).get("status") for s in STEPS} == {
         s: "verified" for s in STEPS}
     assert Tier1Catalog(root).tier2_probe()["upload"] == "single-put"  # what ls shows
 

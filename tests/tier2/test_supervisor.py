@@ -81,12 +81,12 @@ def test_a_failed_upload_makes_tier2_unhealthy_until_one_succeeds(tmp_path: Path
     cat = Tier1Catalog(t1)
     with events.EventLog(t1 / layout.EVENTS) as log:
         sup = UploaderSupervisor(UploaderConfig(tier1=t1, tier2=t2.as_uri()), log=log)
-        cat.write_upload_record(1, status="verified")
+        cat.uploads.write_upload_record(1, status="verified")
         assert sup.health().healthy
-        cat.write_upload_record(2, status="failed", error="StorageError: 403 AccessDenied")
+        cat.uploads.write_upload_record(2, status="failed", error="StorageError: 403 AccessDenied")
         h = sup.health()
         assert not h.healthy and "step 2 failed: StorageError: 403" in (h.error or "")
-        cat.write_upload_record(3, status="verified")
+        cat.uploads.write_upload_record(3, status="verified")
         assert sup.health().healthy
 
 

@@ -109,9 +109,9 @@ def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
     for name in SMALL:
         assert store.get_bytes(f"step-00000010/{name}") == (tmp_path / "step-00000010" /
                                                            name).read_bytes()
-    state = Tier1Catalog(tmp_path).upload_record(10)
+    state = Tier1Catalog(tmp_path).uploads.upload_record(10)
     assert state is not None and state["status"] == "verified" and state["save_id"] == "save10"
-    assert Tier1Catalog(tmp_path).uploaded_steps() == {10}
+    assert Tier1Catalog(tmp_path).uploads.uploaded_steps() == {10}
     assert os.listdir(tmp_path / layout.PINS) == []
     kinds = [e["event"] for e in events.read_events(tmp_path / layout.EVENTS)]
     assert kinds == [events.UPLOAD_STARTED, events.UPLOAD_VERIFIED]
@@ -126,7 +126,7 @@ def test_failure_mid_upload_leaves_no_marker_then_restart_resumes(tmp_path: Path
     assert r is not None and r.status == "failed" and "disk on fire" in (r.error or "")
     assert store.head("step-00000004/COMPLETE") is None
     assert store.head("step-00000004/manifest.json") is None
-    assert Tier1Catalog(tmp_path).upload_record(4)["status"] == "failed"  # type: ignore[index]
+    assert Tier1Catalog(tmp_path).uploads.upload_record(4)["status"] == "failed"  # type: ignore[index]
     assert os.listdir(tmp_path / layout.PINS) == []
     assert events.UPLOAD_FAILED in [e["event"] for e in
                                     events.read_events(tmp_path / layout.EVENTS)]
@@ -197,11 +197,11 @@ def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
 
     def commit(step: int) -> None:  # as the job does: every 2nd commit is marked
         make_checkpoint(t1, step, {"__0_0.distcp": (100, 0)})
-        local.count_commit(step, upload_every=2)
+        local.uploads.count_commit(step, upload_every=2)
 
     for step in range(1, 9):
         commit(step)
-    assert local.upload_marks() == {2, 4, 6, 8}
+    assert local.uploads.upload_marks() == {2, 4, 6, 8}
     config = cfg(t1, tier2=t2.as_uri(), upload_every=2, keep_last=2, keep_every=4)
     with Uploader(config) as up:
         assert isinstance(up.storage, LocalStorage)
@@ -209,7 +209,7 @@ def test_every_nth_newest_first_and_tier2_retention(tmp_path: Path) -> None:
         for step in (9, 10, 11, 12, 13, 14):
             commit(step)
             assert [r.step for r in up.drain()] == ([step] if step % 2 == 0 else [])
-        assert local.upload_marks() == set()  # done, or abandoned for a newer copy
+        assert local.uploads.upload_marks() == set()  # done, or abandoned for a newer copy
         # keep last 2 (12, 14) and every 4th forever (8, 12).
         assert Tier2Catalog(up.storage).complete_steps() == [8, 12, 14]
         assert [i.key for i in up.storage.list("step-00000010/")] == []
@@ -237,7 +237,8 @@ def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
         assert r.bytes == 4000 + 200 or r.bytes == 4000  # .metadata may already be there
     assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
         *files, "manifest.json", "COMPLETE"}
-    assert Tier1Catalog(a).uploaded_steps() == {5} and Tier1Catalog(b).uploaded_steps() == {5}
+    assert Tier1Catalog(a).uploads.uploaded_steps() == {5}
+    assert Tier1Catalog(b).uploads.uploaded_steps() == {5}
 
 
 # -- real S3 and a real kill -9 --------------------------------------------------------------
@@ -266,7 +267,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
         assert os.getpriority(os.PRIO_PROCESS, pid) == 19
         assert io_priority(pid) in (IOPRIO_IDLE, None)  # None: no ioprio syscall here
         assert (tmp_path / layout.PINS / layout.pin_filename(7, "upload")).exists()
-        assert Tier1Catalog(tmp_path).upload_record(7)["status"] == "uploading"  # type: ignore[index]
+        assert Tier1Catalog(tmp_path).uploads.upload_record(7)["status"] == "uploading"  # type: ignore[index]
         os.kill(pid, signal.SIGKILL)
         proc.stop()
     finally:
@@ -304,7 +305,7 @@ def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3
     assert r is not None and r.status == "failed" and "SlowDown" in (r.error or "")
     assert not [k for k in s3_env.keys() if  # noqa: SIM118
                  k.endswith(("COMPLETE", "manifest.json"))]
-    assert Tier1Catalog(tmp_path).upload_record(9)["status"] == "failed"  # type: ignore[index]
+    assert Tier1Catalog(tmp_path).uploads.upload_record(9)["status"] == "failed"  # type: ignore[index]
 
 
 def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
@@ -315,7 +316,7 @@ def test_uploader_process_watches_and_stops_cleanly(tmp_path: Path) -> None:
     with UploaderProcess(config) as proc:
         make_checkpoint(tmp_path / "t1", 3, SMALL)
         local = Tier1Catalog(tmp_path / "t1")
-        _wait_for(lambda: local.uploaded_steps() == {3} or proc.poll() is not None,
+        _wait_for(lambda: local.uploads.uploaded_steps() == {3} or proc.poll() is not None,
                   "the watcher to upload step 3")
         assert proc.poll() is None
     assert proc.poll() == 0  # SIGTERM → clean exit

@@ -29,7 +29,7 @@ from tierckpt.errors import (
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.restore.verify import verify_checkpoint
-from tierckpt.tier1.catalog import read_committed, read_small, rebuild_manifest
+from tierckpt.tier1.manifests import read_committed, read_small, rebuild_manifest
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 

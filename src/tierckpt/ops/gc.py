@@ -144,10 +144,11 @@ def collect(tier1: Path, policy: RetentionPolicy, *, storage: Storage | None = N
     remote = None if storage is None else Tier2Catalog(storage)
     lock = cat.lock()
     try:
-        has_uploader = cat.has_upload_records() or remote is not None
-        pinned, asked = cat.split_pins()
+        has_uploader = cat.uploads.has_upload_records() or remote is not None
+        pinned, asked = cat.uploads.split_pins()
         plan = plan_gc(policy, tier1_complete=cat.complete_steps(), pinned=pinned,
-                       uploaded=cat.uploaded_steps() if has_uploader else None, marked=asked,
+                       uploaded=cat.uploads.uploaded_steps() if has_uploader else None,
+                       marked=asked,
                        tier2_complete=None if remote is None else remote.complete_steps(),
                        tier1_stale=[p.name for p in cat.stale_entries()])
         if not apply:

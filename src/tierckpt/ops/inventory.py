@@ -256,7 +256,7 @@ def inventory(tier1: Path, storage: Storage | None = None, *, tier0: Path | None
     if storage is not None:
         observed += observe_tier2(storage)
     cat = Tier1Catalog(tier1)
-    return classify(observed, upload=cat.upload_records(), pins=cat.pins(),
+    return classify(observed, upload=cat.uploads.upload_records(), pins=cat.pins(),
                     now=time.time() if now is None else now)
 
 
@@ -299,9 +299,9 @@ def upload_cadence(tier1: Path) -> UploadCadence | None:
         return None
     if recorded is None:
         return None
-    counted = cat.upload_cadence()
-    done = cat.uploaded_steps()
+    counted = cat.uploads.upload_cadence()
+    done = cat.uploads.uploaded_steps()
     floor = max(done, default=-1)
-    waiting = sorted(s for s in cat.split_pins()[1] if s > floor and s not in done)
+    waiting = sorted(s for s in cat.uploads.split_pins()[1] if s > floor and s not in done)
     return UploadCadence(upload_every=recorded.policy.upload_every,
                          counted=0 if counted is None else counted[0], waiting=tuple(waiting))

@@ -29,7 +29,7 @@ class Tier1Retention:
         self.catalog, self.policy, self.uploader, self.log = catalog, policy, uploader, log
 
     def __call__(self, result: SaveResult) -> list[Path]:
-        if self.uploader and self.catalog.count_commit(
+        if self.uploader and self.catalog.uploads.count_commit(
                 result.step, upload_every=self.policy.upload_every):
             self.log.emit(events.UPLOAD_DUE, step=result.step,
                           upload_every=self.policy.upload_every)

@@ -46,7 +46,8 @@ from tierckpt.save.writer import ShardWriter
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
-from tierckpt.tier1.catalog import Tier1Catalog, read_committed
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.manifests import read_committed
 from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 

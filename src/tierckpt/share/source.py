@@ -41,7 +41,8 @@ from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
 from tierckpt.format.records import ChunkIndex
 from tierckpt.restore.metadata import load_metadata
-from tierckpt.tier1.catalog import Tier1Catalog, read_committed
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.manifests import read_committed
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
 from tierckpt.tier2.storage.base import ByteCounter

@@ -15,7 +15,7 @@ from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
-from tierckpt.tier1.catalog import MANIFEST_LIMIT, SMALL_FILE_LIMIT
+from tierckpt.tier1.manifests import MANIFEST_LIMIT, SMALL_FILE_LIMIT
 from tierckpt.tier2.storage import Storage
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.policy.retention import RetentionPolicy
-from tierckpt.tier1.catalog import UPLOAD_DONE
+from tierckpt.tier1.uploads import UPLOAD_DONE
 
 DONE = UPLOAD_DONE
 """Statuses after which a step is not uploaded again."""

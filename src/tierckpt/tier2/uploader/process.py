@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tierckpt.tier1 import fs
-from tierckpt.tier1.catalog import UPLOAD_LOG, Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.uploads import UPLOAD_LOG
 from tierckpt.tier2.uploader.config import OK, UploaderConfig
 from tierckpt.tier2.uploader.priority import exit_with_parent, lower_priority
 from tierckpt.tier2.uploader.uploader import Uploader
@@ -53,7 +54,7 @@ class UploaderProcess:
     def start(self) -> UploaderProcess:
         if self._proc is not None:
             return self
-        log_dir = Tier1Catalog(self.config.tier1).upload_state_dir()
+        log_dir = Tier1Catalog(self.config.tier1).uploads.upload_state_dir()
         log_dir.mkdir(mode=fs.DEFAULT_DIR_MODE, parents=True, exist_ok=True)
         ready_r, ready_w = os.pipe()  # the child writes one byte once its handlers are set
         try:

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from tierckpt.policy import retention
 from tierckpt.runtime import events
-from tierckpt.tier1.catalog import UPLOAD_LOG, Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.uploads import UPLOAD_LOG
 from tierckpt.tier2.uploader.config import UploaderConfig
 from tierckpt.tier2.uploader.process import UploaderProcess
 
@@ -76,12 +77,13 @@ class UploaderSupervisor:
         """Committed steps the uploader still has to copy, oldest first."""
         return sorted(retention.tier1_upload_holds(
             self.local.complete_steps(), upload_every=self.config.upload_every,
-            done=self.local.uploaded_steps(), requested=self.local.upload_requests(),
-            marked=self.local.upload_marks()))
+            done=self.local.uploads.uploaded_steps(),
+            requested=self.local.uploads.upload_requests(),
+            marked=self.local.uploads.upload_marks()))
 
     def health(self) -> Health:
         """Read the upload records and the child's state (no side effects)."""
-        records = self.local.upload_records().values()
+        records = self.local.uploads.upload_records().values()
         ok = [r for r in records if r.get("status") == "verified"]
         bad = [r for r in records if r.get("status") in ("failed", "conflict")]
         last_ok = max((float(r.get("updated_unix", 0)) for r in ok), default=None)
@@ -128,7 +130,7 @@ class UploaderSupervisor:
 
     def _last_log_line(self) -> str:
         try:
-            lines = (self.local.upload_state_dir() / UPLOAD_LOG).read_text(
+            lines = (self.local.uploads.upload_state_dir() / UPLOAD_LOG).read_text(
                 errors="replace").strip().splitlines()
         except OSError:
             return ""

@@ -29,7 +29,8 @@ from tierckpt.errors import CheckpointError, IntegrityError, UploadStopped
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.runtime import events
-from tierckpt.tier1.catalog import UPLOAD_HOLDER, Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.uploads import UPLOAD_HOLDER
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectExistsError, ObjectInfo
 from tierckpt.tier2.uploader.config import UploadResult
@@ -54,7 +55,8 @@ def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
         return UploadResult(step, "stopped", seconds=time.monotonic() - t0)
     except (CheckpointError, OSError) as e:
         err = f"{type(e).__name__}: {e}"
-        local.write_upload_record(step, status="failed", error=err, tier2=remote.storage.url)
+        local.uploads.write_upload_record(step, status="failed", error=err,
+                                          tier2=remote.storage.url)
         log.emit(events.UPLOAD_FAILED, step=step, error=err, source="uploader")
         return UploadResult(step, "failed", seconds=time.monotonic() - t0, error=err)
     finally:
@@ -95,7 +97,7 @@ class _StepUpload:
 
         own = self._own_files(m)
         total = sum(f.size for f in own)
-        self.local.write_upload_record(step, status="uploading", bytes=total, **self.base)
+        self.local.uploads.write_upload_record(step, status="uploading", bytes=total, **self.base)
         self.log.emit(events.UPLOAD_STARTED, step=step, bytes=total, source="uploader")
         for f in own:
             if f.rank is not None:  # shared files may be in flight from another node
@@ -150,14 +152,14 @@ class _StepUpload:
 
     def _record(self, status: str, sent: int) -> UploadResult:
         seconds = time.monotonic() - self.t0
-        self.local.write_upload_record(self.step, status=status, bytes=sent, seconds=seconds,
-                                       **self.base)
+        self.local.uploads.write_upload_record(self.step, status=status, bytes=sent,
+                                               seconds=seconds, **self.base)
         return UploadResult(self.step, status, sent, seconds)
 
     def _already_there(self, same: bool) -> UploadResult:
         if same:
             return self._record("verified", 0)
         err = "tier 2 already holds a different checkpoint for this step; left untouched"
-        self.local.write_upload_record(self.step, status="conflict", error=err, **self.base)
+        self.local.uploads.write_upload_record(self.step, status="conflict", error=err, **self.base)
         self.log.emit(events.UPLOAD_FAILED, step=self.step, error=err, source="uploader")
         return UploadResult(self.step, "conflict", 0, time.monotonic() - self.t0, err)

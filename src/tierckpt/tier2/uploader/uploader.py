@@ -10,7 +10,8 @@ from typing import Any
 from tierckpt.format import layout
 from tierckpt.policy import retention
 from tierckpt.runtime import events
-from tierckpt.tier1.catalog import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST, Tier1Catalog
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.uploads import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
@@ -32,7 +33,7 @@ class Uploader:
         self.local = Tier1Catalog(config.tier1)
         self._progress = progress
         self._closed = False
-        self._lock = self.local.uploader_lock()
+        self._lock = self.local.uploads.uploader_lock()
         try:
             self.storage = storage if storage is not None else open_storage(
                 config.tier2, **self._options())
@@ -71,15 +72,15 @@ class Uploader:
     def next_step(self) -> int | None:
         """The step to upload next (see :func:`tierckpt.policy.retention.next_upload`)."""
         if self.config.count_commits:
-            counted = self.local.upload_cadence()
+            counted = self.local.uploads.upload_cadence()
             for step in sorted(self.local.complete_steps()):
                 if counted is None or step > counted[1]:
-                    self.local.count_commit(step, upload_every=self.config.upload_every)
+                    self.local.uploads.count_commit(step, upload_every=self.config.upload_every)
         return retention.next_upload(self.local.complete_steps(),
                                      upload_every=self.config.upload_every,
-                                     done=self.local.uploaded_steps(),
-                                     requested=self.local.upload_requests(),
-                                     marked=self.local.upload_marks())
+                                     done=self.local.uploads.uploaded_steps(),
+                                     requested=self.local.uploads.upload_requests(),
+                                     marked=self.local.uploads.upload_marks())
 
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
         """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
@@ -88,8 +89,9 @@ class Uploader:
         result = transfer.upload_step(self.local, self.remote, step, log=self.log,
                                       progress=self._progress, stop=stop,
                                       committed=self.apply_retention)
-        if step in self.local.uploaded_steps():  # older asks are abandoned: a newer copy is up
-            for asked in self.local.upload_requests() | self.local.upload_marks():
+        uploads = self.local.uploads
+        if step in uploads.uploaded_steps():  # older asks are abandoned: a newer copy is up
+            for asked in uploads.upload_requests() | uploads.upload_marks():
                 if asked <= step:
                     self.local.unpin(asked, UPLOAD_REQUEST)
                     self.local.unpin(asked, UPLOAD_DUE)
