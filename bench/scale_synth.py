@@ -25,7 +25,7 @@ tensors, each with AdamW's two moments and ``step``, FSDP-sharded along dim 0), 
   for all —, builds the manifest and writes the previous ``.metadata`` bytes again: its
   seconds, peak and bytes received), and every restoring rank's parse of that manifest;
   ``now.parse_part``: since the manifest parts, a rank that is not its domain's owner
-  checks its part against the marker instead (``format.manifest.verify_part``).
+  checks its part against the marker instead (``format.parts.verify_part``).
 
 Peak bytes: ``tracemalloc``'s peak over the coordinator's path (DCP then the manifest; the
 received pickles themselves excluded), in a second pass so tracing does not slow the timed
@@ -78,6 +78,7 @@ from bench.scale_state import LAYER, LAYERS, MOMENTS, local_plan, written
 from tierckpt._torch.planner import merge_first_wins, validate_global_plan
 from tierckpt.format import layout, records
 from tierckpt.format import manifest as mf
+from tierckpt.format.parts import seal, verify_part
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.save.coordinate import rank_metadata
 from tierckpt.tier1.manifests import MANIFEST_LIMIT
@@ -164,7 +165,7 @@ def _coordinator_now(gathered: list[bytes], md_bytes: bytes, world: int
     parts."""
     msgs = _loads(gathered)
     assert all(m[1] is None for m in msgs)
-    sealed = mf.seal(_unsealed([m[2] for m in msgs], md_bytes, world))
+    sealed = seal(_unsealed([m[2] for m in msgs], md_bytes, world))
     return sealed.manifest_bytes, sealed.marker_bytes, sealed.parts
 
 
@@ -289,7 +290,7 @@ def _measure(world: int, layers: int, validate: bool) -> dict[str, Any]:
     clock("now.parse_manifest", mf.Manifest.from_bytes, manifest_now)
     # a rank that is not its domain's owner, since the parts: the marker and its part
     part0 = parts[layout.part_filename(0)]
-    clock("now.parse_part", lambda: mf.verify_part(marker_now, layout.part_filename(0), part0,
+    clock("now.parse_part", lambda: verify_part(marker_now, layout.part_filename(0), part0,
                                                    rank=0))
     del shards, now
     gc.collect()

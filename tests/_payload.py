@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
+from tierckpt.format.parts import seal
 from tierckpt.restore.metadata import load_metadata
 from tierckpt.tier1 import fs
 
@@ -60,7 +61,7 @@ def plant_metadata_payload(ckpt_dir: Path, marker_file: Path, *, where: Where = 
     crc = checksum.extend(0, data)
     files = tuple(dataclasses.replace(f, size=len(data), crc32c=crc, chunks=())
                   if f.name == member else f for f in m.files if not layout.is_part(f.name))
-    sealed = mf.seal(dataclasses.replace(m, files=files))
+    sealed = seal(dataclasses.replace(m, files=files))
     for name, part in sealed.parts.items():
         fs.write_durably(ckpt_dir / name, part)
     fs.write_durably(ckpt_dir / layout.MANIFEST, sealed.manifest_bytes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
+from tierckpt.format.parts import seal
 from tierckpt.tier1 import fs
 
 
@@ -18,7 +19,7 @@ def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | Non
     """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
     ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node).
     ``sealed``: with manifest parts, as the saver commits (:func:`~tierckpt.format.
-    manifest.seal`; signed with ``key``); the manifest returned then lists them."""
+    parts.seal`; signed with ``key``); the manifest returned then lists them."""
     rng = random.Random(step)
     d = root / layout.step_dirname(step)
     d.mkdir(parents=True)
@@ -32,7 +33,7 @@ def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | Non
     m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
                     files=tuple(entries), domains=domains)
     if sealed:
-        s = mf.seal(m, key)
+        s = seal(m, key)
         for name, data in s.parts.items():
             fs.write_durably(d / name, data)
         m, mb, marker = s.manifest, s.manifest_bytes, s.marker_bytes

@@ -124,7 +124,7 @@ def test_parts_without_the_header_leave_the_domain_to_the_manifest(tmp_path: Pat
     m = make_checkpoint(tmp_path, 4, FILES, domains=((0,),), world_size=1)
     d = Tier1Catalog(tmp_path).step_dir(4)
     name = layout.part_filename(0)
-    old = mf._canonical({"format_version": 1, "step": 4, "save_id": m.save_id,
+    old = mf.canonical({"format_version": 1, "step": 4, "save_id": m.save_id,
                          "world_size": 1, "part": name,
                          "files": [f.to_json() for f in m.files]})
     (d / name).write_bytes(old)

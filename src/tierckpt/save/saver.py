@@ -37,6 +37,7 @@ from tierckpt._version import __version__
 from tierckpt.errors import DiskFullError, SaveError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
+from tierckpt.format.parts import rebuild_parts, seal
 from tierckpt.policy.units import format_bytes
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
@@ -47,9 +48,9 @@ from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier1.manifests import read_committed
 from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
+from tierckpt.tier1.manifests import read_committed
 
 _log = logging.getLogger("tierckpt")
 
@@ -272,7 +273,7 @@ class AsyncSaver:
             if status[0] is None:
                 assert writer.metadata_entry is not None and writer.metadata_bytes is not None
                 files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
-                sealed = mf.seal(mf.Manifest(
+                sealed = seal(mf.Manifest(
                     step=job.step, world_size=comm.world_size, save_id=job.save_id,
                     files=files, domains=self.domains, created_unix=time.time(),
                     torch_version=torch.__version__, tierckpt_version=__version__),
@@ -300,7 +301,7 @@ class AsyncSaver:
                                         "does not hold")
                     meta_bytes = self._meta_held[1]
                 # rank 0 sealed the manifest; other owners rebuild its parts from it
-                parts = sealed.parts if sealed is not None else mf.rebuild_parts(manifest)
+                parts = sealed.parts if sealed is not None else rebuild_parts(manifest)
                 commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
                               metadata_bytes=meta_bytes, file_mode=w.file_mode, parts=parts)
                 self._meta_held = (digest, meta_bytes)

@@ -19,6 +19,7 @@ from pathlib import Path
 from tierckpt.errors import IntegrityError, SignatureError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
+from tierckpt.format.parts import assemble, has_header, part_entries, verify_part
 
 _log = logging.getLogger("tierckpt")
 
@@ -81,7 +82,7 @@ def read_committed(ckpt_dir: Path, *, step: int | None, rebuild: bool = True
 def rebuild_manifest(ckpt_dir: Path, marker: bytes, *, step: int | None
                      ) -> mf.Committed | None:
     """The manifest of ``ckpt_dir`` assembled from its parts (:func:`~tierckpt.format.
-    manifest.assemble`) and verified against ``marker`` like ``manifest.json`` itself, or
+    parts.assemble`) and verified against ``marker`` like ``manifest.json`` itself, or
     None when the parts cannot rebuild it (none, missing, damaged, or from before they
     carried the header). Reads every part: for the rare damaged manifest only."""
     names = mf.marker_parts(marker)
@@ -89,7 +90,7 @@ def rebuild_manifest(ckpt_dir: Path, marker: bytes, *, step: int | None
         return None
     try:
         parts = {n: read_small(ckpt_dir / n, MANIFEST_LIMIT) for n in names}
-        return mf.verify_committed(marker, mf.assemble(parts), step=step, name="directory")
+        return mf.verify_committed(marker, assemble(parts), step=step, name="directory")
     except SignatureError:
         raise
     except (IntegrityError, OSError):
@@ -122,10 +123,10 @@ def read_domain(ckpt_dir: Path, *, step: int | None, domain: tuple[int, ...],
             read[name] = read_small(ckpt_dir / name, MANIFEST_LIMIT)
         except FileNotFoundError:
             raise IntegrityError(f"COMPLETE names {name} but it is missing") from None
-        return mf.verify_part(marker, name, read[name], key)
+        return verify_part(marker, name, read[name], key)
 
     head = part(names[0])
-    if not mf.has_header(head) or head.world_size != world_size \
+    if not has_header(head) or head.world_size != world_size \
             or tuple(domain) not in head.domains:
         return None
     if step is not None and head.step != step:
@@ -138,13 +139,13 @@ def read_domain(ckpt_dir: Path, *, step: int | None, domain: tuple[int, ...],
             if f.rank is None or f.rank in wanted:
                 files[f.name] = f
     # this domain's parts, as the whole manifest lists them (from the bytes just verified)
-    files.update((f.name, f) for f in mf.part_entries({n: read[n] for n in mine}))
+    files.update((f.name, f) for f in part_entries({n: read[n] for n in mine}))
     return dataclasses.replace(head, files=tuple(files.values()))
 
 
 def read_part(ckpt_dir: Path, rank: int) -> mf.Manifest | None:
     """``rank``'s manifest part of the checkpoint directory ``ckpt_dir``, verified against
-    its marker (:func:`tierckpt.format.manifest.verify_part`: it lists only that rank's
+    its marker (:func:`tierckpt.format.parts.verify_part`: it lists only that rank's
     group's files and the shared ones), or None when the marker vouches for no parts (a
     checkpoint from before them). Raises :class:`IntegrityError` (no marker, a missing or
     damaged part: the caller reads the whole manifest instead) or ``OSError``."""
@@ -156,4 +157,4 @@ def read_part(ckpt_dir: Path, rank: int) -> mf.Manifest | None:
         data = read_small(ckpt_dir / name, MANIFEST_LIMIT)
     except FileNotFoundError:
         raise IntegrityError(f"COMPLETE names {name} but it is missing") from None
-    return mf.verify_part(marker, name, data, mf.signing_key(), rank=rank)
+    return verify_part(marker, name, data, mf.signing_key(), rank=rank)
