@@ -1,5 +1,6 @@
-"""The chaos drill's pure logic with values alone: the seeded plan, the expected restore
-point, every invariant passing and failing, the per-kind summary and the report."""
+"""The chaos drill's pure logic with values alone: the expected restore point, every
+invariant passing and failing, the per-kind summary and the report (the seeded plan:
+test_drill_chaos_plan.py)."""
 
 from __future__ import annotations
 
@@ -11,72 +12,6 @@ import pytest
 
 from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos_report import build_chaos_report, render_chaos_markdown
-from tierckpt.errors import ConfigError
-
-# --- the plan --------------------------------------------------------------------------------
-
-
-def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
-    a = cv.draw_plan(7, 40, nodes=2, save_every=3)
-    assert a == cv.draw_plan(7, 40, nodes=2, save_every=3)
-    assert a != cv.draw_plan(8, 40, nodes=2, save_every=3)
-    assert [p.index for p in a] == list(range(1, 41))
-    assert {len(p.faults) for p in a} == {1, 2}
-    for p in a:
-        assert len(set(p.kinds)) == len(p.kinds)  # a compound is two different kinds
-        assert list(p.kinds) == sorted(p.kinds, key=lambda k: (
-            cv.LIVE.index(k) if k in cv.LIVE else len(cv.LIVE)))  # live faults first, in order
-        rest = [f.node for f in p.faults if f.kind in cv.AT_REST]
-        assert len(rest) == len(set(rest))  # two at-rest faults hit different nodes
-        assert 1 <= p.gap_saves <= 2 and 0 <= p.offset_steps < 3 and 1 <= p.outage_s <= 3
-        for f in p.faults:
-            assert 0 <= f.node < 2
-            assert (f.variant is not None) == (f.kind in ("kill_rank", "kill_uploader",
-                                                          "damage", "damage_ram"))
-            assert f.kind not in cv.NOTICE_KINDS  # notices only when asked for
-        assert not {"kill_rank", "kill_partner"} <= set(p.kinds)  # one kill ends the job
-    drawn = {k for p in cv.draw_plan(1, 200, nodes=2) for k in p.kinds}
-    assert drawn == set(cv.KINDS) - cv.NOTICE_KINDS - cv.HEAL_KINDS  # both only when asked
-    only = cv.draw_plan(3, 20, nodes=2, kinds=["kill_rank", "wipe_node"])
-    assert {k for p in only for k in p.kinds} <= {"kill_rank", "wipe_node"}
-
-
-def test_plan_without_tier0_is_the_plan_it_was() -> None:
-    # the RAM kinds came last: a run without tier 0 draws what it drew before (the seed of
-    # tests/test_drill_chaos.py still means its documented plan)
-    without = [k for k in cv.KINDS if k not in cv.TIER0_KINDS | cv.NOTICE_KINDS | cv.HEAL_KINDS]
-    assert cv.KINDS[:len(without)] == tuple(without)
-    assert [p.as_dict()["faults"] for p in cv.draw_plan(2801, 3, nodes=2, kinds=without)] == [
-        ["tier1_full@node1", "damage(missing_file)@node1"],
-        ["kill_uploader(idle)@node1", "kill_rank(commit_window)@node0"], ["partial_commit@node1"]]
-    ram = cv.draw_plan(5, 60, nodes=2)
-    assert {k for p in ram for k in p.kinds} >= cv.TIER0_KINDS
-    assert all(f.variant in cv.RAM_VARIANTS for p in ram for f in p.faults
-               if f.kind == "damage_ram")
-    assert {"kill_partner", "wipe_ram", "damage_ram"} <= cv.RESTART_KINDS
-
-
-@pytest.mark.parametrize("kw", [{"kinds": ["meteor"]}, {"kinds": []}, {"nodes": 0},
-                                {"cycles": 0}])
-def test_plan_refuses_what_it_cannot_draw(kw: dict[str, Any]) -> None:
-    args: dict[str, Any] = {"cycles": 3, "nodes": 2, **kw}
-    with pytest.raises(ConfigError):
-        cv.draw_plan(0, args.pop("cycles"), **args)
-
-
-def test_labels_restarts_and_budget() -> None:
-    p = cv.CyclePlan(index=1, faults=(cv.Fault("tier2_down", 0), cv.Fault("kill_rank", 1,
-                                                                          "in_save")),
-                     gap_saves=2, offset_steps=1, outage_s=2.0, pick=0.5)
-    assert [f.label for f in p.faults] == ["tier2_down@node0", "kill_rank(in_save)@node1"]
-    assert p.restarts and not cv.CyclePlan(index=2, faults=(cv.Fault("kill_uploader", 0,
-                                                                     "idle"),),
-                                           gap_saves=1, offset_steps=0, outage_s=1.0,
-                                           pick=0.0).restarts
-    assert p.as_dict()["faults"] == ["tier2_down@node0", "kill_rank(in_save)@node1"]
-    assert cv.steps_needed([p, p], save_every=3) == 2 * 4 * 3 + 6
-    assert cv.tier1_bound(3, 2) == 7 and cv.tier1_bound(3, None) is None
-
 
 # --- the expected restore point --------------------------------------------------------------
 
@@ -244,6 +179,7 @@ def test_losses_fail_on_one_ulp_a_gap_or_nothing() -> None:
 
 
 def test_tier1_bound() -> None:
+    assert cv.tier1_bound(3, 2) == 7 and cv.tier1_bound(3, None) is None
     assert cv.disk_verdict({0: 7, 1: 5}, 7).ok
     assert cv.disk_verdict({0: 40}, None).ok  # an unbounded backlog has no bound
     v = cv.disk_verdict({0: 8, 1: 5}, 7)
