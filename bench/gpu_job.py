@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.meta, "a") as meta:
                     _log(meta, {"attempt": attempt, "device": str(info.device),
                                 "backend": str(dist.get_backend()),
-                                "checkpoint_backend": str(dist.get_backend(ckpt._comm.group)),
+                                "checkpoint_backend": str(dist.get_backend(ckpt._g.comm.group)),
                                 "restored_step": restored.step if restored else None,
                                 "staging": args.staging, "deterministic": deterministic,
                                 "world_size": info.world_size, "torch": torch.__version__,

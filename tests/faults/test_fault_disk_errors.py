@@ -91,7 +91,7 @@ def test_continue_mode_cleans_up_escalates_and_keeps_events(small_fs: Path) -> N
         for step in (2, 3, 4):
             assert isinstance(ck.save(step, st).durable.exception(timeout=120), SaveError)
             assert [n for n in os.listdir(root) if layout.parse_tmp_dirname(n)] == []
-        assert len(ck._events.pending) >= 3  # the disk refused them; nothing was lost
+        assert len(ck._g.log.pending) >= 3  # the disk refused them; nothing was lost
         with pytest.raises(SaveError, match="3 checkpoint saves in a row failed"):
             ck.save(5, st)
         filler.unlink()

@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, port: int, root: str, out: str) -> None:
     state = tierckpt.TrainState(model=m, optimizer=opt)
     result: dict[str, Any] = {}
     with tierckpt.CheckpointManager(tier1=root) as ck:
-        saver = ck._saver
+        saver = ck._g.saver
         for step in range(3):
             with counting() as c:
                 ck.save(step, state).wait()

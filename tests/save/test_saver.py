@@ -41,10 +41,10 @@ def _worker(rank: int, port: int, base: str) -> None:
     state = tierckpt.TrainState(model=m)
     received = []
     with tierckpt.CheckpointManager(tier1=Path(base, f"node{rank}"), keep_last=STEPS) as ck:
-        assert ck._saver.is_owner
+        assert ck._g.saver.is_owner
         for step in range(STEPS):
             if step == STEPS - 1 and rank == 1:
-                ck._saver._meta_held = None  # as a new process would hold nothing
+                ck._g.saver._meta_held = None  # as a new process would hold nothing
             with counting() as c:
                 ck.save(step, state).wait()
             received.append(c.to_json()["received"])

@@ -87,7 +87,7 @@ def test_step_right_after_save_waits_and_the_checkpoint_holds_the_saved_step(
     _step(model, opt)
     with tierckpt.CheckpointManager(tier1=tmp_path, writes=Writes(fsync=False)) as ck:
         snap = _snapshot(model, opt)
-        gate = _hold(ck._stager)
+        gate = _hold(ck._g.stager)
         h = ck.save(1, st)
         assert not h.staged.done()  # parameters and moments are still being copied
         release = threading.Timer(0.3, gate.set)
@@ -113,7 +113,7 @@ def test_in_place_write_outside_step_fails_that_save_only(tmp_path: Path) -> Non
     st, model, opt = _job()
     _step(model, opt)
     with tierckpt.CheckpointManager(tier1=tmp_path, writes=Writes(fsync=False)) as ck:
-        gate = _hold(ck._stager)
+        gate = _hold(ck._g.stager)
         ck.save(1, st)
         with torch.no_grad():
             model[0].weight.mul_(0.5)  # breaks the rule: written outside optimizer.step()
@@ -130,7 +130,7 @@ def test_sync_staging_copies_everything_before_save_returns(tmp_path: Path) -> N
     _step(model, opt)
     with tierckpt.CheckpointManager(tier1=tmp_path,
                                     writes=Writes(fsync=False, staging="sync")) as ck:
-        gate = _hold(ck._stager)  # nothing may depend on the background queue
+        gate = _hold(ck._g.stager)  # nothing may depend on the background queue
         h = ck.save(1, st)
         assert h.staged.done()
         gate.set()
