@@ -1,4 +1,5 @@
-"""init_distributed under real torchrun restarts (gloo, CPU), plus its start-up handshake.
+"""init_distributed under real torchrun restarts (gloo, CPU); the start-up handshake
+alone: test_incarnation.py.
 
 The restart tests launch ``tests/scripts/restart_loop.py`` under
 ``torch.distributed.run --standalone --max-restarts N``: on each attempt < N one rank SIGKILLs
@@ -15,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
@@ -25,10 +25,9 @@ import pytest
 import torch.distributed as dist
 
 from tierckpt._ports import free_port
-from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.errors import ConfigError
 from tierckpt.runtime.distributed import (
     DistInfo,
-    _agree_incarnation,
     init_distributed,
     timeout_env_recipe,
 )
@@ -131,54 +130,6 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
     assert recs[0]["restart_count"] == 0
     assert out["started"] is not None and out["started"] <= recs[0]["t"]
     assert recs[1]["seconds"] >= 0 and recs[1]["world_size"] == 1
-
-
-def _serve() -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30),
-                         wait_for_workers=False)
-
-
-def _client(server: dist.TCPStore) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", server.port, is_master=False,
-                         timeout=timedelta(seconds=30))
-
-
-def test_handshake_ignores_leftovers_of_earlier_incarnations() -> None:
-    server = _serve()
-    # What a previous incarnation of a 3-rank job leaves behind in the shared store.
-    server.set("tierckpt/join/nonce/1", "old-nonce-1")
-    server.set("tierckpt/join/nonce/2", "old-nonce-2")
-    server.set("tierckpt/join/grant/1", json.dumps({"nonce": "old-nonce-1",
-                                                    "incarnation": "old"}))
-    server.set("tierckpt/join/grant/2", json.dumps({"nonce": "old-nonce-2",
-                                                    "incarnation": "old"}))
-    server.add("tierckpt/join/ack/old", 2)
-    results: dict[int, str] = {}
-    errors: list[BaseException] = []
-
-    def join(rank: int) -> None:
-        try:
-            results[rank] = _agree_incarnation(_client(server), rank, 3, timedelta(seconds=30))
-        except BaseException as e:  # surfaced by the assert below
-            errors.append(e)
-
-    # Rank 0 starts first and reads only the stale nonces before the others arrive.
-    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 2, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    assert len(set(results.values())) == 1 and sorted(results) == [0, 1, 2]
-    assert results[0] != "old"
-
-
-def test_handshake_times_out_when_a_rank_never_comes() -> None:
-    server = _serve()
-    with pytest.raises(CheckpointError, match="only 0 of 1 other ranks joined"):
-        _agree_incarnation(_client(server), 0, 2, timedelta(seconds=0.5))
-    with pytest.raises(CheckpointError, match="rank 0 did not answer"):
-        _agree_incarnation(_client(server), 1, 2, timedelta(seconds=0.5))
 
 
 def test_bad_arguments_and_environment_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,68 +6,17 @@ picks the backend and device, initialises the default process group with a timeo
 (not torch's 30-minute gloo default), and records ``process_start`` and ``pg_ready`` events so
 that the restart cost R can be decomposed.
 
-Why restarts used to hang (torch 2.13, found on this machine)
--------------------------------------------------------------
-Symptom: after torchrun restarts a gloo job whose rank was SIGKILLed, the new ranks often fail
-or hang in ``init_process_group``; gloo's ``connectFullMesh`` keeps dialling addresses of the
-*previous* attempt's processes.
-
-Cause, from the sources in ``torch/distributed``:
-
-1. ``elastic/rendezvous/dynamic_rendezvous.py`` (c10d rendezvous, also used by
-   ``--standalone``) shares one TCPStore server, hosted by the agent, with the workers
-   (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` unset; torch >= 2.5). ``next_rendezvous`` creates
-   that server only on the first round (``self._shared_tcp_store_server`` is cached) and hands
-   every later round the same ``MASTER_ADDR``/``MASTER_PORT``. The store, and every key in it,
-   outlives each worker incarnation.
-2. ``rendezvous.py::_create_c10d_store`` gives workers a bare client of that store when
-   ``TORCHELASTIC_USE_AGENT_STORE=True``. Its comment says "We create a new TCPStore for every
-   retry so no need to add prefix for each attempt" - no longer true after (1). torch <= 2.4
-   wrapped it in ``PrefixStore(f"/worker/attempt_{TORCHELASTIC_RESTART_COUNT}")``; that
-   prefix is gone.
-3. ``distributed_c10d.init_process_group`` therefore uses the same key names in every
-   incarnation. Gloo publishes each rank's listening address under
-   ``default_pg/0//cpu//0/<rank>`` and a peer reads it with ``wait``+``get``. Before a new rank
-   overwrites its key, the old one is still there: a peer reads the dead process's address and
-   dials it (connection refused → retries → "Gloo connectFullMesh failed", or a hang until the
-   timeout). Observed directly: at the start of attempt 1 the store already held
-   ``default_pg/0//cpu//0/0`` and ``.../1`` from attempt 0. Whether a restart survives is a race
-   between one rank's ``set`` and its peer's ``get``. NCCL has the same race on its unique-id
-   key (pytorch/pytorch#135712).
-
-Why a restart-count prefix is not enough: ``TORCHELASTIC_RESTART_COUNT`` is counted by each
-agent on its own. With several nodes, the agent whose worker failed increments it while the
-others restart through a membership change and do not (``api.py::_invoke_run``: "membership
-changes do not count as retries"; pytorch/pytorch#108158); a hot spare joining
-(``--nnodes MIN:MAX``) restarts everyone with the count unchanged. Different nodes then pick
-different prefixes and hang, or everyone picks the old prefix again and meets stale keys.
-
-The fix here: every incarnation agrees, through the store itself, on a fresh random id and
-puts all process-group keys under ``tierckpt/<id>/``. The agreement cannot be fooled by
-leftovers: each rank r > 0 posts a fresh nonce; rank 0 answers each nonce it reads with a
-grant ``(nonce, id)``; rank r accepts only a grant that echoes *its own* fresh nonce, so only
-a rank 0 of the current incarnation can have written it. A stale nonce or grant is simply
-superseded (rank 0 re-reads nonces until every rank has acknowledged under the new id, which
-no earlier incarnation can have used). It works for any restart reason and any node count,
-and costs a few store round trips.
-
-Measured on this machine (2 shared CPU cores, gloo, 2 ranks, ``--standalone``, one rank
-SIGKILLs itself after the first all_reduce, init timeout 20 s, 20 jobs of one kill→restart
-cycle each; ``tests/scripts/restart_loop.py``): plain ``init_process_group`` restarted
-cleanly 5/20 times, failed fast in connectFullMesh 8/20 and hung past 60 s 7/20 (one hang
-lasted 106 s despite the 20 s timeout); ``init_distributed`` 20/20 clean, and 20 consecutive
-cycles in one job in the tests. A restart-count prefix was also 20/20 on one node but failed
-4 of 6 restarts with two agents, where the counts differed. Details: docs/restarts.md.
+Its parts: torchrun's environment, the backend and the device are
+:mod:`tierckpt.runtime.distenv`; the start-up handshake that gives every incarnation a fresh
+store namespace (and why restarts hung without it) is :mod:`tierckpt.runtime.incarnation`.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -75,9 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.errors import ConfigError
 from tierckpt.runtime import healenv
+from tierckpt.runtime.distenv import choose_backend, choose_device, positive_seconds, read_env
 from tierckpt.runtime.events import PG_READY, PROCESS_START, EventLog
+from tierckpt.runtime.incarnation import agree_incarnation, base_store, pg_prefix
 from tierckpt.runtime.orphan import watch_launcher
 from tierckpt.runtime.scheduler import Scheduler, detect
 
@@ -93,9 +44,6 @@ __all__ = [
 DEFAULT_TIMEOUT = timedelta(minutes=5)
 """Collective and start-up timeout: a dead or hung peer surfaces in minutes, not 30."""
 
-_NAMESPACE = "tierckpt"
-_POLL_MIN_S = 0.005
-_POLL_MAX_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -176,7 +124,7 @@ def timeout_env_recipe(timeout: timedelta = DEFAULT_TIMEOUT) -> dict[str, str]:
     - ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` + ``TORCH_NCCL_TRACE_BUFFER_SIZE``: leave a flight-recorder
       dump that names the collective each rank was in.
     """
-    seconds = _positive_seconds(timeout, "timeout")
+    seconds = positive_seconds(timeout, "timeout")
     return {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
@@ -222,54 +170,81 @@ def init_distributed(
     also watches the launcher: a worker whose agent died stops itself
     (:mod:`tierckpt.runtime.orphan`; ``TIERCKPT_ORPHANS=keep`` turns that off).
     """
-    _positive_seconds(timeout, "timeout")
+    positive_seconds(timeout, "timeout")
     if dist.is_initialized():
         raise ConfigError("init_distributed: the default process group is already "
                           "initialised; call init_distributed once per process")
-    env = _read_env()
-    rank, world_size = env["rank"], env["world_size"]
+    env = read_env()
     scheduler = detect(os.environ)
-    log, owns_log = _open_log(event_log, rank)
+    log, owns_log = _open_log(event_log, env["rank"])
     try:
         if log is not None:
             extra: dict[str, Any] = {"scheduler": scheduler.to_json()} if scheduler else {}
             log.emit(PROCESS_START, restart_count=env["restart_count"],
                      process_started_at=process_started_at(), **extra)
-        chosen = _choose_backend(backend)
-        device = _choose_device(chosen, env["local_rank"])
-        if "nccl" in chosen:
-            for key, value in timeout_env_recipe(timeout).items():
-                os.environ.setdefault(key, value)
-        t0 = time.monotonic()
-        store = _base_store(env, timeout)
-        heal = healenv.read()
-        if heal is not None:  # the heal launcher drew this start's id; a generation's prefix
-            incarnation, prefix = heal.id, heal.pg_prefix()  # keeps a dead group unread
-        else:
-            incarnation = _agree_incarnation(store, rank, world_size, timeout)
-            prefix = f"{_NAMESPACE}/{incarnation}/"
-        pg_store = dist.PrefixStore(prefix, store)
-        dist.init_process_group(
-            backend=chosen, store=pg_store, rank=rank, world_size=world_size,
-            timeout=timeout, device_id=device if device.type == "cuda" else None,
-        )
-        seconds = time.monotonic() - t0
-        _JOINED.append(Joined(store, chosen, timeout, rank, world_size, device, heal))
-        _collect_at_exit()
+        chosen = choose_backend(backend)
+        device = choose_device(chosen, env["local_rank"])
+        up = _join(env, chosen, device, timeout)
         watch_launcher(log.path if log is not None else None)
         if log is not None:
-            extra = {"generation": heal.gen} if heal is not None else {}
-            log.emit(PG_READY, seconds=seconds, incarnation=incarnation, backend=chosen,
-                     world_size=world_size, **extra)
+            extra = {"generation": up.heal.gen} if up.heal is not None else {}
+            log.emit(PG_READY, seconds=up.seconds, incarnation=up.incarnation, backend=chosen,
+                     world_size=env["world_size"], **extra)
     finally:
         if owns_log and log is not None:
             log.close()
+    return _info(env, chosen, device, up, scheduler)
+
+
+@dataclass(frozen=True)
+class _Up:
+    """What :func:`_join` brought up: the incarnation's id, the seconds it took, and the
+    heal launcher's environment (None: not started by it)."""
+
+    incarnation: str
+    seconds: float
+    heal: healenv.HealEnv | None
+
+
+def _join(env: dict[str, Any], backend: str, device: torch.device,
+          timeout: timedelta) -> _Up:
+    """Bring the default process group up under a fresh store prefix: the heal launcher's
+    generation prefix when it started this process (it drew this start's id, and a
+    generation's prefix keeps a dead group unread), else the id the ranks agree on
+    (:func:`~tierckpt.runtime.incarnation.agree_incarnation`). Registers the group for
+    :func:`joined` and the garbage collection at exit."""
+    rank, world_size = env["rank"], env["world_size"]
+    if "nccl" in backend:
+        for key, value in timeout_env_recipe(timeout).items():
+            os.environ.setdefault(key, value)
+    t0 = time.monotonic()
+    store = base_store(env, timeout)
+    heal = healenv.read()
+    if heal is not None:
+        incarnation, prefix = heal.id, heal.pg_prefix()
+    else:
+        incarnation = agree_incarnation(store, rank, world_size, timeout)
+        prefix = pg_prefix(incarnation)
+    dist.init_process_group(
+        backend=backend, store=dist.PrefixStore(prefix, store), rank=rank,
+        world_size=world_size, timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+    seconds = time.monotonic() - t0
+    _JOINED.append(Joined(store, backend, timeout, rank, world_size, device, heal))
+    _collect_at_exit()
+    return _Up(incarnation, seconds, heal)
+
+
+def _info(env: dict[str, Any], backend: str, device: torch.device, up: _Up,
+          scheduler: Scheduler | None) -> DistInfo:
     return DistInfo(
-        rank=rank, world_size=world_size, local_rank=env["local_rank"],
+        rank=env["rank"], world_size=env["world_size"], local_rank=env["local_rank"],
         local_world_size=env["local_world_size"], node_rank=env["node_rank"],
-        restart_count=env["restart_count"], backend=chosen, device=device,
-        incarnation=incarnation, pg_seconds=seconds, process_started_at=process_started_at(),
-        scheduler=scheduler, generation=0 if heal is None else heal.gen,
+        restart_count=env["restart_count"], backend=backend, device=device,
+        incarnation=up.incarnation, pg_seconds=up.seconds,
+        process_started_at=process_started_at(), scheduler=scheduler,
+        generation=0 if up.heal is None else up.heal.gen,
     )
 
 
@@ -303,71 +278,6 @@ def process_started_at() -> float | None:
     return time.time() - max(age, 0.0)
 
 
-# --- environment -----------------------------------------------------------------------------
-
-def _positive_seconds(value: object, name: str) -> float:
-    if not isinstance(value, timedelta) or value.total_seconds() <= 0:
-        raise ConfigError(f"{name} must be a positive datetime.timedelta, got {value!r}")
-    return value.total_seconds()
-
-
-def _env_int(name: str, default: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        if default is None:
-            raise ConfigError(f"environment variable {name} is not set; launch with torchrun "
-                              "or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _read_env() -> dict[str, Any]:
-    launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ
-    rank = _env_int("RANK", None if launched else 0)
-    world_size = _env_int("WORLD_SIZE", None if launched else 1)
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"RANK={rank} WORLD_SIZE={world_size}: need 0 <= RANK < WORLD_SIZE")
-    if launched:
-        for name in ("MASTER_ADDR", "MASTER_PORT"):
-            if not os.environ.get(name):
-                raise ConfigError(f"environment variable {name} is not set; launch with "
-                                  "torchrun or set it to the rank-0 store address")
-    return {
-        "launched": launched, "rank": rank, "world_size": world_size,
-        "local_rank": _env_int("LOCAL_RANK", 0 if not launched else rank),
-        "local_world_size": _env_int("LOCAL_WORLD_SIZE", world_size),
-        "node_rank": _env_int("GROUP_RANK", 0),
-        "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
-    }
-
-
-def _choose_backend(backend: str | None) -> str:
-    cuda = torch.cuda.is_available()
-    if backend is None:
-        return "cpu:gloo,cuda:nccl" if cuda else "gloo"
-    if not isinstance(backend, str) or not backend:
-        raise ConfigError(f"backend must be a non-empty string such as 'gloo', got {backend!r}")
-    if "nccl" in backend and not cuda:
-        raise ConfigError(f"backend {backend!r} needs CUDA, which is not available here; "
-                          "use backend='gloo' (or None to choose automatically)")
-    return backend
-
-
-def _choose_device(backend: str, local_rank: int) -> torch.device:
-    if "nccl" not in backend:
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise ConfigError(f"LOCAL_RANK={local_rank} but only {count} CUDA device(s) are "
-                          "visible; start at most that many processes per node")
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)
-    return device
-
-
 def _open_log(event_log: str | os.PathLike[str] | EventLog | None,
               rank: int) -> tuple[EventLog | None, bool]:
     if event_log is None or isinstance(event_log, EventLog):
@@ -377,84 +287,3 @@ def _open_log(event_log: str | os.PathLike[str] | EventLog | None,
     return EventLog(event_log, rank=rank), True
 
 
-# --- store ------------------------------------------------------------------------------------
-
-def _base_store(env: dict[str, Any], timeout: timedelta) -> dist.Store:
-    """The job's store: torchrun's (agent-hosted or rank-0-hosted), or a private loopback one."""
-    if not env["launched"]:
-        return dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
-    store, _, _ = next(dist.rendezvous("env://", rank=env["rank"],
-                                       world_size=env["world_size"], timeout=timeout))
-    store.set_timeout(timeout)
-    return store
-
-
-def _agree_incarnation(store: dist.Store, rank: int, world_size: int,
-                       timeout: timedelta) -> str:
-    """Return an id that every rank of this incarnation shares and no earlier one used.
-
-    Protocol (keys under ``tierckpt/join/``; leftovers from earlier incarnations are harmless):
-    rank r > 0 sets ``nonce/<r>`` to a fresh nonce and polls ``grant/<r>`` until it holds that
-    nonce; rank 0 draws a fresh id, answers every nonce it reads with ``grant/<r>`` =
-    ``{nonce, id}``, and repeats until ``ack/<id>`` counts world_size - 1. Rank r adds to
-    ``ack/<id>`` after accepting its grant.
-    """
-    if world_size == 1:
-        return uuid.uuid4().hex
-    deadline = time.monotonic() + timeout.total_seconds()
-    if rank == 0:
-        return _lead(store, world_size, deadline, timeout)
-    return _follow(store, rank, deadline, timeout)
-
-
-def _lead(store: dist.Store, world_size: int, deadline: float, timeout: timedelta) -> str:
-    incarnation = uuid.uuid4().hex
-    nonce_keys = [f"{_NAMESPACE}/join/nonce/{r}" for r in range(1, world_size)]
-    ack_key = f"{_NAMESPACE}/join/ack/{incarnation}"
-    granted: dict[int, bytes] = {}
-    poll = _POLL_MIN_S
-    while True:
-        nonces = _read_present(store, nonce_keys)
-        for i, nonce in nonces.items():
-            if granted.get(i + 1) != nonce:
-                grant = {"nonce": nonce.decode(), "incarnation": incarnation}
-                store.set(f"{_NAMESPACE}/join/grant/{i + 1}", json.dumps(grant))
-                granted[i + 1] = nonce
-        acked = store.add(ack_key, 0)
-        if acked >= world_size - 1:
-            return incarnation
-        if time.monotonic() > deadline:
-            raise CheckpointError(
-                f"rank 0: only {acked} of {world_size - 1} other ranks joined within "
-                f"{timeout}; a rank did not start or cannot reach the store")
-        time.sleep(poll)
-        poll = min(poll * 2, _POLL_MAX_S)
-
-
-def _read_present(store: dist.Store, keys: list[str]) -> dict[int, bytes]:
-    """Values of those ``keys`` that exist, by index. Two round trips once all exist (the
-    usual case after the first incarnation, whose leftovers are still there); one per key
-    before that, since ``multi_get`` would block on a missing key."""
-    if store.check(keys):
-        return dict(enumerate(store.multi_get(keys)))
-    return {i: store.get(k) for i, k in enumerate(keys) if store.check([k])}
-
-
-def _follow(store: dist.Store, rank: int, deadline: float, timeout: timedelta) -> str:
-    nonce = uuid.uuid4().hex
-    store.set(f"{_NAMESPACE}/join/nonce/{rank}", nonce)
-    grant_key = f"{_NAMESPACE}/join/grant/{rank}"
-    poll = _POLL_MIN_S
-    while True:
-        if store.check([grant_key]):
-            grant = json.loads(store.get(grant_key))
-            if grant.get("nonce") == nonce:
-                incarnation = str(grant["incarnation"])
-                store.add(f"{_NAMESPACE}/join/ack/{incarnation}", 1)
-                return incarnation
-        if time.monotonic() > deadline:
-            raise CheckpointError(
-                f"rank {rank}: rank 0 did not answer within {timeout}; it did not start or "
-                "cannot reach the store")
-        time.sleep(poll)
-        poll = min(poll * 2, _POLL_MAX_S)
