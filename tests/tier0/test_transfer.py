@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tests._launch import free_port, spawn
+from tests._launch import spawn
 from tests._synthetic import make_checkpoint
+from tierckpt._ports import free_port
 from tierckpt.errors import CorruptDataError
 from tierckpt.format import layout
 from tierckpt.runtime.topology import Comm
