@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.drill import chaos_verdicts as cv
+from tierckpt.drill.job import DrillJob, check_steps
 from tierckpt.drill.launch import Job
 from tierckpt.errors import ConfigError
-from tierckpt.tier2.storage.url import parse_url
 
 __all__ = ["HOLD_FULL_S", "JOB_TIMEOUT_PER_STEP_S", "JOB_TIMEOUT_S", "MOMENT_S",
            "PRECONDITION_S", "QUIET_S", "SAMPLE_S", "SETTLE_S", "STAGES", "STEPS_PER_CYCLE",
@@ -44,42 +44,38 @@ on 2 cores; a fixed 600 s stopped the reference of a 60-cycle run at step 8700 o
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ChaosConfig:
-    """What to drill: ``command`` (the contract of :mod:`tierckpt.drill.launch`) on
-    ``nnodes`` simulated nodes of ``nproc`` ranks, through ``cycles`` fault cycles drawn
-    from ``seed`` over ``kinds``. ``steps`` defaults to :data:`STEPS_PER_CYCLE` per cycle
-    (plus one cycle's worth); ``tier2`` to ``file://<out>/tier2``; ``rtol`` None means bit
-    for bit on CPU. ``tmpfs``: put each node root on a size-limited tmpfs (needs root;
-    without it the full-tier-1 fault is left out). ``tier0``: run the job with tier 0 —
-    ``"auto"`` (``Tier0()``: each node's RAM at its default location) or a directory on
-    tmpfs (node i of run r gets ``<tier0>/<r>-node<i>``), passed to the command as
-    ``--tier0``; None (the default) runs without it, unless the command itself names
-    ``--tier0 VALUE``, which is then taken as this setting. Without tier 0 the RAM faults
-    are left out. ``preempt``: add the termination-notice kinds
-    (:data:`~tierckpt.drill.chaos_verdicts.NOTICE_KINDS`) to the catalogue; without it they
-    are left out (and a seed draws the plan it drew before they existed). The command must
-    call ``CheckpointManager.should_stop`` each step. ``heal``: run the job under
-    ``tierckpt run`` (the heal launcher, one node of ``nproc`` >= 3 ranks, two pre-warmed
-    spares) and add ``heal_kill`` (:data:`~tierckpt.drill.chaos_verdicts.HEAL_OUTCOMES`) to
-    the catalogue; a plain ``kill_rank`` then heals, so it is left out, and an at-rest fault
-    takes the node down by killing the launcher with everything it started. The command must
-    heal as examples/train.py does (``CheckpointManager.heal``). ``job_timeout_s`` bounds one
+class ChaosConfig(DrillJob):
+    """What to drill: the job (:class:`~tierckpt.drill.job.DrillJob`: ``command`` on ``nnodes``
+    simulated nodes of ``nproc`` ranks, ``seed``, ``tier2``, ``rtol``) through ``cycles``
+    fault cycles drawn from ``seed`` over ``kinds``. ``steps`` defaults to
+    :data:`STEPS_PER_CYCLE` per cycle (plus one cycle's worth). ``tmpfs``: put each node
+    root on a size-limited tmpfs (needs root; without it the full-tier-1 fault is left out).
+    ``tier0``: run the job with tier 0 — ``"auto"`` (``Tier0()``: each node's RAM at its
+    default location) or a directory on tmpfs (node i of run r gets
+    ``<tier0>/<r>-node<i>``), passed to the command as ``--tier0``; None (the default) runs
+    without it, unless the command itself names ``--tier0 VALUE``, which is then taken as
+    this setting. Without tier 0 the RAM faults are left out. ``preempt``: add the
+    termination-notice kinds (:data:`~tierckpt.drill.chaos_verdicts.NOTICE_KINDS`) to the
+    catalogue; without it they are left out (and a seed draws the plan it drew before they
+    existed). The command must call ``CheckpointManager.should_stop`` each step. ``heal``:
+    run the job under ``tierckpt run`` (the heal launcher, one node of ``nproc`` >= 3 ranks,
+    two pre-warmed spares) and add ``heal_kill``
+    (:data:`~tierckpt.drill.chaos_verdicts.HEAL_OUTCOMES`) to the catalogue; a plain
+    ``kill_rank`` then heals, so it is left out, and an at-rest fault takes the node down by
+    killing the launcher with everything it started. The command must heal as
+    examples/train.py does (``CheckpointManager.heal``). ``job_timeout_s`` bounds one
     uninterrupted run of the command (the reference, the last start's training to the end);
-    None: :data:`JOB_TIMEOUT_S` plus
-    :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both train every step.
-    ``commit_timeout_s`` bounds how long a start may take to restore and commit;
-    ``max_starts`` how often a cycle starts the job again before the drill gives up."""
+    None: :data:`JOB_TIMEOUT_S` plus :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both
+    train every step. ``commit_timeout_s`` bounds how long a start may take to restore and
+    commit; ``max_starts`` how often a cycle starts the job again before the drill gives up."""
 
-    command: tuple[str, ...]
+    USAGE = "tierckpt drill --chaos 10 -- python examples/train.py"
+
     cycles: int
-    out: Path = Path("drill-out")
     nnodes: int = 2
     nproc: int = 1
     steps: int | None = None
-    seed: int = 0
-    tier2: str | None = None
     kinds: tuple[str, ...] = cv.KINDS
-    rtol: float | None = None
     tmpfs: bool = True
     tier0: str | None = None
     preempt: bool = False
@@ -89,47 +85,32 @@ class ChaosConfig:
     max_starts: int = 3
 
     def __post_init__(self) -> None:
-        if not self.command:
-            raise ConfigError("give the training command, e.g. "
-                              "tierckpt drill --chaos 10 -- python examples/train.py")
-        object.__setattr__(self, "command", tuple(self.command))
-        object.__setattr__(self, "out", Path(self.out).absolute())
+        super().__post_init__()
         object.__setattr__(self, "kinds", tuple(self.kinds))
         object.__setattr__(self, "tier0", _tier0_setting(self.tier0, self.command))
-        for name, flag in (("cycles", "--chaos"), ("nproc", "--nproc"),
-                           ("max_starts", "max_starts")):
+        for name, flag in (("cycles", "--chaos"), ("max_starts", "max_starts")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{flag} must be an int >= 1, got {v!r}")
         if self.heal:
             _check_heal(self)
-        elif isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or \
-                self.nnodes < 2:
+        elif self.nnodes < 2:
             raise ConfigError(f"the chaos drill needs --nnodes >= 2 (node-local roots, partial "
                               f"commits across nodes), got {self.nnodes!r}")
         cv.draw_plan(0, 1, nodes=self.nnodes, kinds=self.kinds)  # validates the kinds
         if self.steps is None:
             object.__setattr__(self, "steps", STEPS_PER_CYCLE * (self.cycles + 1))
-        elif isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 6:
-            raise ConfigError(f"--steps must be an int >= 6, got {self.steps!r}")
+        else:
+            check_steps(self.steps)
         if self.job_timeout_s is None:
             object.__setattr__(self, "job_timeout_s",
                                JOB_TIMEOUT_S + JOB_TIMEOUT_PER_STEP_S * self.total_steps)
         elif not self.job_timeout_s > 0:
             raise ConfigError(f"job_timeout_s must be seconds > 0, got {self.job_timeout_s!r}")
-        if self.rtol is not None and not self.rtol >= 0:
-            raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
-        if self.tier2 is None:
-            object.__setattr__(self, "tier2", f"file://{self.out / 'tier2'}")
-        parse_url(self.tier2, name="--tier2")
 
     @property
     def tier0_on(self) -> bool:
         return self.tier0 is not None
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
 
     @property
     def total_steps(self) -> int:

@@ -18,14 +18,13 @@ for a failed drill: failures are verdicts. ConfigError for bad configuration.
 from __future__ import annotations
 
 import dataclasses
-import math
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tierckpt.drill import verdicts as vd
+from tierckpt.drill.job import DrillJob, check_steps
 from tierckpt.drill.launch import JobSpec
 from tierckpt.drill.report import build_report, write_report
 from tierckpt.drill.runs import (
@@ -41,7 +40,6 @@ from tierckpt.runtime import events as ev
 from tierckpt.runtime import measure
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.storage.url import parse_url
 
 __all__ = ["DRILLS", "DrillConfig", "Progress", "run_drills"]
 
@@ -54,54 +52,26 @@ Progress = Callable[[str, str, str], None]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DrillConfig:
-    """What to drill and where. ``command`` is the training command (see
-    :mod:`tierckpt.drill.launch` for its contract); ``nproc`` ranks per node on ``nnodes``
-    simulated nodes; ``steps`` per run; ``seed`` picks the kill; ``tier2`` defaults to
-    ``file://<out>/tier2``; ``rtol`` None means exact on CPU and ``GPU_RTOL`` on GPU;
+class DrillConfig(DrillJob):
+    """What to drill and where: the job (:class:`~tierckpt.drill.job.DrillJob`: ``command``,
+    ``nproc`` ranks per node on ``nnodes`` simulated nodes, ``tier2``, ``rtol``; its
+    ``seed`` picks the kill); ``steps`` per run; ``reshard_sizes`` the world sizes the
+    reshard drill restores at; ``tier2_extra_steps`` trained after the tier-2-only restore;
     ``job_timeout_s`` bounds each job."""
 
-    command: tuple[str, ...]
-    out: Path = Path("drill-out")
-    nproc: int = 2
-    nnodes: int = 1
     steps: int = 20
-    seed: int = 0
-    tier2: str | None = None
     reshard_sizes: tuple[int, ...] = (1, 3)
     tier2_extra_steps: int = 2
-    rtol: float | None = None
     job_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if not self.command:
-            raise ConfigError("give the training command, e.g. "
-                              "tierckpt drill -- python examples/train.py")
-        object.__setattr__(self, "command", tuple(self.command))
-        object.__setattr__(self, "out", Path(self.out).absolute())
-        for name in ("nproc", "nnodes", "tier2_extra_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be an int >= 1, "
-                                  f"got {getattr(self, name)!r}")
-        if not isinstance(self.steps, int) or self.steps < 6:
-            raise ConfigError(f"--steps must be >= 6 (a save, a kill and a resume need room), "
-                              f"got {self.steps!r}")
+        super().__post_init__()
+        v = self.tier2_extra_steps
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"--tier2-extra-steps must be an int >= 1, got {v!r}")
+        check_steps(self.steps, " (a save, a kill and a resume need room)")
         if any(not isinstance(w, int) or w < 1 for w in self.reshard_sizes):
             raise ConfigError(f"reshard world sizes must be ints >= 1, got {self.reshard_sizes}")
-        if self.rtol is not None and not (math.isfinite(self.rtol) and self.rtol >= 0):
-            raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
-        if self.tier2 is None:
-            object.__setattr__(self, "tier2", f"file://{self.out / 'tier2'}")
-        parse_url(self.tier2, name="--tier2")  # a bad URL is refused now, not after a run
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
-
-    def roots(self, run: str, nnodes: int | None = None) -> tuple[Path, ...]:
-        n = self.nnodes if nnodes is None else nnodes
-        base = self.out / "runs" / run
-        return (base / "tier1",) if n == 1 else tuple(base / f"node{i}" for i in range(n))
 
     def spec(self, run: str, **kw: Any) -> JobSpec:
         nnodes = kw.pop("nnodes", self.nnodes)

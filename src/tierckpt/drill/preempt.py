@@ -27,7 +27,6 @@ never raises for a failed verdict. ConfigError for bad configuration.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import signal
@@ -40,16 +39,16 @@ from tierckpt.drill import verdicts as vd
 from tierckpt.drill.chaos_verdicts import Verdict
 from tierckpt.drill.drills import Progress, _on_gpu, _require_empty_tier2
 from tierckpt.drill.inject import _victim_pid, last_step
+from tierckpt.drill.job import DrillJob, check_steps
 from tierckpt.drill.launch import Job, JobSpec
 from tierckpt.drill.preempt_report import build_preempt_report, write_preempt_report
 from tierckpt.drill.runs import RunResult, run_job
-from tierckpt.errors import CheckpointError, ConfigError
+from tierckpt.errors import CheckpointError
 from tierckpt.format import layout
 from tierckpt.ops.check import check_tier1, check_tier2
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import events as ev
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.storage.url import parse_url
 
 __all__ = ["PREEMPT_STAGES", "NoticeRecord", "PreemptConfig", "run_preempt"]
 
@@ -59,55 +58,25 @@ _POLL_S = 0.01
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PreemptConfig:
-    """What to drill: ``command`` (the contract of :mod:`tierckpt.drill.launch`; it must
-    call ``CheckpointManager.should_stop`` each step, as ``examples/train.py`` does) with
-    ``nproc`` ranks on each of ``nnodes`` simulated nodes, ``steps`` per run. ``seed`` picks
-    the step of the notice; ``rank`` None sends SIGTERM to the launcher, a rank sends
-    SIGUSR1 to that rank only. ``tier2`` defaults to ``file://<out>/tier2`` (it must be
-    empty); ``rtol`` None means bit for bit on CPU and ``GPU_RTOL`` on GPU;
+class PreemptConfig(DrillJob):
+    """What to drill: the job (:class:`~tierckpt.drill.job.DrillJob`: ``command``, which
+    must call ``CheckpointManager.should_stop`` each step, as ``examples/train.py`` does,
+    with ``nproc`` ranks on each of ``nnodes`` simulated nodes; its ``seed`` picks the step
+    of the notice; ``tier2``, which must be empty; ``rtol``), ``steps`` per run. ``rank``
+    None sends SIGTERM to the launcher, a rank sends SIGUSR1 to that rank only;
     ``job_timeout_s`` bounds each run."""
 
-    command: tuple[str, ...]
-    out: Path = Path("drill-out")
-    nproc: int = 2
-    nnodes: int = 1
+    USAGE = "tierckpt drill --preempt -- python examples/train.py"
+
     steps: int = 20
-    seed: int = 0
     rank: int | None = None
-    tier2: str | None = None
-    rtol: float | None = None
     job_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if not self.command:
-            raise ConfigError("give the training command, e.g. "
-                              "tierckpt drill --preempt -- python examples/train.py")
-        object.__setattr__(self, "command", tuple(self.command))
-        object.__setattr__(self, "out", Path(self.out).absolute())
-        for name in ("nproc", "nnodes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"--{name} must be an int >= 1, got {v!r}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 6:
-            raise ConfigError(f"--steps must be an int >= 6 (a notice, a stop and a resume "
-                              f"need room), got {self.steps!r}")
-        if self.rtol is not None and not (math.isfinite(self.rtol) and self.rtol >= 0):
-            raise ConfigError(f"--rtol must be a number >= 0, got {self.rtol!r}")
+        super().__post_init__()
+        check_steps(self.steps, " (a notice, a stop and a resume need room)")
         pv.choose_notice(self.seed, steps=self.steps, world_size=self.world_size,
                          rank=self.rank)  # validates the rank and the steps now
-        if self.tier2 is None:
-            object.__setattr__(self, "tier2", f"file://{self.out / 'tier2'}")
-        parse_url(self.tier2, name="--tier2")
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
-
-    def roots(self, run: str) -> tuple[Path, ...]:
-        base = self.out / "runs" / run
-        return (base / "tier1",) if self.nnodes == 1 else tuple(
-            base / f"node{i}" for i in range(self.nnodes))
 
     def spec(self, name: str, run: str, **kw: Any) -> JobSpec:
         """Job ``name`` on the roots of ``run`` (the restart runs on the preempted roots),
