@@ -2,13 +2,12 @@
 
 ``AsyncSaver.submit`` hands a staged state dict to a single worker thread that (1) writes
 this rank's shard files into the save's tmp directory through DCP with :class:`ShardWriter`
-(CRC32C on the same pass, fsync), (2) gathers every rank's file list to rank 0, which builds
-the manifest and marker, (3) has each domain owner run :func:`commit.commit_domain`, and
-(4) agrees with every rank on the outcome. Domain owners keep the ``.metadata`` bytes they
-last committed; while every owner holds the bytes a save needs (its SHA-256 came with the
-gather), rank 0 sends their digest only, so a steady save sends the owners O(W) bytes, not
-the O(W × tensors) ``.metadata``. All collectives use the manager's dedicated gloo
-group with its own timeout, so a dead peer turns into an error, not a hang.
+(CRC32C on the same pass, fsync), (2) gathers every rank's file list to rank 0, and (3)
+commits through :class:`~tierckpt.save.committer.Committer` (rank 0 seals the manifest,
+domain owners commit, every rank agrees on the outcome); with tier 0, (4) replicates the
+step to a peer node and copies every ``tier1_every``-th save to tier 1. All collectives
+use the manager's dedicated gloo group with its own timeout, so a dead peer turns into an
+error, not a hang.
 
 Errors never escape the thread: they complete the handle's ``durable`` future with a
 :class:`SaveError`, which the manager raises at the next ``save()``/``wait()``/``close()``.
@@ -19,8 +18,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import errno
-import hashlib
 import logging
 import os
 import threading
@@ -31,24 +28,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from tierckpt._version import __version__
 from tierckpt.errors import DiskFullError, SaveError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
-from tierckpt.format.parts import rebuild_parts, seal
-from tierckpt.policy.units import format_bytes
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
 from tierckpt.save import coordinate
+from tierckpt.save.committer import Committer
 from tierckpt.save.config import Writes
+from tierckpt.save.diskfull import disk_full
 from tierckpt.save.writer import ShardWriter
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 from tierckpt.tier1.manifests import read_committed
 
@@ -151,12 +144,8 @@ class AsyncSaver:
         self._tier0_fits = tier0_fits
         self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
-        self._meta_held: tuple[bytes, bytes] | None = None
-        """Owners: (SHA-256, bytes) of the ``.metadata`` this rank last committed."""
-        self._meta_digest: tuple[bytes, bytes] | None = None
-        """Rank 0: (bytes, SHA-256) of the last ``.metadata`` digested (the same object
-        while the coordinator reuses it, so it is hashed once per change)."""
-        self._owners = comm.subgroup(tuple(d[0] for d in domains))  # collective
+        self.committer = Committer(comm, domains, file_mode=writes.file_mode)  # collective
+        """The commit protocol, with the ``.metadata`` this owner last committed."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
                                         initializer=_lower_thread_priority,
                                         initargs=(writes.background_nice,))
@@ -225,119 +214,78 @@ class AsyncSaver:
 
     def _disk_full(self, job: SaveJob, e: BaseException) -> DiskFullError | None:
         """The one-line error of a save some rank could not write for lack of space."""
-        if not _is_enospc(e):
-            return None
         tier, root = ("tier0", self.tier0.path) if self.tier0 is not None else \
             ("tier1", self.tier1)
-        try:
-            st = os.statvfs(root)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = 0
-        return DiskFullError(
-            f"{tier} is full: {root} has {format_bytes(free)} free, and the save of step "
-            f"{job.step} needs about {format_bytes(job.nbytes)} on rank {self.comm.rank}; "
-            "nothing of that save was kept, and the previous complete checkpoint stays the "
-            "restore point. Free space there or lower keep_last (ENOSPC: No space left on "
-            "device)",
-            tier=tier, path=str(root), free=free, needed=job.nbytes)
+        return disk_full(e, tier=tier, root=root, step=job.step, needed=job.nbytes,
+                         rank=self.comm.rank)
 
     # -- the background job ---------------------------------------------------------------
     def _run(self, job: SaveJob) -> SaveResult:
-        w, comm = self.writes, self.comm
-        staged_at = job.staged_at
-        if job.ready is not None:
-            waited = not job.ready.done()
-            job.ready.result()  # copies still running end before the next optimizer step
-            staged_at = time.monotonic() if waited else staged_at
+        """Write, commit and (with tier 0) replicate and copy one save; collective."""
+        staged_at = self._staging_done(job)
         in_ram = self.tier0 is not None
         root = self.tier0.path if self.tier0 is not None else self.tier1
         tmp = root / layout.tmp_dirname(job.step, job.save_id)
         final = root / layout.step_dirname(job.step)
-        tmp.mkdir(mode=w.dir_mode, exist_ok=True)  # ranks of one domain share it
-        writer = ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
-                             fsync=w.fsync and not in_ram,
-                             direct_io=w.direct_io and not in_ram)
-        held = self._meta_held[0] if self._meta_held is not None else None
-        written = coordinate.save(job.staged, writer, comm, self._plans, held)
+        writer = self._writer(tmp, in_ram=in_ram)
+        written = coordinate.save(job.staged, writer, self.comm, self._plans,
+                                  self.committer.held_digest)
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
         if written.error is None:
             self.log.emit(events.SAVE_DURABLE, step=job.step,
                           seconds=durable_at - staged_at, bytes=my_bytes,
                           tier="tier0" if in_ram else "tier1")
-        payload, status, sealed = None, None, None
-        if comm.rank == 0:
-            assert written.all_files is not None and written.all_errors is not None
-            status = (next((e for e in written.all_errors if e), None), 0)
-            if status[0] is None:
-                assert writer.metadata_entry is not None and writer.metadata_bytes is not None
-                files = (*(f for fl in written.all_files for f in fl), writer.metadata_entry)
-                sealed = seal(mf.Manifest(
-                    step=job.step, world_size=comm.world_size, save_id=job.save_id,
-                    files=files, domains=self.domains, created_unix=time.time(),
-                    torch_version=torch.__version__, tierckpt_version=__version__),
-                    mf.signing_key())
-                digest = self._digest(writer.metadata_bytes)
-                assert written.all_held is not None
-                held_by_all = all(written.all_held[d[0]] == digest for d in self.domains)
-                payload = (sealed.manifest_bytes, sealed.marker_bytes,
-                           None if held_by_all else writer.metadata_bytes, digest)
-                status = (None, sealed.manifest.total_bytes)
-        failed, total = comm.broadcast(status)  # O(1): the error, or the checkpoint's bytes
-        if failed is not None:
-            raise SaveError(f"save of step {job.step} failed: {failed}") from written.exception
-        if self._owners is not None:  # the manifest goes to domain owners only (O(W) each)
-            payload = self._owners.broadcast(payload)
-        error, manifest = None, None
-        if self.is_owner:
-            assert payload is not None
-            mbytes, marker, meta_bytes, digest = payload
-            try:
-                manifest = mf.Manifest.from_bytes(mbytes)
-                if meta_bytes is None:  # rank 0 saw in the gather that this owner holds them
-                    if self._meta_held is None or self._meta_held[0] != digest:
-                        raise SaveError("rank 0 sent the digest of a .metadata this owner "
-                                        "does not hold")
-                    meta_bytes = self._meta_held[1]
-                # rank 0 sealed the manifest; other owners rebuild its parts from it
-                parts = sealed.parts if sealed is not None else rebuild_parts(manifest)
-                commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker,
-                              metadata_bytes=meta_bytes, file_mode=w.file_mode, parts=parts)
-                self._meta_held = (digest, meta_bytes)
-            except Exception as e:
-                error = f"rank {comm.rank}: commit of step {job.step} in {root} failed: {e}"
-        failed = comm.first_error(error)
-        if failed is not None:
-            raise SaveError(failed)
+        done = self.committer.commit(job.step, job.save_id, writer, written, tmp, final)
         tier = "tier1"
         if self.tier0 is not None:
-            committed = mf.Committed(manifest, payload[0], payload[1]) \
-                if manifest is not None and payload is not None else None
-            self.log.emit(events.TIER0_SAVED, step=job.step, bytes=my_bytes,
-                          seconds=time.monotonic() - staged_at)
-            self._replicate(committed)
-            if job.to_tier1:
-                self.copy_to_tier1(committed, final)
-                final = self.tier1 / layout.step_dirname(job.step)
-            else:
-                tier = "tier0"
-            if self.is_owner:
-                keep_newest(self.tier0.own, self.tier0_config.keep)
-                keep_newest(self.tier0.peer, self.tier0_config.keep)
-                self.tier0.touch()
+            final, tier = self._after_tier0(job, done.committed, final, my_bytes, staged_at)
         now = time.monotonic()
-        result = SaveResult(step=job.step, path=final, bytes_total=total,
+        result = SaveResult(step=job.step, path=final, bytes_total=done.total,
                             seconds=now - job.started, write_seconds=now - staged_at,
-                            manifest=manifest, tier=tier)
+                            manifest=done.manifest, tier=tier)
         self.log.emit(events.SAVE_COMMITTED, step=job.step, seconds=result.seconds,
                       write_seconds=result.write_seconds, bytes=result.bytes_total, tier=tier)
         return result
 
-    def _digest(self, data: bytes) -> bytes:
-        if self._meta_digest is None or self._meta_digest[0] is not data:
-            self._meta_digest = (data, hashlib.sha256(data).digest())
-        return self._meta_digest[1]
+    @staticmethod
+    def _staging_done(job: SaveJob) -> float:
+        """When staging ended (monotonic): with ``staging="overlap"`` after waiting for the
+        background copies, whose error fails the save."""
+        if job.ready is None:
+            return job.staged_at
+        waited = not job.ready.done()
+        job.ready.result()  # copies still running end before the next optimizer step
+        return time.monotonic() if waited else job.staged_at
+
+    def _writer(self, tmp: Path, *, in_ram: bool) -> ShardWriter:
+        """The DCP writer into ``tmp`` (created; the ranks of one domain share it); in RAM
+        (tier 0) without fsync or direct I/O."""
+        w = self.writes
+        tmp.mkdir(mode=w.dir_mode, exist_ok=True)
+        return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
+                           fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram)
+
+    def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
+                     my_bytes: int, staged_at: float) -> tuple[Path, str]:
+        """Collective, after a commit on tier 0: replicate it to a peer, copy it to tier 1
+        when ``job.to_tier1``, and keep the newest on tier 0. Where the save now lives and
+        which tier that is."""
+        assert self.tier0 is not None
+        self.log.emit(events.TIER0_SAVED, step=job.step, bytes=my_bytes,
+                      seconds=time.monotonic() - staged_at)
+        self._replicate(committed)
+        tier = "tier1"
+        if job.to_tier1:
+            self.copy_to_tier1(committed, final)
+            final = self.tier1 / layout.step_dirname(job.step)
+        else:
+            tier = "tier0"
+        if self.is_owner:
+            keep_newest(self.tier0.own, self.tier0_config.keep)
+            keep_newest(self.tier0.peer, self.tier0_config.keep)
+            self.tier0.touch()
+        return final, tier
 
     def _replicate(self, committed: mf.Committed | None) -> None:
         """Owners: the ring exchange of tier-0 replicas. A failure is an event and a
@@ -387,22 +335,3 @@ class AsyncSaver:
         if errors:
             raise SaveError("; ".join(errors) + " (the step stays in tier 0)")
 
-
-def _is_enospc(e: BaseException, depth: int = 0) -> bool:
-    """ENOSPC anywhere in ``e``: its causes, or the per-rank failures of DCP's
-    CheckpointException (whose text is all a remote rank's error leaves here)."""
-    if depth > 8:
-        return False
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        return True
-    if isinstance(e, SaveError) and ("[Errno 28]" in str(e) or "No space left on device"
-                                     in str(e)):
-        return True  # a remote rank's failure, as its text
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict):
-        if any(isinstance(f, BaseException) and _is_enospc(f, depth + 1)
-               for f in failures.values()):
-            return True
-        if "[Errno 28]" in str(e) or "No space left on device" in str(e):
-            return True
-    return any(c is not None and _is_enospc(c, depth + 1) for c in (e.__cause__, e.__context__))

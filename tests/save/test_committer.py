@@ -44,7 +44,7 @@ def _worker(rank: int, port: int, base: str) -> None:
         assert ck._g.saver.is_owner
         for step in range(STEPS):
             if step == STEPS - 1 and rank == 1:
-                ck._g.saver._meta_held = None  # as a new process would hold nothing
+                ck._g.saver.committer.held = None  # as a new process would hold nothing
             with counting() as c:
                 ck.save(step, state).wait()
             received.append(c.to_json()["received"])
