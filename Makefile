@@ -10,7 +10,11 @@ STAMP := $(VENV)/.tierckpt-installed
 TORCHTITAN := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
 	typeguard==4.6.1
 
-.PHONY: demo test test-fast lint bench docs venv clean
+# The newest torch pyproject admits, in a venv of its own: `make test-torch-next`.
+TORCH_NEXT ?= 2.14.1
+VENV_NEXT := .venv-next
+
+.PHONY: demo test test-fast test-fence test-torch-next lint bench docs venv clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +40,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
 
+# What each torch in tierckpt._torch.TESTED must pass besides the release the suite runs on:
+# the fast suite and the slow tests through torch internals (marked `fence`).
+test-fence: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow or fence"
+
+test-torch-next:
+	$(MAKE) --no-print-directory VENV=$(VENV_NEXT) TORCH_VERSION=$(TORCH_NEXT) test-fence
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples bench
 	$(BIN)/mypy
@@ -49,4 +61,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VENV_NEXT) build *.egg-info src/*.egg-info

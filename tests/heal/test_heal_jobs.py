@@ -181,6 +181,7 @@ def test_fsdp2_rank_killed_between_steps_heals_in_place(
 
 
 @pytest.mark.slow
+@pytest.mark.fence  # FSDP2 surgery / a DDP reducer rebound: run on every tested torch
 def test_fsdp2_rank_killed_mid_backward_heals_bit_identically(
         tmp_path: Path, ref3: dict[int, str]) -> None:
     # the survivors fail in the backward with the head's gradients written to its unsharded
@@ -238,6 +239,7 @@ def test_replacement_killed_while_loading_falls_back_to_a_full_restart(
 
 
 @pytest.mark.slow
+@pytest.mark.fence  # FSDP2 surgery / a DDP reducer rebound: run on every tested torch
 def test_ddp_rank0_killed_mid_step_heals(tmp_path: Path) -> None:
     ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
     job = Job(tmp_path / "job", 2, "--parallel", "ddp", "--step-sleep", "0.05")
