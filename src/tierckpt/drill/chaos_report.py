@@ -7,7 +7,6 @@ resume drills' reports. Schema (``"schema": "tierckpt.chaos-report/1"``) in docs
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierckpt._version import __version__
 from tierckpt.drill import chaos_verdicts as cv
+from tierckpt.drill.reportfile import write_report_files
 
 if TYPE_CHECKING:
     from tierckpt.drill.chaos_verdicts import CyclePlan
@@ -111,9 +111,4 @@ def render_chaos_markdown(doc: Mapping[str, Any]) -> str:
 def write_chaos_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     """Write the JSON and Markdown into ``out``; returns their paths (also in
     ``doc["files"]``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"json": str(out / "chaos-report.json"), "md": str(out / "chaos-report.md")}
-    doc["files"] = files
-    Path(files["json"]).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    Path(files["md"]).write_text(render_chaos_markdown(doc))
-    return files
+    return write_report_files(doc, out, "chaos-report", render_chaos_markdown)

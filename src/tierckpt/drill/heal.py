@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.drill.launch import JobSpec, heal_argv, training_argv
+from tierckpt.drill.reportfile import write_report_files
 from tierckpt.drill.runs import RunResult, run_job
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
@@ -102,9 +103,8 @@ def run_heal(cfg: HealDrillConfig, progress: Progress = lambda *a: None) -> dict
     faults = run.drive() if ref.rc == 0 else []
     progress("heal", "done" if run.rc == 0 else "failed", f"exit {run.rc}")
     doc = _report(cfg, ref, run, faults)
-    (out / "heal-report.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "heal-report.md").write_text(_markdown(doc))
-    doc["files"] = {"report": str(out / "heal-report.md")}
+    files = write_report_files(doc, out, "heal-report", _markdown, record=False)
+    doc["files"] = {"report": files["md"]}
     return doc
 
 

@@ -8,7 +8,6 @@ values; :func:`write_preempt_report` writes ``preempt-report.json`` and
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierckpt._version import __version__
 from tierckpt.drill.preempt_verdicts import PREEMPT_VERDICTS, TIERS
+from tierckpt.drill.reportfile import write_report_files
 
 if TYPE_CHECKING:
     from tierckpt.drill.chaos_verdicts import Verdict
@@ -117,9 +117,4 @@ def render_preempt_markdown(doc: Mapping[str, Any]) -> str:
 def write_preempt_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     """Write the JSON and Markdown into ``out``; returns their paths (also stored in
     ``doc["files"]``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"json": str(out / "preempt-report.json"), "md": str(out / "preempt-report.md")}
-    doc["files"] = files
-    Path(files["json"]).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    Path(files["md"]).write_text(render_preempt_markdown(doc))
-    return files
+    return write_report_files(doc, out, "preempt-report", render_preempt_markdown)

@@ -9,7 +9,6 @@ and the timeline picture.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tierckpt._version import __version__
+from tierckpt.drill.reportfile import write_report_files
 from tierckpt.runtime import events as ev
 
 if TYPE_CHECKING:
@@ -189,11 +189,7 @@ def plot_timeline(doc: Mapping[str, Any], path: Path) -> None:
 def write_report(doc: dict[str, Any], out: Path) -> dict[str, str]:
     """Write the JSON, Markdown and PNG into ``out``; returns their paths (also stored in
     ``doc["files"]``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"json": str(out / "drill-report.json"), "md": str(out / "drill-report.md"),
-             "png": str(out / "drill-timeline.png")}
-    doc["files"] = files
-    Path(files["json"]).write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    Path(files["md"]).write_text(render_markdown(doc))
+    files = write_report_files(doc, out, "drill-report", render_markdown,
+                               also={"png": str(out / "drill-timeline.png")})
     plot_timeline(doc, Path(files["png"]))
     return files
