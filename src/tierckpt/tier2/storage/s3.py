@@ -45,6 +45,7 @@ from tierckpt.tier2.storage.base import (
     validate_key,
     validate_prefix,
 )
+from tierckpt.tier2.storage.s3base import backoff
 from tierckpt.tier2.storage.s3client import (
     STREAM_ERRORS,
     MiB,
@@ -52,7 +53,7 @@ from tierckpt.tier2.storage.s3client import (
     crc_of_head,
     make_client,
 )
-from tierckpt.tier2.storage.s3writes import S3Writes, backoff
+from tierckpt.tier2.storage.s3writes import S3Writes
 
 
 class S3Storage(S3Writes):
