@@ -44,11 +44,11 @@ from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.launch._yaml import dump_all
-from tierckpt.launch.command import TrainCommand, shell_line
+from tierckpt.launch.command import shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
-from tierckpt.launch.resources import check_counts, k8s_memory, k8s_resources, parse_memory
-from tierckpt.launch.slurm import SIGNALS, TIERCKPT_FN, WAIT_STEP
-from tierckpt.launch.timing import Lead
+from tierckpt.launch.resources import k8s_memory, k8s_resources, parse_memory
+from tierckpt.launch.slurm import TIERCKPT_FN, WAIT_STEP
+from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.scheduler import GRACE_ENV, JOB_ID_ENV, POD_ENV, RESTARTS_ENV
 
@@ -66,29 +66,20 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class K8sLaunch:
-    """One job's settings. ``nodes`` pods train, ``spares`` more join the rendezvous
-    (``--nnodes nodes:nodes+spares``), each pod on its own node. ``tier0_size``: the tier-0
-    RAM volume's ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0). ``tier1_host_path`` (None:
-    ``/mnt/tierckpt/<name>``) or ``tier1_claim``: tier 1's volume. ``tier2_secret``: a
-    Secret whose keys become the container's environment (``AWS_ACCESS_KEY_ID``, ...).
-    ``gpus_per_node``, ``cpus_per_node`` (0: not asked for) and ``memory`` (what the
-    training needs per pod, e.g. ``512Gi``; None: not asked for): the container's
-    resources. Sizes as :func:`~tierckpt.launch.resources.parse_memory` reads them."""
+class K8sLaunch(TorchrunJob):
+    """One job's settings: the :class:`~tierckpt.launch.torchrun.TorchrunJob` and
+    Kubernetes' own. ``nodes`` pods train, ``spares`` more join the rendezvous, each pod on
+    its own node. ``max_failures``: the JobSet's restarts after failures. ``tier0_size``:
+    the tier-0 RAM volume's ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0).
+    ``tier1_host_path`` (None: ``/mnt/tierckpt/<name>``) or ``tier1_claim``: tier 1's
+    volume. ``tier2_secret``: a Secret whose keys become the container's environment
+    (``AWS_ACCESS_KEY_ID``, ...). ``gpus_per_node``, ``cpus_per_node`` and ``memory``
+    (what the training needs per pod, e.g. ``512Gi``): the container's resources. Sizes as
+    :func:`~tierckpt.launch.resources.parse_memory` reads them."""
 
     name: str
     image: str
-    command: TrainCommand
-    lead: Lead
-    nodes: int = 1
-    spares: int = 0
-    nproc_per_node: str = "gpu"
-    gpus_per_node: int = 0
-    cpus_per_node: int = 0
-    memory: str | None = None
-    max_restarts: int = 3
     max_failures: int = 3
-    port: int = 29500
     tier0_size: str | None = None
     tier1_host_path: str | None = None
     tier1_claim: str | None = None
@@ -106,9 +97,7 @@ class K8sLaunch:
                               "--max-failures at least 0")
         if not self.image:
             raise ConfigError("--image: the container image that holds the training code")
-        check_counts(gpus_per_node=self.gpus_per_node, cpus_per_node=self.cpus_per_node)
-        if self.memory is not None:
-            parse_memory(self.memory, "--memory")
+        self.check_node()
         if self.tier0_size is not None:
             parse_memory(self.tier0_size, "--tier0-size")
         if self.tier1_host_path is not None and not self.tier1_host_path.startswith("/"):
@@ -117,7 +106,8 @@ class K8sLaunch:
 
     @property
     def pods(self) -> int:
-        return self.nodes + self.spares
+        """The job's pods: one per node, spares included (:attr:`max_nodes`)."""
+        return self.max_nodes
 
     @property
     def host_path(self) -> str:
@@ -127,15 +117,11 @@ class K8sLaunch:
 
 def launcher(k: K8sLaunch, *, head: str) -> str:
     """PID 1's bash script: forward SIGTERM, run torchrun, exit with the verdict."""
-    nnodes = f"{k.nodes}:{k.pods}" if k.spares else str(k.nodes)
     py = k.command.python or k.python
     torchrun = " \\\n    ".join([
         f"{shlex.quote(py)} -m torch.distributed.run",
-        f"--nnodes {nnodes}", f"--nproc-per-node {shlex.quote(k.nproc_per_node)}",
-        "--rdzv-backend c10d", f'--rdzv-endpoint "{head}:{k.port}"',
-        f'--rdzv-id "{k.name}-${{{RESTARTS_ENV}:-0}}"',
-        f"--max-restarts {k.max_restarts}", f"--signals-to-handle {SIGNALS}",
-        f"--shutdown-timeout {k.lead.seconds}", shell_line(k.command.argv)]) + " &"
+        *torchrun_flags(k, host=head, rdzv_id=f"{k.name}-${{{RESTARTS_ENV}:-0}}"),
+        shell_line(k.command.argv)]) + " &"
     return "\n".join([
         f'fail() {{ echo "tierckpt launch: $*" >&2; exit {EXIT_CONFIG}; }}',
         '[ -n "${TIERCKPT_TIER1:-}" ] || fail "TIERCKPT_TIER1 is not set"',
@@ -191,7 +177,7 @@ def _container(k: K8sLaunch, head: str, mounts: list[dict[str, Any]]) -> dict[st
     ram = parse_memory(k.tier0_size, "--tier0-size") if k.tier0_size else 0
     resources = k8s_resources(
         gpus=k.gpus_per_node, cpus=k.cpus_per_node, ram_volume_mib=ram,
-        memory_mib=parse_memory(k.memory, "--memory") if k.memory else 0)
+        memory_mib=k.memory_mib)
     if resources:
         c["resources"] = resources
     return c

@@ -37,14 +37,12 @@ import sys
 
 from tierckpt._version import __version__
 from tierckpt.errors import ConfigError
-from tierckpt.launch.command import TrainCommand, shell_line
+from tierckpt.launch.command import shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
-from tierckpt.launch.resources import check_counts, parse_memory, sbatch_lines
-from tierckpt.launch.timing import Lead
+from tierckpt.launch.resources import sbatch_lines
+from tierckpt.launch.torchrun import SIGNALS as SIGNALS  # where it was named first
+from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
 from tierckpt.runtime.scheduler import MAX_REQUEUES_ENV
-
-SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-"""torchrun's ``--signals-to-handle``: its default set plus SIGUSR1 (Slurm's lead)."""
 
 WAIT_STEP = (
     "# wait returns early when a trapped signal arrives: wait until the step is gone.",
@@ -78,37 +76,28 @@ TIERCKPT_FN = ("tierckpt() { \"$TIERCKPT_PYTHON\" -c 'import sys; from tierckpt.
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SlurmLaunch:
-    """One sbatch script's settings. ``nodes`` train; ``spares`` more nodes are allocated
-    and join torchrun's rendezvous (``--nnodes nodes:nodes+spares``), so the job goes on
-    with ``nodes`` when one fails. ``tier1``/``tier0``/``tier2``: defaults for the
-    ``TIERCKPT_TIER*`` variables (the submitter's environment wins). ``gpus_per_node``,
-    ``cpus_per_node`` (0: not asked for) and ``memory`` (per node, e.g. ``512G``; None:
-    not asked for) become ``#SBATCH`` lines. ``python``: the interpreter the generator ran
-    under (see :func:`interpreter`)."""
+class SlurmLaunch(TorchrunJob):
+    """One sbatch script's settings: the :class:`~tierckpt.launch.torchrun.TorchrunJob`
+    and Slurm's own. ``nodes`` train; ``spares`` more nodes are allocated and join
+    torchrun's rendezvous, so the job goes on with ``nodes`` when one fails.
+    ``max_requeues``: requeues after an emergency save at most. ``tier1``/``tier0``/
+    ``tier2``: defaults for the ``TIERCKPT_TIER*`` variables (the submitter's environment
+    wins). ``gpus_per_node``, ``cpus_per_node`` and ``memory`` become ``#SBATCH`` lines;
+    ``sbatch``: more of them. ``python``: the interpreter the generator ran under (see
+    :func:`interpreter`)."""
 
-    command: TrainCommand
-    lead: Lead
-    nodes: int = 1
-    spares: int = 0
-    nproc_per_node: str = "gpu"
-    max_restarts: int = 3
     max_requeues: int = 5
-    port: int = 29500
     job_name: str = "tierckpt"
     tier1: str | None = None
     tier0: str | None = None
     tier2: str | None = None
     sbatch: tuple[str, ...] = ()
-    gpus_per_node: int = 0
-    cpus_per_node: int = 0
-    memory: str | None = None
     python: str = dataclasses.field(default_factory=lambda: sys.executable)
 
     def __post_init__(self) -> None:
-        check_counts(gpus_per_node=self.gpus_per_node, cpus_per_node=self.cpus_per_node)
+        self.check_node()
         own = {"--gpus-per-node": self.gpus_per_node, "--cpus-per-task": self.cpus_per_node,
-               "--mem": self.memory_mib}  # memory_mib checks --memory
+               "--mem": self.memory_mib}
         for name in ("nodes", "port"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -125,15 +114,6 @@ class SlurmLaunch:
             if own.get(opt.split("=")[0]):
                 raise ConfigError(f"--sbatch {opt!r} and the launcher's own flag for it "
                                   "(--gpus-per-node, --cpus-per-node, --memory): give one")
-
-    @property
-    def max_nodes(self) -> int:
-        return self.nodes + self.spares
-
-    @property
-    def memory_mib(self) -> int:
-        """``memory`` in MiB (0: not asked for)."""
-        return parse_memory(self.memory, "--memory") if self.memory is not None else 0
 
 
 def interpreter(s: SlurmLaunch) -> str:
@@ -207,14 +187,7 @@ def _env(s: SlurmLaunch) -> list[str]:
 
 
 def _torchrun(s: SlurmLaunch) -> str:
-    nnodes = f"{s.nodes}:{s.max_nodes}" if s.spares else str(s.nodes)
-    flags = [
-        f"--nnodes {nnodes}", f"--nproc-per-node {shlex.quote(s.nproc_per_node)}",
-        "--rdzv-backend c10d", f'--rdzv-endpoint "$head:{s.port}"',
-        '--rdzv-id "$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
-        f"--max-restarts {s.max_restarts}", f"--signals-to-handle {SIGNALS}",
-        f"--shutdown-timeout {s.lead.seconds}",
-    ]
+    flags = torchrun_flags(s, host="$head", rdzv_id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}")
     py = '"$TIERCKPT_PYTHON"'  # the interpreter of every tierckpt call: never PATH's python
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=0" + (" --no-kill" if s.spares else "")
     return (f"{srun} \\\n    {py} -m torch.distributed.run \\\n    "
