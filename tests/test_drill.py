@@ -20,7 +20,9 @@ from tierckpt.cli._app import app
 from tierckpt.cli.demo import demo_plan
 from tierckpt.drill import DrillConfig, render_markdown, run_drills
 from tierckpt.drill import verdicts as vd
+from tierckpt.drill.drills import _fresh_out
 from tierckpt.drill.launch import agent_argv, training_argv
+from tierckpt.drill.preempt import PreemptConfig
 from tierckpt.drill.report import SCHEMA, timeline_marks, verdicts
 from tierckpt.errors import ConfigError
 from tierckpt.tier2.storage.local import LocalStorage
@@ -190,6 +192,25 @@ def test_a_tier2_that_already_holds_checkpoints_is_refused(tmp_path: Path) -> No
                       tier2=f"file://{tmp_path / 't2'}")
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         run_drills(cfg)
+
+
+@pytest.mark.parametrize("make", [DrillConfig, PreemptConfig])
+def test_the_resume_and_preemption_drills_start_from_a_fresh_out(tmp_path: Path,
+                                                                 make: Any) -> None:
+    """One preparation for both: ``<out>/runs`` emptied, the default tier 2 started empty,
+    a tier 2 that holds checkpoints refused."""
+    out = tmp_path / "out"
+    (out / "runs" / "kill" / "tier1").mkdir(parents=True)  # a previous drill's leftovers
+    (out / "tier2" / "step-00000001").mkdir(parents=True)
+    (out / "tier2" / "step-00000001" / "COMPLETE").write_bytes(b"x")
+    cfg = make(command=("python", "t.py"), out=out)
+    assert _fresh_out(cfg) == cfg.tier2 == f"file://{out / 'tier2'}"
+    assert not (out / "runs").exists() and list((out / "tier2").iterdir()) == []
+    (tmp_path / "t2").mkdir()
+    with LocalStorage(tmp_path / "t2") as store:
+        store.put_bytes("step-00000004/COMPLETE", b"x")
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        _fresh_out(make(command=("python", "t.py"), out=out, tier2=f"file://{tmp_path / 't2'}"))
 
 
 def test_the_default_tier2_is_created_empty_by_the_drill(tmp_path: Path,

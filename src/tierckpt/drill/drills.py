@@ -96,17 +96,25 @@ def run_drills(cfg: DrillConfig, progress: Progress = _noop) -> dict[str, Any]:
     return doc
 
 
-def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
-    runs_dir = cfg.out / "runs"
+def _fresh_out(job: DrillJob) -> str:
+    """Before a drill's runs (resume and preemption drills): an empty ``<out>/runs``, the
+    default tier 2 (``file://<out>/tier2``, the drill's own) started empty, and a tier 2
+    that already holds checkpoints refused (ConfigError). Returns the tier-2 URL."""
+    runs_dir = job.out / "runs"
     if runs_dir.exists():
         shutil.rmtree(runs_dir)
-    tier2_dir = cfg.out / "tier2"
-    if cfg.tier2 == f"file://{tier2_dir}":  # the default tier 2 is ours: start it empty
+    tier2_dir = job.out / "tier2"
+    if job.tier2 == f"file://{tier2_dir}":  # the default tier 2 is ours: start it empty
         if tier2_dir.exists():
             shutil.rmtree(tier2_dir)
         tier2_dir.mkdir(parents=True)  # a file:// tier 2 is never created by opening it
-    assert cfg.tier2 is not None
-    _require_empty_tier2(cfg.tier2)
+    assert job.tier2 is not None
+    _require_empty_tier2(job.tier2)
+    return job.tier2
+
+
+def _run_all(cfg: DrillConfig, progress: Progress) -> dict[str, Any]:
+    _fresh_out(cfg)
     t0 = time.time()
     results: dict[str, dict[str, Any]] = {}
     runs: list[RunResult] = []

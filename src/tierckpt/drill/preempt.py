@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 from tierckpt.drill import preempt_verdicts as pv
 from tierckpt.drill import verdicts as vd
 from tierckpt.drill.chaos_verdicts import Verdict
-from tierckpt.drill.drills import Progress, _on_gpu, _require_empty_tier2
+from tierckpt.drill.drills import Progress, _fresh_out, _on_gpu
 from tierckpt.drill.inject import _victim_pid, last_step
 from tierckpt.drill.job import DrillJob, check_steps
 from tierckpt.drill.launch import Job, JobSpec
@@ -116,22 +115,8 @@ def run_preempt(cfg: PreemptConfig, progress: Progress = _noop) -> dict[str, Any
     return doc
 
 
-def _prepare(cfg: PreemptConfig) -> str:
-    runs = cfg.out / "runs"
-    if runs.exists():
-        shutil.rmtree(runs)
-    tier2_dir = cfg.out / "tier2"
-    if cfg.tier2 == f"file://{tier2_dir}":  # the default tier 2 is ours: start it empty
-        if tier2_dir.exists():
-            shutil.rmtree(tier2_dir)
-        tier2_dir.mkdir(parents=True)
-    assert cfg.tier2 is not None
-    _require_empty_tier2(cfg.tier2)
-    return cfg.tier2
-
-
 def _run(cfg: PreemptConfig, progress: Progress) -> dict[str, Any]:
-    tier2 = _prepare(cfg)
+    tier2 = _fresh_out(cfg)
     t0 = time.time()
     plan = pv.choose_notice(cfg.seed, steps=cfg.steps, world_size=cfg.world_size,
                             rank=cfg.rank)
