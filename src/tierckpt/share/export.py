@@ -25,7 +25,8 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from tierckpt.errors import ConfigError
-from tierckpt.share.hfwrite import ExportResult, Format, TensorSpec, write_hf
+from tierckpt.share.hfplan import Format, TensorSpec
+from tierckpt.share.hfwrite import ExportResult, write_hf
 from tierckpt.share.loader import require_keys
 from tierckpt.share.ranged import (
     WINDOW,
