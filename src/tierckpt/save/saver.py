@@ -39,6 +39,7 @@ from tierckpt.save.config import Writes
 from tierckpt.save.diskfull import disk_full
 from tierckpt.save.writer import ShardWriter
 from tierckpt.tier0.config import Tier0
+from tierckpt.tier0.recycle import reserve
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -142,6 +143,7 @@ class AsyncSaver:
         self.tier0 = tier0
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._tier0_fits = tier0_fits
+        self._unreserved: dict[str, int] = {}  # shard files a tier-0 save had to allocate
         self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
         self.committer = Committer(comm, domains, file_mode=writes.file_mode)  # collective
@@ -185,12 +187,24 @@ class AsyncSaver:
                 except Exception as e:  # never fail a committed save over retention
                     _log.warning("retention after step %d failed: %s", job.step, e)
             handle.durable.set_result(result)
+            self._reserve()
             for path in reclaim:  # freeing the space is housekeeping, after the handle
                 try:
                     remove_tree(path)
                 except OSError as e:
                     _log.warning("could not remove %s (start-up cleanup will): %s", path, e)
         self._pool.submit(run)
+
+    def _reserve(self) -> None:
+        """After a tier-0 save that allocated its shard files (the first, or a new layout):
+        allocate the next save's pages now, in the background, so it rewrites RAM instead
+        (:func:`tierckpt.tier0.recycle.reserve`)."""
+        shards, self._unreserved = self._unreserved, {}
+        if shards and self.tier0 is not None:
+            t0 = time.monotonic()
+            got = reserve(self.tier0.free, shards, file_mode=self.writes.file_mode)
+            _log.debug("tier 0: reserved %d bytes for the next save in %.3f s", got,
+                       time.monotonic() - t0)
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the worker; ``wait=False`` abandons a write that is stuck (it ends, or dies
@@ -232,6 +246,9 @@ class AsyncSaver:
                                   self.committer.held_digest)
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
+        shards = {f.name: f.size for f in writer.files if layout.shard_rank(f.name) is not None}
+        if in_ram and writer.recycled < len(shards):
+            self._unreserved = shards
         if written.error is None:
             self.log.emit(events.SAVE_DURABLE, step=job.step,
                           seconds=durable_at - staged_at, bytes=my_bytes,
@@ -263,8 +280,10 @@ class AsyncSaver:
         (tier 0) without fsync or direct I/O."""
         w = self.writes
         tmp.mkdir(mode=w.dir_mode, exist_ok=True)
+        free = self.tier0.free if in_ram and self.tier0 is not None else None
         return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
-                           fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram)
+                           fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram,
+                           recycle=free)
 
     def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
                      my_bytes: int, staged_at: float) -> tuple[Path, str]:
@@ -282,7 +301,7 @@ class AsyncSaver:
         else:
             tier = "tier0"
         if self.is_owner:
-            keep_newest(self.tier0.own, self.tier0_config.keep)
+            keep_newest(self.tier0.own, self.tier0_config.keep, free=self.tier0.free)
             keep_newest(self.tier0.peer, self.tier0_config.keep)
             self.tier0.touch()
         return final, tier

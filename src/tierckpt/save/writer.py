@@ -43,6 +43,7 @@ from torch.futures import Future
 from tierckpt._torch.dcp import StorageInfo, StoragePrefix
 from tierckpt.format import checksum, layout, records
 from tierckpt.format.manifest import Chunk, FileEntry
+from tierckpt.tier0 import recycle
 from tierckpt.tier1.directio import DirectFile
 from tierckpt.tier1.fs import DEFAULT_FILE_MODE
 
@@ -126,17 +127,22 @@ class ShardWriter(StorageWriter):
     ``thread_count`` files per rank are written in parallel (items balanced by size).
     After ``write_data``, :attr:`files` lists this rank's files; after ``finish`` on the
     coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
+    With ``recycle`` (tier 0's ``free/`` directory), a shard file found there under its
+    name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
                  file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
-                 direct_io: bool = True) -> None:
+                 direct_io: bool = True, recycle: Path | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.thread_count = max(1, thread_count)
         self.file_mode = file_mode
         self.fsync = fsync
         self.direct_io = direct_io
+        self.recycle = recycle
+        self.recycled = 0
+        """Shard files rewritten in place (taken from ``recycle``)."""
         self.rank = 0
         self.files: list[FileEntry] = []
         self.metadata_entry: FileEntry | None = None
@@ -255,9 +261,10 @@ class ShardWriter(StorageWriter):
         path = self.path / layout.safe_member_name(name)
         out: list[WriteResult] = []
         chunks: list[Chunk] = []
+        reuse = self.recycle is not None and recycle.take(self.recycle, name, path)
         # zero_copy: the items are staged tensors, unchanged until the save ends
         f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync,
-                       zero_copy=True)
+                       zero_copy=True, reuse=reuse)
         try:
             # bytes items first (as DCP does), then tensors largest first
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
@@ -285,6 +292,7 @@ class ShardWriter(StorageWriter):
             raise
         with self._lock:
             self.zero_copied += f.zero_copied
+            self.recycled += reuse
             self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank,
                                         chunks=tuple(chunks)))
         return out

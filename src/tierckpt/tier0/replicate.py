@@ -11,6 +11,7 @@ from tierckpt.errors import CorruptDataError
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.runtime.topology import Comm
+from tierckpt.tier0 import recycle
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier0.transfer import Stream, commit_received, transfer
 from tierckpt.tier1 import fs
@@ -102,13 +103,18 @@ def copy_to_tier1(src: Path, tier1: Tier1Catalog, committed: mf.Committed, *,
     return total
 
 
-def keep_newest(catalog: Tier1Catalog, keep: int) -> list[int]:
+def keep_newest(catalog: Tier1Catalog, keep: int, free: Path | None = None) -> list[int]:
     """Delete all but the ``keep`` newest committed checkpoints of a tier-0 catalogue (own
-    or peer); returns the deleted steps. Tier 0 is a cache: nothing is pinned there."""
+    or peer); returns the deleted steps. Tier 0 is a cache: nothing is pinned there. With
+    ``free``, the newest deleted step's shard files are kept there for the next save to
+    rewrite (:func:`tierckpt.tier0.recycle.retire`)."""
     doomed = catalog.complete_steps()[keep:]
-    for step in doomed:
+    for i, step in enumerate(doomed):
         with contextlib.suppress(FileNotFoundError):
-            catalog.delete(step)
+            if free is not None and i == 0:
+                recycle.retire(catalog, step, free)
+            else:
+                catalog.delete(step)
     for stale in catalog.stale_entries():  # a half-deleted one from a crash
         with contextlib.suppress(OSError):
             fs.remove_tree(stale)

@@ -10,6 +10,8 @@ verification applies — plus::
     .lock                    flock held by the job using it (dead jobs hold none)
     peer/step-XXXXXXXX/      the partner node's newest checkpoints (its replica), committed
                              with their own marker once every file's CRC32C matched
+    free/                    shard files of a dropped step, whose RAM the next save rewrites
+                             (:mod:`tierckpt.tier0.recycle`); never read as a checkpoint
 
 A root whose ``job.json`` names another tier-1 root is never read, written or removed by
 this job: opening it is a :class:`ConfigError`.
@@ -38,6 +40,7 @@ BASE_ENV = "TIERCKPT_TIER0_BASE"
 """Overrides :data:`DEFAULT_BASE` (the parent of ``Tier0()`` roots), e.g. another tmpfs."""
 JOB_FILE = "job.json"
 PEER_DIR = "peer"
+FREE_DIR = "free"
 LOCK_FILE = ".lock"
 STALE_AFTER_S = 3600.0
 """A tier-0 root of another job, unlocked and untouched this long, is removed at start-up."""
@@ -85,6 +88,11 @@ class Tier0Root:
         """The partner's replica held here."""
         return Tier1Catalog(self.path / PEER_DIR)
 
+    @property
+    def free(self) -> Path:
+        """Shard files kept for the next save to rewrite (:mod:`tierckpt.tier0.recycle`)."""
+        return self.path / FREE_DIR
+
     def open(self, *, dir_mode: int, file_mode: int) -> FileLock:
         """Create (or adopt) the root for this job, take its lock, and clean the debris of
         a crashed save or transfer. Raises :class:`ConfigError` if the root belongs to
@@ -92,6 +100,7 @@ class Tier0Root:
         try:
             self.path.mkdir(mode=dir_mode, parents=True, exist_ok=True)
             (self.path / PEER_DIR).mkdir(mode=dir_mode, exist_ok=True)
+            self.free.mkdir(mode=dir_mode, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"tier0={self.path} cannot be created ({e.strerror or e}); "
                               "give a writable directory on tmpfs (e.g. /dev/shm/...)") from e

@@ -16,6 +16,7 @@ from pathlib import Path
 from tierckpt.errors import ConfigError, LockError
 from tierckpt.runtime import events
 from tierckpt.runtime.topology import Comm
+from tierckpt.tier0 import recycle
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.replicate import ring
 from tierckpt.tier0.root import Tier0Root, auto_base, budget, default_root, remove_dead_roots
@@ -100,9 +101,12 @@ class Tier0Session:
 
     def release(self, *, clean: bool = False) -> None:
         """Let go of the root's lock (idempotent); tier 0 is off from here on. With
-        ``clean`` (a clean close) and not ``Tier0.keep_on_close``, owners then remove the
-        node's RAM copies, but only when the newest of them is committed on tier 1."""
+        ``clean`` (a clean close), owners give back the pages kept for rewriting
+        (``free/``), and, without ``Tier0.keep_on_close``, remove the node's RAM copies,
+        but only when the newest of them is committed on tier 1."""
         root, self.root = self.root, None
+        if clean and root is not None and self.is_owner:
+            recycle.clear(root.free)
         if self._lock is not None:
             self._lock.release()
             self._lock = None

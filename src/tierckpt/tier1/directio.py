@@ -51,26 +51,32 @@ class DirectFile(io.RawIOBase):
     promises that the memory it passes stays unchanged until :meth:`close` returns;
     ``zero_copied`` counts the bytes written that way. ``buffer_size`` defaults to
     ``DEFAULT_BUFFER``, or ``ZERO_COPY_BUFFER`` with ``zero_copy``. Errors from the writer thread
-    (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``.
+    (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``. ``reuse=True``
+    rewrites the existing file ``path`` (which nothing else may share) from its start instead
+    of creating one, and truncates it to what was written: on tmpfs its pages are already
+    allocated (:mod:`tierckpt.tier0.recycle`).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
                  direct: bool = True, fsync: bool = True,
-                 buffer_size: int | None = None, zero_copy: bool = False) -> None:
+                 buffer_size: int | None = None, zero_copy: bool = False,
+                 reuse: bool = False) -> None:
         super().__init__()
         if buffer_size is None:
             buffer_size = ZERO_COPY_BUFFER if zero_copy else DEFAULT_BUFFER
         if buffer_size % ALIGN:
             raise ValueError(f"buffer_size must be a multiple of {ALIGN}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CLOEXEC | (0 if reuse else os.O_CREAT | os.O_EXCL)
+        self._reuse = reuse
         self.direct = False
         if direct and hasattr(os, "O_DIRECT"):
             try:
                 self._fd = os.open(path, flags | os.O_DIRECT, mode)
                 self.direct = True
             except OSError:  # EINVAL: the file system does not do O_DIRECT
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                if not reuse:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
         if not self.direct:
             self._fd = os.open(path, flags, mode)
         self._fsync = fsync
@@ -229,7 +235,7 @@ class DirectFile(io.RawIOBase):
             self._submit(padded)
         self._wait()
         try:
-            if self.direct and tail:
+            if (self.direct and tail) or self._reuse:
                 os.ftruncate(self._fd, self.size)
             if self._fsync:
                 os.fsync(self._fd)
