@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -49,10 +50,13 @@ def test_chunks_cover_every_item_and_verify(tmp_path: Path) -> None:
         assert entry.crc32c == checksum.of_file(tmp_path / entry.name)[0]
 
 
-def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_threads", [1, 3])
+def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path,
+                                                              io_threads: int) -> None:
     """O_DIRECT: each large tensor's bytes go straight from the (page-aligned) staging
     buffer, at a page-aligned file offset reached by zero padding before its record; the
-    records still load with plain DCP and their CRC32Cs hold."""
+    records still load with plain DCP and their CRC32Cs hold — with one write in flight, or
+    several at their own offsets (``io_threads``, as tier 0 writes RAM)."""
     from tierckpt.save.staging import HostStager
 
     stager = HostStager(copy_threads=1)
@@ -60,7 +64,7 @@ def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path) -
            "d": torch.arange((1 << 18) + 3, dtype=torch.int32)}
     staged = stager.stage(src).tree
     stager.close()
-    w = ShardWriter(tmp_path, fsync=False, direct_io=True)
+    w = ShardWriter(tmp_path, fsync=False, direct_io=True, io_threads=io_threads)
     dcp.save(staged, storage_writer=w, no_dist=True)
     (entry,) = w.files
     large = sum(v.numel() * v.element_size() for k, v in src.items() if k != "c")
@@ -77,7 +81,8 @@ def test_large_page_aligned_tensors_are_written_without_a_copy(tmp_path: Path) -
     assert all(torch.equal(out[k], src[k]) for k in src)
 
 
-def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io_threads", [1, 3])
+def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path, io_threads: int) -> None:
     """With zero_copy the I/O buffers are 2 × ZERO_COPY_BUFFER: 6 MiB of sub-MiB records
     after two zero-copy ones fill and reuse them many times; every byte and CRC32C holds."""
     from tierckpt.save.staging import HostStager
@@ -89,7 +94,7 @@ def test_small_records_cycle_the_small_zero_copy_buffers(tmp_path: Path) -> None
     assert all(v.numel() * 4 < ZERO_COPY_MIN for k, v in src.items() if k[0] == "s")
     staged = stager.stage(src).tree
     stager.close()
-    w = ShardWriter(tmp_path, fsync=False, direct_io=True)
+    w = ShardWriter(tmp_path, fsync=False, direct_io=True, io_threads=io_threads)
     dcp.save(staged, storage_writer=w, no_dist=True)
     (entry,) = w.files
     small = sum(v.numel() * 4 for k, v in src.items() if k[0] == "s")

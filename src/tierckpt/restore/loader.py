@@ -28,7 +28,13 @@ from tierckpt.errors import (
 )
 from tierckpt.format import layout
 from tierckpt.format.manifest import FileEntry, Manifest
-from tierckpt.restore.reader import READ_STREAMS, DirectReader, directory_chunks
+from tierckpt.restore.reader import (
+    RAM_PIECE,
+    RAM_STREAMS,
+    READ_STREAMS,
+    DirectReader,
+    directory_chunks,
+)
 from tierckpt.runtime.topology import Comm
 from tierckpt.state import RANK_STATE, TrainState
 from tierckpt.tier1.catalog import read_committed, read_part
@@ -73,12 +79,13 @@ _DATA_ERRORS = (IntegrityError, pickle.UnpicklingError, EOFError, zipfile.BadZip
 
 
 def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *,
-              readers: int = 1, notes: list[str] | None = None) -> int:
+              readers: int = 1, notes: list[str] | None = None, in_ram: bool = False) -> int:
     """Collective: load ``ckpt_dir`` (already verified) into ``state``; returns bytes read
     by this rank. ``readers``: how many ranks read this tier-1 root at once (its domain),
-    who then read one stream each (a rank alone reads several). Different world
-    sizes reshard model/optimizer through DCP; per-rank state follows the semantics
-    documented in :mod:`tierckpt.state`.
+    who then read one stream each (a rank alone reads several); with ``in_ram`` (``ckpt_dir``
+    on tier 0) it reads as memory is copied: ``RAM_STREAMS`` threads, ``RAM_PIECE`` pieces.
+    Different world sizes reshard model/optimizer through DCP; per-rank state follows the
+    semantics documented in :mod:`tierckpt.state`.
 
     On the saved world size a rank plans its reads from its own ``__<rank>.metadata``
     (size and CRC32C checked first) when that covers every tensor it loads (:func:`uncovered`),
@@ -98,9 +105,11 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
     :class:`CorruptDataError` too, raised on every rank before anything is loaded."""
     # alone on the disk: several streams; ranks sharing it: one each (theirs run in parallel
     # already; on the bench's disk 2 ranks x 1 restored 1.25-1.8x faster than 2 x 2 or 2 x 4)
-    streams = READ_STREAMS if readers <= 1 else 1
+    streams = RAM_STREAMS if in_ram else READ_STREAMS if readers <= 1 else 1
     md, target, reader, read_before = _plan_reads(state, ckpt_dir, saved_world, comm,
                                                   streams, notes)
+    if in_ram:  # (the reader, whichever metadata it plans from, reads memory)
+        reader.piece = RAM_PIECE
     mismatch = comm.first_error(_mismatches(state.tensors(), md))
     if mismatch:
         raise StateMismatchError(

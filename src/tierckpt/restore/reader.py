@@ -49,6 +49,10 @@ from tierckpt.tier1.catalog import MANIFEST_LIMIT, read_small
 
 _PIECE = 16 * 1024 * 1024
 READ_STREAMS = 4  # sequential read streams of a rank alone on its tier-1 disk
+RAM_STREAMS = 2   # reads from tier 0 (tmpfs): each a memcpy, so about one per core
+RAM_PIECE = 1024 * 1024
+"""A read from RAM is checksummed while it is still in the core's L2 cache (a 16 MiB piece
+is not): the checksum then costs compute, not a second trip through memory."""
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
@@ -82,8 +86,11 @@ class DirectReader(FileSystemReader):
 
     def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None,
                  verify: Mapping[str, FileEntry] | None = None,
-                 threads: int = READ_STREAMS, chunks: ChunkIndex | None = None) -> None:
+                 threads: int = READ_STREAMS, chunks: ChunkIndex | None = None,
+                 piece: int = _PIECE) -> None:
         super().__init__(path)
+        self.piece = piece
+        """Bytes per read (and per CRC32C update) of a tensor read in place."""
         self.chunk_index = chunks
         """Where per-record CRC32Cs not inline in ``verify``'s entries come from (the
         writers' ``__<rank>.records``, read only when a file is read in part)."""
@@ -188,7 +195,8 @@ class DirectReader(FileSystemReader):
 
     def _read_in_place(self, f: BinaryIO, wanted: list[tuple[ReadItem, torch.Tensor]]
                        ) -> tuple[dict[int, int], list[tuple[int, int, int]]]:
-        """Read each candidate's raw bytes into its destination, in ~16 MiB pieces.
+        """Read each candidate's raw bytes into its destination, in pieces of
+        :attr:`piece` bytes (16 MiB from disk, 1 MiB from RAM).
 
         The pieces, in file order, are cut into ``threads`` contiguous runs of about equal
         bytes, one per thread, each read front to back: every thread is one sequential
@@ -207,7 +215,8 @@ class DirectReader(FileSystemReader):
         pieces: list[tuple[int, memoryview, int]] = []  # (candidate, bytes, start in them)
         for j, (_, target) in enumerate(wanted):
             buf = _bytes_of(target)
-            pieces.extend((j, buf[i:i + _PIECE], i) for i in range(0, len(buf), _PIECE))
+            step = self.piece
+            pieces.extend((j, buf[i:i + step], i) for i in range(0, len(buf), step))
         if not pieces:
             return {}, []
         fd, crc = f.fileno(), self.verify is not None

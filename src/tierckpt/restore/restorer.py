@@ -84,7 +84,7 @@ class Restorer:
                     else self.catalog.root) / layout.step_dirname(step)
             t_load = time.monotonic()
             try:
-                nbytes = self._load(state, step, path, saved_world)
+                nbytes = self._load(state, step, path, saved_world, in_ram=in_ram)
                 break
             except CorruptDataError as e:
                 self._after_failure(step, source, e, tried)
@@ -103,12 +103,13 @@ class Restorer:
             _log.warning("%s", reshard_note(step, saved_world, info.world_size))
         return info
 
-    def _load(self, state: TrainState, step: int, path: Path, saved_world: int) -> int:
+    def _load(self, state: TrainState, step: int, path: Path, saved_world: int, *,
+              in_ram: bool = False) -> int:
         """Load ``step`` from ``path`` (:func:`load_into`), logging each metadata fallback it
         noted; returns the bytes this rank read."""
         notes: list[str] = []
         nbytes = load_into(state, path, saved_world, self.comm,
-                           readers=len(self.domain), notes=notes)
+                           readers=len(self.domain), notes=notes, in_ram=in_ram)
         for note in notes:
             self.log.emit(events.METADATA_FALLBACK, step=step, reason=note)
             _log.warning("step %d: %s", step, note)

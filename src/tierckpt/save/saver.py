@@ -53,6 +53,11 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
                         "uninitialized, assuming the intent is to", category=UserWarning)
 
 
+TIER0_IO_THREADS = 2
+"""Copies into RAM (tier 0) in flight per shard file: a memcpy into tmpfs pages is CPU
+work, and one thread leaves a second core idle while the caller checksums."""
+
+
 def _lower_thread_priority(nice: int) -> None:
     """Raise this thread's niceness by ``nice`` (Linux threads have their own; threads it
     creates — the shard writers — inherit it), so background writing yields to training."""
@@ -283,7 +288,7 @@ class AsyncSaver:
         free = self.tier0.free if in_ram and self.tier0 is not None else None
         return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                            fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram,
-                           recycle=free)
+                           recycle=free, io_threads=TIER0_IO_THREADS if in_ram else 1)
 
     def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
                      my_bytes: int, staged_at: float) -> tuple[Path, str]:

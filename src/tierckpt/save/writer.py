@@ -128,12 +128,14 @@ class ShardWriter(StorageWriter):
     After ``write_data``, :attr:`files` lists this rank's files; after ``finish`` on the
     coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
     With ``recycle`` (tier 0's ``free/`` directory), a shard file found there under its
-    name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`).
+    name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`);
+    ``io_threads`` copies per file run at once (:class:`DirectFile`).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
                  file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
-                 direct_io: bool = True, recycle: Path | None = None) -> None:
+                 direct_io: bool = True, recycle: Path | None = None,
+                 io_threads: int = 1) -> None:
         super().__init__()
         self.path = Path(path)
         self.thread_count = max(1, thread_count)
@@ -141,6 +143,7 @@ class ShardWriter(StorageWriter):
         self.fsync = fsync
         self.direct_io = direct_io
         self.recycle = recycle
+        self.io_threads = io_threads
         self.recycled = 0
         """Shard files rewritten in place (taken from ``recycle``)."""
         self.rank = 0
@@ -264,7 +267,7 @@ class ShardWriter(StorageWriter):
         reuse = self.recycle is not None and recycle.take(self.recycle, name, path)
         # zero_copy: the items are staged tensors, unchanged until the save ends
         f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync,
-                       zero_copy=True, reuse=reuse)
+                       zero_copy=True, reuse=reuse, io_threads=self.io_threads)
         try:
             # bytes items first (as DCP does), then tensors largest first
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):

@@ -26,6 +26,7 @@ import contextlib
 import io
 import mmap
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -54,13 +55,15 @@ class DirectFile(io.RawIOBase):
     (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``. ``reuse=True``
     rewrites the existing file ``path`` (which nothing else may share) from its start instead
     of creating one, and truncates it to what was written: on tmpfs its pages are already
-    allocated (:mod:`tierckpt.tier0.recycle`).
+    allocated (:mod:`tierckpt.tier0.recycle`). ``io_threads`` writes run at once, each at its
+    own offset (``pwrite``): 1 keeps one stream in flight (a disk's sequential write); more
+    let a copy into RAM (tmpfs) use several cores.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
                  direct: bool = True, fsync: bool = True,
                  buffer_size: int | None = None, zero_copy: bool = False,
-                 reuse: bool = False) -> None:
+                 reuse: bool = False, io_threads: int = 1) -> None:
         super().__init__()
         if buffer_size is None:
             buffer_size = ZERO_COPY_BUFFER if zero_copy else DEFAULT_BUFFER
@@ -89,8 +92,11 @@ class DirectFile(io.RawIOBase):
         self._views = [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
         self._cur = 0
         self._fill = 0
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-io")
-        self._pending: Future[None] | None = None
+        self._pool = ThreadPoolExecutor(max(1, io_threads), thread_name_prefix="tierckpt-io")
+        self._depth = max(1, io_threads)
+        self._inflight: deque[Future[None]] = deque()
+        self._buf_done: list[Future[None] | None] = [None, None]  # each buffer's last write
+        self._flushed = 0  # file offset of the next byte handed to the writers
         self.zero_copy = zero_copy
         self.zero_copied = 0
         self._closed_fd = False
@@ -140,8 +146,7 @@ class DirectFile(io.RawIOBase):
         for i in range(0, bulk, _PIECE):
             piece = mv[i:min(bulk, i + _PIECE)]
             self._span_crc = checksum.extend(self._span_crc, piece)
-            self._wait()
-            self._pending = self._pool.submit(self._write_all, piece)
+            self._queue(piece)
         self.size += bulk
         self.zero_copied += bulk
         if bulk < len(mv):
@@ -182,25 +187,40 @@ class DirectFile(io.RawIOBase):
         return record
 
     def _submit(self, nbytes: int) -> None:
-        self._wait()
-        buf = memoryview(self._maps[self._cur])[:nbytes]
-        self._pending = self._pool.submit(self._write_all, buf)
+        """Hand the current buffer's first ``nbytes`` to the writers and switch buffers
+        (waiting until the other one's last write is done)."""
+        self._buf_done[self._cur] = self._queue(memoryview(self._maps[self._cur])[:nbytes])
         self._cur ^= 1
         self._fill = 0
+        done = self._buf_done[self._cur]
+        if done is not None:
+            self._reap(done)
 
-    def _write_all(self, buf: memoryview) -> None:
+    def _queue(self, buf: memoryview) -> Future[None]:
+        """Write ``buf`` at the next offset on a writer thread (at most ``io_threads`` in
+        flight: the oldest is waited for first)."""
+        while len(self._inflight) >= self._depth:
+            self._reap(self._inflight.popleft())
+        fut = self._pool.submit(self._write_all, buf, self._flushed)
+        self._flushed += len(buf)
+        self._inflight.append(fut)
+        return fut
+
+    def _write_all(self, buf: memoryview, offset: int) -> None:
         done = 0
         while done < len(buf):
-            done += os.write(self._fd, buf[done:])
+            done += os.pwrite(self._fd, buf[done:], offset + done)
+
+    def _reap(self, fut: Future[None]) -> None:
+        try:
+            fut.result()
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
     def _wait(self) -> None:
-        if self._pending is not None:
-            p, self._pending = self._pending, None
-            try:
-                p.result()
-            except OSError as e:
-                self.error = self.error or e
-                raise
+        while self._inflight:
+            self._reap(self._inflight.popleft())
 
     def abort(self) -> None:
         """Close without flushing (after a failure); the partial file stays for cleanup."""
