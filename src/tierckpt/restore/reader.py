@@ -239,7 +239,11 @@ class DirectReader(FileSystemReader):
                     if n <= 0:
                         raise IntegrityError(f"short read of {f.name} at {off + done}")
                     done += n
-                out.append((off, len(buf), checksum.extend(0, buf) if crc else 0))
+                if out and out[-1][0] + out[-1][1] == off:  # one stretch: one CRC to combine
+                    o, n, c = out[-1]
+                    out[-1] = (o, n + len(buf), checksum.extend(c, buf) if crc else 0)
+                else:
+                    out.append((off, len(buf), checksum.extend(0, buf) if crc else 0))
             return where, out
 
         runs = contiguous_runs(pieces, self.threads, lambda p: len(p[1]))
