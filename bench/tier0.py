@@ -414,7 +414,9 @@ def markdown(s: dict[str, Any]) -> list[str]:
              f"{s['C_tier0_vs_off']:.2f}× tier 0 off"),
         _row("C: save() blocking, tier 0 off", sv["tier0_off"]["blocking"]),
         _row("W: save() → committed in RAM (tier 0)", sv["tier0_ram"]["durable"],
-             f"{s['W_ram_vs_tier1']:.2f}× tier-1 save"),
+             f"{s['W_ram_vs_tier1']:.2f}× tier-1 save",
+             f"{sv['tier0_ram']['durable']['seconds'] / lim['copy_2threads']['seconds']:.1f}"
+             "× the memcpy's seconds"),
         _row(f"W: tier 0 on, every {TIER1_EVERY}nd save → committed on tier 1",
              sv["tier0_tier1"]["durable"]),
         _row("W: save() → committed on tier 1 (tier 0 off)", sv["tier0_off"]["durable"],
