@@ -1,11 +1,17 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the reference runs of tests/_references.py (once a session)."""
+
+from __future__ import annotations
 
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests._references import FsdpReference
 
 pytest_plugins = ["s3server"]
 
@@ -18,3 +24,15 @@ def shm() -> Iterator[Path]:
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
+
+@pytest.fixture(scope="session")
+def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> FsdpReference:
+    """tests/workloads/fsdp_train.py on 2 ranks, 12 steps, uninterrupted, its state dumped at
+    the last save (:func:`tests._references.run_fsdp_reference`). test_manager_dist.py
+    compares its kills and reshards with it and loads its checkpoint with plain DCP;
+    tier0/test_nodes.py compares its two-node tier-0 runs with its losses (the per-step loss
+    is the global mean: it depends neither on how the 2 ranks are launched nor on where the
+    checkpoints go)."""
+    from tests._references import run_fsdp_reference  # torch: only once a test needs it
+
+    return run_fsdp_reference(tmp_path_factory.mktemp("fsdp-reference"))

@@ -14,13 +14,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from tests._launch import WORKLOADS, read_jsonl, torchrun
+from tests._references import FSDP_STEPS, FsdpReference
 
 # multi-process jobs or benchmarks (a module fixture runs them): in `make test`, not
 # in `make test-fast`
 pytestmark = pytest.mark.slow
 
 TRAIN = WORKLOADS / "fsdp_train.py"
-STEPS = 12
+STEPS = FSDP_STEPS
 
 
 def _run(tmp: Path, name: str, *extra: str, nproc: int = 2, restarts: int = 0,
@@ -32,15 +33,15 @@ def _run(tmp: Path, name: str, *extra: str, nproc: int = 2, restarts: int = 0,
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, Path, Path]]:
-    """Uninterrupted 2- and 4-rank runs: (tier1, losses, full state dumped at the last save)."""
+def reference(tmp_path_factory: pytest.TempPathFactory,
+              fsdp_reference: FsdpReference) -> dict[int, tuple[Path, Path, Path]]:
+    """Uninterrupted 2- and 4-rank runs: (tier1, losses, full state dumped at the last save).
+    The 2-rank one is the session's ``fsdp_reference`` (tests/conftest.py)."""
     tmp = tmp_path_factory.mktemp("reference")
-    out = {}
-    for nproc in (2, 4):
-        dump = tmp / f"saved-{nproc}.pt"
-        tier1, losses = _run(tmp, f"ref{nproc}", "--dump-saved", str(dump), nproc=nproc)
-        out[nproc] = (tier1, losses, dump)
-    return out
+    dump = tmp / "saved-4.pt"
+    tier1, losses = _run(tmp, "ref4", "--dump-saved", str(dump), nproc=4)
+    ref2 = fsdp_reference
+    return {2: (ref2.tier1, ref2.losses, ref2.saved), 4: (tier1, losses, dump)}
 
 
 def _losses_by_step(path: Path) -> dict[int, float]:
