@@ -81,10 +81,20 @@ def _resume(tmp: Path, tier2: str, name: str) -> list[dict]:
     return [r for r in read_jsonl(losses)]
 
 
+@pytest.fixture(scope="module")
+def resumed_same(trained: tuple[Path, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """The trained nodes (a copy) resumed on the same nodes to step 13: its directory and
+    its loss rows. Its losses are the reference the other resumes (a replaced node, tier 2
+    alone) must reproduce."""
+    tmp = tmp_path_factory.mktemp("same")
+    _copy_nodes(trained, tmp)
+    return tmp, _resume(tmp, trained[1], "same")
+
+
 @pytest.mark.slow
-def test_same_nodes_read_only_local_data(trained: tuple[Path, str], tmp_path: Path) -> None:
-    _copy_nodes(trained, tmp_path)
-    rows = _resume(tmp_path, trained[1], "same")
+def test_same_nodes_read_only_local_data(resumed_same: tuple[Path, list[dict]]) -> None:
+    tmp_path, rows = resumed_same
     assert [r["step"] for r in rows] == [12, 13]
     for node in (0, 1):
         (ev,) = _restore_events(tmp_path / f"node{node}")[-1:]
@@ -93,8 +103,9 @@ def test_same_nodes_read_only_local_data(trained: tuple[Path, str], tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_replaced_node_fetches_exactly_its_files(trained: tuple[Path, str],
-                                                 tmp_path: Path) -> None:
+def test_replaced_node_fetches_exactly_its_files(
+        trained: tuple[Path, str], tmp_path: Path,
+        resumed_same: tuple[Path, list[dict]]) -> None:
     _copy_nodes(trained, tmp_path)
     shutil.rmtree(tmp_path / "node1")
     same = _resume(tmp_path, trained[1], "replaced")
@@ -104,31 +115,20 @@ def test_replaced_node_fetches_exactly_its_files(trained: tuple[Path, str],
     ev1 = _restore_events(tmp_path / "node1")[-1]
     assert ev0["bytes_by_source"]["tier2"] == 0
     assert ev1["bytes_by_source"]["tier2"] == node1_bytes and ev1["source"] == "tier1+tier2"
-    reference = _resume_reference(trained, tmp_path)
+    _, reference = resumed_same
     assert [r["loss"] for r in same] == [r["loss"] for r in reference]
 
 
 @pytest.mark.slow
-def test_restore_from_tier2_only(trained: tuple[Path, str], tmp_path: Path) -> None:
+def test_restore_from_tier2_only(trained: tuple[Path, str], tmp_path: Path,
+                                 resumed_same: tuple[Path, list[dict]]) -> None:
     rows = _resume(tmp_path, trained[1], "tier2only")
     for node in (0, 1):
         ev = _restore_events(tmp_path / f"node{node}")[-1]
         assert ev["step"] == 11 and ev["source"] == "tier2"
         assert ev["bytes_by_source"]["tier2"] > 0 and ev["seconds"] > 0
-    reference = _resume_reference(trained, tmp_path)
+    _, reference = resumed_same
     assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
-
-
-_REF: dict[str, list[dict]] = {}
-
-
-def _resume_reference(trained: tuple[Path, str], tmp_path: Path) -> list[dict]:
-    """Losses of steps 12–13 resumed from intact tier 1 (computed once per module)."""
-    if "rows" not in _REF:
-        ref_dir = tmp_path / "ref"
-        _copy_nodes(trained, ref_dir)
-        _REF["rows"] = _resume(ref_dir, trained[1], "ref")
-    return _REF["rows"]
 
 
 @pytest.mark.slow
