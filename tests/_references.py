@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tests._launch import WORKLOADS, torchrun
+from tests._launch import WORKLOADS, read_jsonl, torchrun
 
 FSDP_TRAIN = WORKLOADS / "fsdp_train.py"
 FSDP_STEPS = 12
@@ -35,3 +36,20 @@ def run_fsdp_reference(tmp: Path) -> FsdpReference:
     torchrun(FSDP_TRAIN, "--tier1", str(ref.tier1), "--losses", str(ref.losses), "--steps",
              str(FSDP_STEPS), "--dump-saved", str(ref.saved), nproc=2)
     return ref
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+EXAMPLE_STEPS, EXAMPLE_SAVE_EVERY = 24, 5
+EXAMPLE_SMALL = ("--steps", str(EXAMPLE_STEPS), "--save-every", str(EXAMPLE_SAVE_EVERY),
+                 "--layers", "1", "--dim", "32", "--samples", "512", "--timeout", "60")
+"""examples/train.py small enough for a test: a 1-layer model of width 32, 24 steps saved
+after steps 4, 9, 14, 19 and 23. The reference's rows hold only for these settings."""
+
+
+def run_example_reference(tmp: Path) -> dict[int, dict[str, Any]]:
+    """examples/train.py with :data:`EXAMPLE_SMALL` on 2 ranks under ``torchrun
+    --standalone``, uninterrupted: step → rank 0's row (``loss_hex``, ``lr``, ...)."""
+    losses = tmp / "losses.jsonl"
+    torchrun(EXAMPLE, "--tier1", str(tmp / "tier1"), "--losses", str(losses), *EXAMPLE_SMALL,
+             nproc=2)
+    return {r["step"]: r for r in read_jsonl(losses)}

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from tests._references import FsdpReference
 
 pytest_plugins = ["s3server"]
@@ -36,3 +38,15 @@ def fsdp_reference(tmp_path_factory: pytest.TempPathFactory) -> FsdpReference:
     from tests._references import run_fsdp_reference  # torch: only once a test needs it
 
     return run_fsdp_reference(tmp_path_factory.mktemp("fsdp-reference"))
+
+
+@pytest.fixture(scope="session")
+def example_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """examples/train.py on 2 ranks with ``tests._references.EXAMPLE_SMALL`` (24 steps),
+    uninterrupted: step → rank 0's row (:func:`tests._references.run_example_reference`).
+    preempt/test_preempt_dist.py compares its preempted and restarted runs with its
+    ``loss_hex``; test_example_train.py its SIGKILLed and resumed run with its ``loss_hex``
+    and ``lr``. Read it, never change it."""
+    from tests._references import run_example_reference
+
+    return run_example_reference(tmp_path_factory.mktemp("example-reference"))

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from tests._references import EXAMPLE, EXAMPLE_SMALL, EXAMPLE_STEPS
 from tierckpt.policy import goodput
 from tierckpt.runtime.events import read_events
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "train.py"
-SMALL = ["--steps", "10", "--save-every", "4", "--layers", "1", "--dim", "32",
-         "--samples", "256", "--timeout", "60"]
+SMALL = EXAMPLE_SMALL  # the settings of the session's example_reference (tests/conftest.py)
+STEPS = EXAMPLE_STEPS  # saves after steps 4, 9, 14, 19, 23
 
 
 def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[str, Any]]:
@@ -35,17 +35,18 @@ def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[st
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_bit_identical_with_restart_timeline(tmp_path: Path) -> None:
-    ref = {r["step"]: r for r in _train(tmp_path, "ref")}
-    assert sorted(ref) == list(range(10))
-    assert ref[9]["loss"] < ref[0]["loss"]  # it learns
+def test_killed_run_resumes_bit_identical_with_restart_timeline(
+        tmp_path: Path, example_reference: dict[int, dict[str, Any]]) -> None:
+    ref = example_reference
+    assert sorted(ref) == list(range(STEPS))
+    assert ref[STEPS - 1]["loss"] < ref[0]["loss"]  # it learns
 
-    rows = _train(tmp_path, "kill", "--kill-at", "6", "--kill-rank", "1", restarts=1)
+    rows = _train(tmp_path, "kill", "--kill-at", "8", "--kill-rank", "1", restarts=1)
     first = [r for r in rows if r["attempt"] == 0]
     after = [r for r in rows if r["attempt"] == 1]
-    assert [r["step"] for r in first] == list(range(7))
-    # The newest checkpoint before the kill is step 3 (saves after steps 3 and 7).
-    assert [r["step"] for r in after] == list(range(4, 10))
+    assert [r["step"] for r in first] == list(range(9))
+    # The newest checkpoint before the kill is step 4 (saves after steps 4 and 9).
+    assert [r["step"] for r in after] == list(range(5, STEPS))
     for r in rows:
         assert r["loss_hex"] == ref[r["step"]]["loss_hex"], r["step"]
         assert r["lr"] == ref[r["step"]]["lr"]
@@ -59,20 +60,20 @@ def test_killed_run_resumes_bit_identical_with_restart_timeline(tmp_path: Path) 
     restarted = [e for e in events if e["event"] == "process_start"]
     assert sorted(e["restart_count"] for e in restarted) == [0, 0, 1, 1]
     firsts = [e for e in events if e["event"] == "first_step" and e["rank"] == 0]
-    assert [e["step"] for e in firsts] == [0, 4]
+    assert [e["step"] for e in firsts] == [0, 5]
 
     # the goodput report of the same run: the parts sum to the wall time, and the lost work
-    # is the 3 steps the resume threw away (4, 5, 6) at the killed incarnation's own seconds
-    # per step (its training span over the 6 steps it ran). No step time is predicted: they
+    # is the 4 steps the resume threw away (5 to 8) at the killed incarnation's own seconds
+    # per step (its training span over the 8 steps it ran). No step time is predicted: they
     # vary 2x within a run on a shared box, so the bound below is timing-free.
     g = goodput.account(events)
     assert sum(g.seconds.values()) == pytest.approx(g.wall_s)
     killed, later = g.incarnations
-    assert (killed.first_step, killed.last_step, later.resumed_from, g.failures) == (0, 6, 3, 1)
+    assert (killed.first_step, killed.last_step, later.resumed_from, g.failures) == (0, 8, 4, 1)
     assert killed.first_step_t is not None
     end = killed.end if killed.failure_t is None else min(killed.end, killed.failure_t)
-    per_step = (end - killed.first_step_t) / 6
-    assert g.seconds["lost_work"] == pytest.approx(3 * per_step)
+    per_step = (end - killed.first_step_t) / 8
+    assert g.seconds["lost_work"] == pytest.approx(4 * per_step)
     # and the span holds every progress mark inside it, so the lost half of it is at least
     # half the time between the first and the last of those marks
     marks = [e["t"] for e in events if e["event"] == "progress" and e["pid"] == killed.pid

@@ -13,21 +13,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests._launch import read_jsonl
+from tests._references import EXAMPLE, EXAMPLE_SAVE_EVERY, EXAMPLE_SMALL, EXAMPLE_STEPS
 from tierckpt.format import layout
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.events import read_events
 from tierckpt.tier1.manifests import read_committed
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "train.py"
-STEPS, EVERY = 24, 5
-SMALL = ["--steps", str(STEPS), "--save-every", str(EVERY), "--layers", "1", "--dim", "32",
-         "--samples", "512", "--timeout", "60"]
+STEPS, EVERY = EXAMPLE_STEPS, EXAMPLE_SAVE_EVERY
+SMALL = EXAMPLE_SMALL  # the settings of the session's example_reference (tests/conftest.py)
 pytestmark = pytest.mark.slow
 
 
@@ -50,11 +50,9 @@ def _run(root: Path, losses: Path, *extra: str) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    tmp = tmp_path_factory.mktemp("ref")
-    proc = _run(tmp / "t1", tmp / "losses.jsonl")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {r["step"]: r["loss_hex"] for r in read_jsonl(tmp / "losses.jsonl")}
+def reference(example_reference: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """The uninterrupted run's loss bits per step (the session's example_reference)."""
+    return {step: row["loss_hex"] for step, row in example_reference.items()}
 
 
 def _signal_agent_at(root: Path, losses: Path, step: int) -> tuple[int, int]:
