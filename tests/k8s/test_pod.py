@@ -290,9 +290,11 @@ def _for(js: dict[str, Any], d: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def finished(jobset: tuple[dict[str, Any], Path]) -> Pod:
-    """The finished path, once per module: the uninterrupted reference run."""
+    """The finished path, once per module: the uninterrupted reference run, on the node
+    ``<module dir>/node`` (tier 1 is the manifest's hostPath there), where it is also the
+    first of the two jobs of :func:`test_two_jobs_on_one_node_never_share_tier1`."""
     js, d = jobset
-    pod = run_pod(_for(js, d / "finished"), d / "finished")
+    pod = run_pod(_for(js, d / "finished"), d / "finished", node=d / "node")
     record("finished", pod, js, saved=None, resumed=None, lost=None)
     return pod
 
@@ -362,24 +364,25 @@ def test_a_configuration_error_exits_2_and_fails_the_jobset(
 
 
 @pytest.mark.slow
-def test_two_jobs_on_one_node_never_share_tier1(tmp_path: Path) -> None:
+def test_two_jobs_on_one_node_never_share_tier1(
+        jobset: tuple[dict[str, Any], Path], finished: Pod) -> None:
     """Two JobSets of different names, one after the other, on one node with the manifests'
-    default tier 1: the first leaves its checkpoints on the node, the second starts fresh
-    (before, both used /mnt/tierckpt: the second restored the first's step 19)."""
-    node, steps = tmp_path / "node", 20
-    pods = []
-    for name in ("emu-a", "emu-b"):
-        d = tmp_path / name
-        js = generate(d, free_port(), d / "losses.jsonl", name=name, steps=steps)
-        pod = run_pod(js, d, node=node)
+    default tier 1: the first (the module's finished pod, JobSet "emu") leaves its
+    checkpoints on the node, the second starts fresh (before, both used /mnt/tierckpt: the
+    second restored the first's last step)."""
+    js, root = jobset
+    node, steps = root / "node", 20
+    d = root / "emu-b"
+    js_b = generate(d, free_port(), d / "losses.jsonl", name="emu-b", steps=steps)
+    jobs = [(finished, js, STEPS), (run_pod(js_b, d, node=node), js_b, steps)]
+    for pod, manifest, n in jobs:
         assert (pod.code, pod.killed) == (0, False), pod.log
-        assert pod.tier1 == node / "mnt" / "tierckpt" / name
-        assert [r["step"] for r in pod.losses] == list(range(steps))  # from step 0
+        assert pod.tier1 == node / "mnt" / "tierckpt" / manifest["metadata"]["name"]
+        assert [r["step"] for r in pod.losses] == list(range(n))  # from step 0
         assert [e for e in pod.events(ev.CHECKPOINT_CHOSEN) if e.get("step") is not None] == []
-        pods.append(pod)
-        record("two jobs", pod, js, saved=None, resumed=None, lost=None)
-    for pod in pods:  # each job's checkpoints stay in its own directory
-        assert (pod.tier1 / layout.step_dirname(steps - 1) / layout.COMPLETE).exists()
+        record("two jobs", pod, manifest, saved=None, resumed=None, lost=None)
+    for pod, _, n in jobs:  # each job's checkpoints stay in its own directory
+        assert (pod.tier1 / layout.step_dirname(n - 1) / layout.COMPLETE).exists()
         assert {e["scheduler"]["job_id"] for e in pod.events(ev.PROCESS_START)} == {
             pod.tier1.name}
 
