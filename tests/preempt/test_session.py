@@ -41,10 +41,16 @@ def _kinds(root: Path, kind: str) -> list[dict]:
     return [e for e in read_events(root / layout.EVENTS) if e["event"] == kind]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """The loop's 16 steps uninterrupted: step → loss, for both notices' runs."""
+    return _steps(_run(str(tmp_path_factory.mktemp("ref") / "ref"), "--steps", "16").stdout)
+
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
 def test_a_notice_saves_the_step_exits_75_and_the_restart_loses_nothing(
-        tmp_path: Path, sig: str) -> None:
-    ref = _steps(_run(str(tmp_path / "ref"), "--steps", "16").stdout)
+        tmp_path: Path, sig: str, reference: dict[int, str]) -> None:
+    ref = reference
     root = tmp_path / "run"
     first = _run(str(root), "--steps", "16", "--notice-at", "6", "--signal", sig)
     assert first.returncode == EXIT_PREEMPTED, first.stderr
