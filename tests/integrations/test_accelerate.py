@@ -13,8 +13,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,10 +120,8 @@ def test_refuses_a_process_group_accelerate_does_not_see(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_import_tierckpt_never_imports_accelerate() -> None:
-    code = ("import sys, tierckpt; tierckpt.CheckpointManager; tierckpt.TrainState; "
-            "import tierckpt.integrations; sys.exit(int('accelerate' in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+def test_import_tierckpt_never_imports_accelerate(imported_by_tierckpt: frozenset[str]) -> None:
+    assert "accelerate" not in imported_by_tierckpt
 
 
 # -- one process, in-process Accelerate -----------------------------------------------------
