@@ -224,7 +224,7 @@ class DirectReader(FileSystemReader):
         def run(part: list[tuple[int, memoryview, int]]
                 ) -> tuple[dict[int, int | None], list[tuple[int, int, int]]]:
             where: dict[int, int | None] = {}
-            out = []
+            out: list[tuple[int, int, int]] = []
             for j, buf, start in part:
                 if j not in where:
                     item, target = wanted[j]
