@@ -16,6 +16,7 @@ e.g. listing or aborting multipart uploads, is neither: it is a capability the m
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from typing import Any
 
@@ -75,15 +76,17 @@ _LOCAL = Capabilities(server="local", basic_ops=True, ranged_get=True, multipart
                              "its CRC32C by tierckpt itself; creates are atomic links",))
 
 
+_PROBES = {"s3": "tierckpt.tier2.storage.s3probe", "gs": "tierckpt.tier2.storage.gcsprobe",
+           "az": "tierckpt.tier2.storage.azureprobe"}
+"""scheme -> the module whose ``probe(storage) -> Capabilities`` tries that store's server."""
+
+
 def probe_url(url: str, **s3_options: Any) -> ProbeResult:
     """Probe the store at ``url`` (see the module docstring)."""
+    scheme = parse_url(url).scheme
     with open_storage(url, **s3_options) as st:
-        from tierckpt.tier2.storage.s3 import S3Storage  # boto3: only for s3:// URLs
-
-        if isinstance(st, S3Storage):
-            from tierckpt.tier2.storage.s3probe import probe
-
-            caps = probe(st)
+        if scheme in _PROBES:  # the store's client library: only for its own URLs
+            caps = importlib.import_module(_PROBES[scheme]).probe(st)
         else:
             caps = dataclasses.replace(_LOCAL, server=st.url)
     return ProbeResult(url=url, capabilities=caps, modes=choose(caps),

@@ -25,6 +25,13 @@ BAD = [  # (url, what the message must say)
     (" file:///x", "surrounding spaces"),
     ("s3://bucket/p\n", "control characters"),
     ("ftp://x/y", "unsupported URL"),
+    ("gs://", "has no bucket"),
+    ("gs://My_Bucket/p", "is not a bucket name"),
+    ("gs://b:4443/p", "is a host:port, not a bucket name"),
+    ("az:///p", "has no container"),
+    ("az://ckpt_runs/p", "is not a container name"),
+    ("az://a--b/p", "is not a container name"),
+    ("az://ckpt/a/../b", "is not valid"),
     ("/mnt/ckpt", "unsupported URL"),
 ]
 
@@ -49,6 +56,11 @@ def test_credentials_in_an_s3_url_are_refused_without_echoing_them() -> None:
     with pytest.raises(ConfigError) as e:
         parse_url("s3://key:s3cr3t@bucket/p", name="tier2")
     assert "s3cr3t" not in str(e.value) and "AWS_ENDPOINT_URL" in str(e.value)
+    for url, where in (("gs://key:s3cr3t@bucket/p", "STORAGE_EMULATOR_HOST"),
+                       ("az://acct:s3cr3t@ckpt/p", "AZURE_STORAGE_CONNECTION_STRING")):
+        with pytest.raises(ConfigError) as e:
+            parse_url(url, name="tier2")
+        assert "s3cr3t" not in str(e.value) and where in str(e.value), str(e.value)
 
 
 def test_parse_url_values() -> None:
@@ -59,6 +71,9 @@ def test_parse_url_values() -> None:
                                                             location="/mnt/my ckpt")
     assert parse_url("file://localhost/mnt/x").location == "/mnt/x"
     assert parse_url("memory://t") == StorageURL(scheme="memory", location="t")
+    assert parse_url("gs://my-bucket.x/run/1") == StorageURL(scheme="gs", location="my-bucket.x",
+                                                             prefix="run/1")
+    assert parse_url("az://ckpt-runs/") == StorageURL(scheme="az", location="ckpt-runs")
     assert parse_url("memory://").location == "mem"
     with pytest.raises(ConfigError, match="must be a URL string"):
         parse_url(None)
@@ -91,9 +106,9 @@ def test_a_file_tier2_that_vanishes_is_not_recreated_by_a_put(tmp_path: Path) ->
     assert not root.exists()
 
 
-def test_memory_urls_open_a_memory_store_and_refuse_s3_options() -> None:
+def test_memory_urls_open_a_memory_store_and_refuse_store_options() -> None:
     assert isinstance(open_storage("memory://x"), MemoryStorage)
-    with pytest.raises(ConfigError, match="S3 options"):
+    with pytest.raises(ConfigError, match=r"object-store options .* memory://"):
         open_storage("memory://x", part_size=1)
 
 

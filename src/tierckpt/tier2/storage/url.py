@@ -1,10 +1,13 @@
 """Tier-2 URLs: :func:`parse_url` (pure validation, the one parser) and :func:`open_storage`.
 
-Forms: ``s3://bucket/prefix`` or ``file:///absolute/path``. S3 endpoint, region and
-credentials are never part of the URL: they come from the standard AWS environment/config
-chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles...). ``memory://name`` gives a
-fresh in-memory store (in-process tests and demos only; not shared, not even between two
-``open_storage`` calls).
+Forms: ``s3://bucket/prefix``, ``gs://bucket/prefix`` (Google Cloud Storage),
+``az://container/prefix`` (Azure Blob Storage) or ``file:///absolute/path``. Endpoints,
+accounts and credentials are never part of the URL: they come from each cloud's standard
+chain (S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles...; GCS: application default
+credentials, ``STORAGE_EMULATOR_HOST``; Azure: ``AZURE_STORAGE_CONNECTION_STRING``, or
+``AZURE_STORAGE_ACCOUNT_NAME`` with a key or the default credential chain).
+``memory://name`` gives a fresh in-memory store (in-process tests and demos only; not
+shared, not even between two ``open_storage`` calls).
 
 :func:`parse_url` does no I/O and imports nothing heavy, so a configuration
 (:class:`tierckpt.ManagerConfig`) can refuse a bad URL when it is constructed, with the same
@@ -14,6 +17,7 @@ rules :func:`open_storage` applies when the store is opened.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 import urllib.parse
 from typing import Literal
@@ -23,9 +27,23 @@ from tierckpt.tier2.storage.base import Storage, validate_key
 from tierckpt.tier2.storage.local import LocalStorage
 from tierckpt.tier2.storage.memory import MemoryStorage
 
-FORMS = "s3://bucket/prefix or file:///absolute/path"
+FORMS = ("s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or "
+         "file:///absolute/path")
 """The URL forms a user should write, for messages."""
 _BUCKET_RE = re.compile(r"[A-Za-z0-9._-]+")
+_GCS_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_AZ_CONTAINER_RE = re.compile(r"(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+_OBJECT_STORES = {  # scheme -> (what the location is called, its rule, where credentials go)
+    "s3": ("bucket", _BUCKET_RE, "letters, digits, '.', '-' and '_' only",
+           "put the endpoint in AWS_ENDPOINT_URL=http://host:port and the credentials in the "
+           "AWS environment (AWS_ACCESS_KEY_ID, ...) or config"),
+    "gs": ("bucket", _GCS_BUCKET_RE, "3-222 lowercase letters, digits, '.', '-' and '_'",
+           "the credentials come from Google's application default credentials and an "
+           "emulator's address from STORAGE_EMULATOR_HOST=http://host:port"),
+    "az": ("container", _AZ_CONTAINER_RE, "3-63 lowercase letters, digits and single '-'",
+           "the account and its credentials come from AZURE_STORAGE_CONNECTION_STRING, or "
+           "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_KEY or Azure's default credentials"),
+}
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -33,13 +51,13 @@ _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 class StorageURL:
     """A tier-2 URL that :func:`parse_url` accepted."""
 
-    scheme: Literal["s3", "file", "memory"]
+    scheme: Literal["s3", "gs", "az", "file", "memory"]
     location: str
-    """``s3``: the bucket; ``file``: the absolute directory (percent-decoded); ``memory``:
-    the store's name."""
+    """``s3``, ``gs``: the bucket; ``az``: the container; ``file``: the absolute directory
+    (percent-decoded); ``memory``: the store's name."""
     prefix: str = ""
-    """``s3``: the key prefix, without leading or trailing ``/`` (``""``: the bucket's
-    root); always ``""`` for the other schemes."""
+    """``s3``, ``gs``, ``az``: the key prefix, without leading or trailing ``/`` (``""``: the
+    bucket's root); always ``""`` for the other schemes."""
 
 
 def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
@@ -48,10 +66,11 @@ def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
     ``name`` is what the caller calls the value (``"tier2"``, ``"--tier2"``): every
     :class:`ConfigError` starts with it and shows the form to write instead. Refused: a
     non-string, surrounding whitespace or control characters, a query or fragment, an
-    unknown scheme, ``s3://`` without a bucket, with credentials or with a ``host:port``
-    where the bucket goes, a bucket name S3 cannot have, a prefix that is not a valid key,
-    and a ``file:`` URL that is not ``file:///absolute/path`` (``file://relative/p`` names a
-    host ``relative``, not a relative path).
+    unknown scheme, an object-store URL without a bucket (container), with credentials or
+    with a ``host:port`` where the bucket goes, a bucket name the store cannot have, a
+    prefix that is not a valid key, and a ``file:`` URL that is not
+    ``file:///absolute/path`` (``file://relative/p`` names a host ``relative``, not a
+    relative path).
     """
     if not isinstance(url, str):
         raise ConfigError(f"{name} must be a URL string ({FORMS}), got "
@@ -72,61 +91,73 @@ def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
         return StorageURL(scheme="file", location=urllib.parse.unquote(parts.path))
     if parts.scheme == "memory":
         return StorageURL(scheme="memory", location=parts.netloc or "mem")
-    if parts.scheme == "s3":
-        return _parse_s3(url, parts, name)
+    if parts.scheme in _OBJECT_STORES:
+        return _parse_bucket(url, parts, name)
     raise ConfigError(f"{name}: unsupported URL {url!r}; write {FORMS}")
 
 
-def _parse_s3(url: str, parts: urllib.parse.SplitResult, name: str) -> StorageURL:
+def _parse_bucket(url: str, parts: urllib.parse.SplitResult, name: str) -> StorageURL:
+    scheme = parts.scheme
+    what, rule, chars, where = _OBJECT_STORES[scheme]
+    form = f"{scheme}://{what}/prefix"
     bucket = parts.netloc
     if not bucket:
-        raise ConfigError(f"{name}: {url!r} has no bucket; write s3://bucket/prefix")
+        raise ConfigError(f"{name}: {url!r} has no {what}; write {form}")
     if "@" in bucket:  # the message does not repeat the URL: it holds a secret
-        raise ConfigError(f"{name}: never put credentials or an endpoint in an s3:// URL; "
-                          "write s3://bucket/prefix, put the endpoint in "
-                          "AWS_ENDPOINT_URL=http://host:port and the credentials in the AWS "
-                          "environment (AWS_ACCESS_KEY_ID, ...) or config")
+        raise ConfigError(f"{name}: never put credentials or an endpoint in a {scheme}:// "
+                          f"URL; write {form}; {where}")
     if ":" in bucket:
         raise ConfigError(
-            f"{name}: {bucket!r} in {url!r} is a host:port, not a bucket name (bucket names "
-            f"cannot contain ':'); write s3://bucket/prefix and put the endpoint in "
-            f"AWS_ENDPOINT_URL=http://{bucket}")
-    if not _BUCKET_RE.fullmatch(bucket):
-        raise ConfigError(f"{name}: {bucket!r} in {url!r} is not a bucket name (letters, "
-                          "digits, '.', '-' and '_' only); write s3://bucket/prefix")
+            f"{name}: {bucket!r} in {url!r} is a host:port, not a {what} name ({what} names "
+            f"cannot contain ':'); write {form}; {where}")
+    if not rule.fullmatch(bucket):
+        raise ConfigError(f"{name}: {bucket!r} in {url!r} is not a {what} name ({chars}); "
+                          f"write {form}")
     prefix = parts.path.strip("/")
     if prefix:
         try:
             validate_key(prefix)
         except ConfigError as e:
             raise ConfigError(f"{name}: the prefix {prefix!r} of {url!r} is not valid ({e}); "
-                              "write s3://bucket/prefix") from None
-    return StorageURL(scheme="s3", location=bucket, prefix=prefix)
+                              f"write {form}") from None
+    return StorageURL(scheme=scheme, location=bucket, prefix=prefix)  # type: ignore[arg-type]
 
 
-def open_storage(url: str, **s3_options: object) -> Storage:
-    """Return the backend for ``url`` (validated by :func:`parse_url`); ``s3_options``
-    become an :class:`~tierckpt.tier2.storage.s3.S3Config` (e.g. ``part_size=...``) for
-    ``s3://`` URLs.
+_BACKENDS = {  # scheme -> (module, storage class, config class, what to install)
+    "s3": ("tierckpt.tier2.storage.s3", "S3Storage", "S3Config", "boto3: install tierckpt[s3]"),
+    "gs": ("tierckpt.tier2.storage.gcs", "GCSStorage", "GCSConfig",
+           "google-cloud-storage: install tierckpt[gcs]"),
+    "az": ("tierckpt.tier2.storage.azure", "AzureStorage", "AzureConfig",
+           "azure-storage-blob: install tierckpt[azure]"),
+}
+
+
+def open_storage(url: str, **options: object) -> Storage:
+    """Return the backend for ``url`` (validated by :func:`parse_url`); ``options`` become
+    the object store's config (:class:`~tierckpt.tier2.storage.s3.S3Config` for ``s3://``,
+    ``GCSConfig`` for ``gs://``, ``AzureConfig`` for ``az://``; e.g. ``part_size=...``).
 
     Raises :class:`ConfigError` naming what to fix for a URL :func:`parse_url` refuses, a
     ``file://`` directory that does not exist (it is never created: an unmounted file
-    system must not be mistaken for tier 2), S3 options for another scheme, a malformed
-    ``AWS_ENDPOINT_URL``, or S3 without boto3 installed.
+    system must not be mistaken for tier 2), options for a ``file://`` or ``memory://`` URL
+    or unknown to the store's config, a malformed endpoint, or a store whose client library
+    is not installed.
     """
     u = parse_url(url)
-    if u.scheme != "s3" and s3_options:
-        raise ConfigError(f"S3 options were given for a {u.scheme}:// URL")
+    if u.scheme not in _BACKENDS and options:
+        raise ConfigError(f"object-store options were given for a {u.scheme}:// URL")
     if u.scheme == "file":
         return LocalStorage(u.location)
     if u.scheme == "memory":
         return MemoryStorage(u.location)
+    module_name, storage_name, config_name, needs = _BACKENDS[u.scheme]
     try:
-        from tierckpt.tier2.storage.s3 import S3Config, S3Storage
+        module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError("s3:// storage needs boto3: install tierckpt[s3]") from e
+        raise ConfigError(f"{u.scheme}:// storage needs {needs}") from e
     try:
-        config = S3Config(**s3_options)  # type: ignore[arg-type]
+        config = getattr(module, config_name)(**options)
     except TypeError as e:
-        raise ConfigError(f"unknown S3 option: {e}") from e
-    return S3Storage(u.location, u.prefix, config=config)
+        raise ConfigError(f"unknown {u.scheme}:// storage option: {e}") from e
+    storage: Storage = getattr(module, storage_name)(u.location, u.prefix, config=config)
+    return storage
