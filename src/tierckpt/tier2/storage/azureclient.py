@@ -1,0 +1,199 @@
+"""Azure Blob Storage client set-up: :class:`AzureConfig`, the credential chain, the retry
+policy, and reading the SDK's errors. Used by :mod:`tierckpt.tier2.storage.azure`.
+
+Credentials, first match wins (the account key and connection string never appear in a
+message; only the variable names do):
+
+1. ``AZURE_STORAGE_CONNECTION_STRING`` (any endpoint: Azurite, a sovereign cloud, a
+   private endpoint; ``BlobEndpoint=`` in it names the service URL);
+2. ``AZURE_STORAGE_ACCOUNT_NAME`` with ``AZURE_STORAGE_KEY`` (shared key, public cloud
+   endpoint ``https://<account>.blob.core.windows.net``);
+3. ``AZURE_STORAGE_ACCOUNT_NAME`` alone: ``azure.identity.DefaultAzureCredential``
+   (managed identity, workload identity, ``az login``...) when azure-identity is installed.
+
+Retries: every request goes through :class:`_Retry` (azure-core's policy, which retries
+408, 429, 500, 502, 503 and 504, connection errors and read timeouts, with exponential
+backoff, and sleeps for a ``Retry-After`` the server sends, capped at
+``AzureConfig.max_retry_after_s``), at most ``max_attempts`` times per request. The
+storage SDK's default policy neither retries 429 nor honours ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+from azure.core.exceptions import AzureError
+from azure.core.pipeline import PipelineRequest, PipelineResponse
+from azure.core.pipeline.policies import RetryPolicy
+from azure.storage.blob import BlobServiceClient
+
+from tierckpt.errors import ConfigError
+from tierckpt.format import checksum
+
+MiB = 1024 * 1024
+MAX_BLOCKS = 50_000  # Azure's largest committed block list
+MAX_BLOCK = 4000 * MiB  # Azure's largest block (service version 2019-12-12 and later)
+MAX_SINGLE_PUT = 5000 * MiB  # Azure's largest Put Blob
+CONNECTION_STRING_VAR = "AZURE_STORAGE_CONNECTION_STRING"
+ACCOUNT_VAR = "AZURE_STORAGE_ACCOUNT_NAME"
+KEY_VAR = "AZURE_STORAGE_KEY"
+CREDENTIAL_VARS = (CONNECTION_STRING_VAR, ACCOUNT_VAR, KEY_VAR)
+"""The environment variables the credential chain reads, for messages and tests."""
+META_CRC32C = "tierckpt_crc32c"
+"""Blob metadata name (``x-ms-meta-tierckpt_crc32c``) of the object's CRC32C, hex. Azure
+metadata names must be C# identifiers: ``_``, not ``-``."""
+DIGEST_CODES = frozenset({"Md5Mismatch", "InvalidMd5", "Crc64Mismatch"})
+"""Error codes with which Azure rejects a body that does not match its Content-MD5."""
+_ACCOUNT_RE = re.compile(r"[a-z0-9]{3,24}")
+_STORAGE_RETRY_OPTIONS = ("hosts", "location_mode", "retry_to_secondary", "retry_hook")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AzureConfig:
+    """Transfer, retry and timeout settings of :class:`~tierckpt.tier2.storage.azure.AzureStorage`
+    (sizes in bytes)."""
+
+    block_size: int = 8 * MiB
+    """Size of each staged block (Put Block) and of each ranged download; 64 KiB..4000 MiB.
+    Grown automatically for files that would otherwise need more than 50,000 blocks."""
+    single_put_threshold: int = 16 * MiB
+    """Files of at most this size go in one Put Blob (read into memory once); larger ones
+    in staged blocks, committed by one Put Block List. At most 5000 MiB."""
+    max_concurrency: int = 8
+    """Parallel blocks / ranges per object."""
+    max_attempts: int = 5
+    """Attempts per request (transient errors: 408/429/5xx, connection errors, timeouts),
+    and per range of a download whose body broke off."""
+    digest_attempts: int = 3
+    """Attempts of a block, single put or download whose bytes failed their checksum."""
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    """Per socket read; a stalled connection fails after this and is retried."""
+    backoff_s: float = 0.2
+    """Backoff before the third attempt of a request (doubling after; the second attempt
+    goes at once), unless the server sent ``Retry-After``."""
+    max_retry_after_s: float = 30.0
+    """The longest ``Retry-After`` honoured; a longer one is waited this long."""
+
+    def __post_init__(self) -> None:
+        if not 64 * 1024 <= self.block_size <= MAX_BLOCK:
+            raise ConfigError(f"AzureConfig.block_size must be 64 KiB..4000 MiB, got "
+                              f"{self.block_size}")
+        if not 0 <= self.single_put_threshold <= MAX_SINGLE_PUT:
+            raise ConfigError(f"AzureConfig.single_put_threshold must be 0..5000 MiB (Azure's "
+                              f"largest Put Blob), got {self.single_put_threshold}")
+        for name in ("max_concurrency", "max_attempts", "digest_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"AzureConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("connect_timeout_s", "read_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"AzureConfig.{name} must be > 0 seconds, got "
+                                  f"{getattr(self, name)}")
+        for name in ("backoff_s", "max_retry_after_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"AzureConfig.{name} must be >= 0 seconds, got "
+                                  f"{getattr(self, name)}")
+
+
+class _Retry(RetryPolicy):
+    """azure-core's retry policy with a cap on ``Retry-After`` (see the module docstring)."""
+
+    def __init__(self, config: AzureConfig) -> None:
+        n = config.max_attempts - 1
+        super().__init__(retry_total=n, retry_connect=n, retry_read=n, retry_status=n,
+                         retry_backoff_factor=config.backoff_s / 2,
+                         retry_backoff_max=max(1, int(8 * config.backoff_s)))
+        self._cap = config.max_retry_after_s
+
+    def configure_retries(self, options: dict[str, Any]) -> dict[str, Any]:
+        # The storage SDK's pipeline leaves these request options for its own retry policy
+        # (primary/secondary host selection; tested with azure-storage-blob 12.31), which
+        # this one replaces: left in, they would reach the HTTP transport as unknown
+        # keywords. Only the primary host is used.
+        for name in _STORAGE_RETRY_OPTIONS:
+            options.pop(name, None)
+        return super().configure_retries(options)
+
+    def send(self, request: PipelineRequest[Any]) -> PipelineResponse[Any, Any]:
+        response = super().send(request)
+        # ...and reads the host its retry policy chose from every response.
+        response.http_response.location_mode = "primary"
+        return response
+
+    def get_retry_after(self, response: PipelineResponse[Any, Any]) -> float | None:
+        after = super().get_retry_after(response)
+        return None if after is None else min(after, self._cap)
+
+
+def make_service_client(config: AzureConfig) -> BlobServiceClient:
+    """A :class:`BlobServiceClient` from the credential chain (module docstring); no
+    request is sent. :class:`ConfigError` names the variables to set when none is, or
+    when a value is malformed (without repeating a secret)."""
+    kw: dict[str, Any] = {
+        "retry_policy": _Retry(config),
+        "connection_timeout": config.connect_timeout_s,
+        "read_timeout": config.read_timeout_s,
+        # Every put and ranged get is one request of at most these sizes (we split).
+        "max_single_put_size": max(config.single_put_threshold, 1),
+        "max_block_size": config.block_size,
+        "max_single_get_size": config.block_size,
+        "max_chunk_get_size": config.block_size,
+        "connection_data_block_size": 256 * 1024,
+    }
+    env = os.environ
+    conn = env.get(CONNECTION_STRING_VAR, "").strip()
+    if conn:
+        try:
+            return BlobServiceClient.from_connection_string(conn, **kw)
+        except (ValueError, AzureError):
+            raise ConfigError(
+                f"{CONNECTION_STRING_VAR} is not a valid Azure Storage connection string "
+                "(AccountName=...;AccountKey=...;BlobEndpoint=...; copy it from the portal or "
+                "`az storage account show-connection-string`)") from None
+    account = env.get(ACCOUNT_VAR, "").strip()
+    if not account:
+        raise ConfigError(
+            f"az:// storage needs credentials: set {CONNECTION_STRING_VAR}, or "
+            f"{ACCOUNT_VAR} with {KEY_VAR}, or {ACCOUNT_VAR} alone with azure-identity "
+            "installed (Azure's default credential chain: managed identity, az login...)")
+    if not _ACCOUNT_RE.fullmatch(account):
+        raise ConfigError(f"{ACCOUNT_VAR}={account!r} is not a storage account name (3-24 "
+                          "lowercase letters and digits)")
+    url = f"https://{account}.blob.core.windows.net"
+    key = env.get(KEY_VAR, "").strip()
+    if key:
+        from azure.core.credentials import AzureNamedKeyCredential
+
+        return BlobServiceClient(url, credential=AzureNamedKeyCredential(account, key), **kw)
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        raise ConfigError(
+            f"{ACCOUNT_VAR} is set without {KEY_VAR}, and azure-identity (Azure's default "
+            f"credential chain) is not installed: set {KEY_VAR} or "
+            f"{CONNECTION_STRING_VAR}, or pip install azure-identity") from None
+    return BlobServiceClient(url, credential=DefaultAzureCredential(), **kw)
+
+
+def error_code(e: Exception) -> str:
+    """The service's error code (``BlobNotFound``, ``Md5Mismatch``...), or ``""``."""
+    code = getattr(e, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+def http_status(e: Exception) -> int:
+    return int(getattr(e, "status_code", None) or 0)
+
+
+def crc_of_metadata(metadata: dict[str, str] | None) -> int | None:
+    """The CRC32C tierckpt recorded in a blob's metadata (:data:`META_CRC32C`), or None."""
+    value = (metadata or {}).get(META_CRC32C)
+    if value is None:
+        return None
+    try:
+        return checksum.from_hex(value)
+    except ValueError:
+        return None
