@@ -43,10 +43,6 @@ from tierckpt.tier2.storage.gcsbase import SDK_ERRORS
 from tierckpt.tier2.storage.gcsclient import call, crc_of
 
 
-class _Wrong(Exception):
-    """A check's answer was wrong (bytes, size, checksum), not an error from the server."""
-
-
 def _crc_b64(data: bytes) -> str:
     return checksum.to_b64(checksum.extend(0, data))
 
@@ -82,19 +78,19 @@ class _Probe:
         return call(self.st.config, lambda: self.bucket.get_blob(
             f"{self.base}/{name}", retry=None, timeout=self.t)) is not None
 
-    def ok(self, what: str, fn: Callable[[], object]) -> bool:
-        """Whether ``fn`` succeeds; a refusal or a wrong answer is noted. An outage (5xx or
-        no answer after retries) is raised: it is not a missing feature."""
+    def ok(self, what: str, fn: Callable[[], str | None]) -> bool:
+        """Whether check ``fn`` passes (returns None, not what was wrong); a refusal or a
+        wrong answer is noted. An outage (5xx or no answer after retries) is raised: it is
+        not a missing feature."""
         try:
-            fn()
-            return True
+            wrong = fn()
         except gexc.GoogleAPICallError as e:
             if e.code is not None and e.code >= 500 and e.code != 501:
                 raise
-            self.notes.append(f"{what}: {e.reason or type(e).__name__} (HTTP {e.code})")
-        except _Wrong as e:
-            self.notes.append(f"{what}: {e}")
-        return False
+            wrong = f"{e.reason or type(e).__name__} (HTTP {e.code})"
+        if wrong is not None:
+            self.notes.append(f"{what}: {wrong}")
+        return wrong is None
 
     def refused(self, what: str, name: str, fn: Callable[[], object]) -> bool:
         """Whether the server refuses ``fn`` (an upload it must reject) and stores nothing."""
@@ -148,27 +144,30 @@ class _Probe:
             md5_verified=md5_verified, etag_is_md5=md5_reported, if_none_match=inm,
             notes=tuple(self.notes))
 
-    def _basic(self, data: bytes) -> None:
+    def _basic(self, data: bytes) -> str | None:
         b = self.put("basic", data)
         if self.get("basic") != data:
-            raise _Wrong("downloaded other bytes")
+            return "downloaded other bytes"
         if int(b.size or 0) != len(data):
-            raise _Wrong("wrong size in the metadata")
+            return "wrong size in the metadata"
         names = {o.name for o in self.st.client.list_blobs(self.bucket, prefix=self.base,
                                                            retry=None, timeout=self.t)}
         if b.name not in names:
-            raise _Wrong("not listed")
+            return "not listed"
         call(self.st.config, lambda: b.delete(retry=None, timeout=self.t))
+        return None
 
-    def _ranged(self, data: bytes) -> None:
+    def _ranged(self, data: bytes) -> str | None:
         self.put("range", data)
         if self.get("range", start=100, end=199) != data[100:200]:
-            raise _Wrong("a range returned other bytes")
+            return "a range returned other bytes"
+        return None
 
     def _create_only(self) -> bool:
-        def create(body: bytes) -> None:
+        def create(body: bytes) -> str | None:
             call(self.st.config, lambda: self.blob("inm").upload_from_string(
                 body, if_generation_match=0, retry=None, timeout=self.t))
+            return None
 
         if not self.ok("create-only upload", lambda: create(b"first")):
             return False
@@ -179,14 +178,14 @@ class _Probe:
         self.notes.append("a second upload with ifGenerationMatch=0: accepted")
         return False
 
-    def _compose(self, data: bytes, crc_ok: list[bool]) -> None:
+    def _compose(self, data: bytes, crc_ok: list[bool]) -> str | None:
         a, b = self.put("part-1", data[:1000]), self.put("part-2", data[1000:])
         dest = self.blob("composed")
         call(self.st.config, lambda: dest.compose(
             [a, b], if_source_generation_match=[a.generation, b.generation], retry=None,
             timeout=self.t))
         if self.get("composed") != data:
-            raise _Wrong("the composed object has other bytes")
+            return "the composed object has other bytes"
         crc_ok.append(crc_of(dest.crc32c) == checksum.extend(0, data))
         if not crc_ok[-1]:
             self.notes.append("compose: no full-object CRC32C reported")
@@ -196,6 +195,7 @@ class _Probe:
             self.notes.append("compose: a source generation precondition is ignored")
         except gexc.PreconditionFailed:
             pass
+        return None
 
     def cleanup(self) -> None:
         with contextlib.suppress(*SDK_ERRORS):
