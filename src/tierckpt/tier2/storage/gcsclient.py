@@ -64,13 +64,15 @@ class GCSConfig:
     part_size: int = 32 * MiB
     """Size of the parts a large file is uploaded in (composed into the object afterwards)
     and of the ranges downloads fetch in parallel; at least 256 KiB. Grown in whole MiB for
-    a file that would otherwise need more than 1024 parts (GCS's component limit)."""
+    a file that would otherwise need more than 1024 parts (GCS's component limit). Each
+    part in flight is held in memory: up to ``max_concurrency * part_size`` per upload."""
     single_upload_threshold: int = 64 * MiB
     """Files up to this size go in one upload request (integrity ``crc32c``); larger ones in
     parallel parts composed into the object. On loopback one stream was faster (64 MiB: one
     request 0.26 s, 8 parts over 4 threads then compose 0.81 s on the emulator, which copies
     bytes to compose); on GCS one stream's throughput is bounded and compose copies nothing,
-    so large shards go in parts (``gcloud storage`` does the same above 150 MiB)."""
+    so large shards go in parts (``gcloud storage`` does the same above 150 MiB). A file
+    sent in one request is read into memory first (it is re-sent from there on a retry)."""
     max_concurrency: int = 8
     """Parallel parts / ranges per object."""
     max_attempts: int = 5
