@@ -219,11 +219,12 @@ def test_persistent_throttling_gives_up_after_max_attempts(
     assert azure_env.keys(uncommitted=True) == []
 
 
-def test_a_stalled_put_times_out_and_is_retried(store: AzureStorage, azure_env: AzureEnv,
-                                                proxy: FaultProxy, tmp_path: Path) -> None:
+def test_a_stalled_put_times_out_and_is_retried(azure_env: AzureEnv, proxy: FaultProxy,
+                                                tmp_path: Path) -> None:
     src, data, crc = make_file(tmp_path, 300_000)
     rule = proxy.add_rule("hang", **PUT_BLOB)
-    store.put_file("k/small", src, crc32c=crc, size=len(data))
+    with open_storage(azure_env.url, **{**OPTIONS, "read_timeout_s": 1.0}) as st:
+        st.put_file("k/small", src, crc32c=crc, size=len(data))
     assert rule.fired == 1
     assert_stored(azure_env, "k/small", data, crc)
 
@@ -232,7 +233,7 @@ def test_create_only_put_stored_but_response_lost_is_success(
         store: AzureStorage, azure_env: AzureEnv, proxy: FaultProxy) -> None:
     rule = proxy.add_rule("reset_after_store", **PUT_BLOB)
     store.put_bytes("step-00000001/COMPLETE", b"marker", if_none_match=True)
-    assert rule.fired == 1
+    assert rule.fired == 1 and "pass" in proxy.actions()
     # The retry met 409 BlobAlreadyExists on our own earlier write and read it back.
     assert azure_env.keys() == ["step-00000001/COMPLETE"]
 

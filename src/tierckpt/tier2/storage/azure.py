@@ -233,10 +233,11 @@ class AzureStorage(AzureWrites):
         garbage-collects them 7 days after the last Put Block."""
         validate_prefix(prefix)
         pending = set(self._names(prefix, uncommitted=True)) - set(self._names(prefix))
+        base = f"{self.prefix}/" if self.prefix else ""
         n = 0
         for key in sorted(pending):
             try:
-                self._blob(key).delete_blob()
+                self._container.get_blob_client(base + key).delete_blob()
                 n += 1
             except AzureError as e:
                 if not is_missing_blob(e):

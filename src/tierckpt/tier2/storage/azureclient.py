@@ -63,7 +63,8 @@ class AzureConfig:
     """Files of at most this size go in one Put Blob (read into memory once); larger ones
     in staged blocks, committed by one Put Block List. At most 5000 MiB."""
     max_concurrency: int = 8
-    """Parallel blocks / ranges per object."""
+    """Parallel blocks / ranges per object (the SDK keeps at most 10 connections open;
+    above that, connections are opened per request)."""
     max_attempts: int = 5
     """Attempts per request (transient errors: 408/429/5xx, connection errors, timeouts),
     and per range of a download whose body broke off."""
