@@ -10,6 +10,10 @@ STAMP := $(VENV)/.tierckpt-installed
 TORCHTITAN := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 \
 	typeguard==4.6.1
 
+# Azure's Blob Storage emulator for the az:// tests (tests/azureserver.py), from npm into the
+# venv (.venv/node/node_modules/.bin/azurite-blob); node and npm come from the system.
+AZURITE := azurite@3.37.0
+
 # The newest torch pyproject admits, in a venv of its own: `make test-torch-next`.
 TORCH_NEXT ?= 2.14.1
 VENV_NEXT := .venv-next
@@ -24,6 +28,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	$(BIN)/python -m pip install --quiet --no-deps $(TORCHTITAN)
+	npm install --prefix $(VENV)/node --no-audit --no-fund --silent $(AZURITE)
 	@touch $(STAMP)
 
 venv: $(STAMP)

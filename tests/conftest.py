@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from tests._references import FsdpReference
 
-pytest_plugins = ["s3server"]
+pytest_plugins = ["s3server", "azureserver", "gcsserver"]
 
 
 @pytest.fixture

@@ -1,8 +1,11 @@
 """One contract, every backend: local directory, in-memory, and S3 on two real servers
-(SeaweedFS in crc32c mode, moto's server in md5 mode).
+(SeaweedFS in crc32c mode, moto's server in md5 mode), and Azure Blob Storage on Azurite,
+and Google Cloud Storage on its emulator (fake-gcs-server, in the mode its probe picks: md5).
 
 Objects stay small; the S3 backend runs with 5 MiB parts so a 6 MiB file exercises the
-multipart path (parallel parts, FULL_OBJECT CRC32C, verified by the server).
+multipart path (parallel parts, FULL_OBJECT CRC32C, verified by the server); the Azure
+backend runs with 1 MiB blocks above 4 MiB, so the same file goes in seven staged blocks; the
+GCS backend with 2 MiB parts above 5 MiB, so it goes in four parts composed into one object.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from azureserver import AzureEnv
+from gcsserver import GCSEnv
 from s3server import S3Env, _env_for
 
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
@@ -33,9 +38,18 @@ MiB = 1024 * 1024
 S3_ENVS: dict[str, S3Env] = {}  # an S3 storage's url -> its server and prefix
 S3_TEST_OPTIONS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "max_concurrency": 4,
                    "digest_attempts": 2, "read_timeout_s": 10.0, "connect_timeout_s": 2.0}
+GCS_ENVS: dict[str, GCSEnv] = {}  # a GCS storage's url -> its emulator and prefix
+GCS_TEST_OPTIONS = {"part_size": 2 * MiB, "single_upload_threshold": 5 * MiB,
+                    "max_concurrency": 4, "digest_attempts": 2, "read_timeout_s": 10.0,
+                    "connect_timeout_s": 2.0}
+GCS_INTEGRITY: dict[str, str] = {}  # emulator endpoint -> the integrity mode its probe chose
+AZURE_ENVS: dict[str, AzureEnv] = {}  # an Azure storage's url -> its emulator and prefix
+AZURE_TEST_OPTIONS = {"block_size": MiB, "single_put_threshold": 4 * MiB,
+                      "max_concurrency": 4, "digest_attempts": 2, "read_timeout_s": 10.0,
+                      "connect_timeout_s": 2.0}
 
 
-@pytest.fixture(params=["local", "memory", "s3", "moto"])
+@pytest.fixture(params=["local", "memory", "s3", "moto", "azure", "gcs"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]:
     if request.param == "local":
         (tmp_path / "store").mkdir()  # a file:// tier 2 must exist: opening one never creates it
@@ -46,6 +60,19 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
         env = request.getfixturevalue("s3_env")
         st = open_storage(env.url, **S3_TEST_OPTIONS)
         S3_ENVS[st.url] = env
+    elif request.param == "azure":  # Azurite
+        aenv = request.getfixturevalue("azure_env")
+        st = open_storage(aenv.url, **AZURE_TEST_OPTIONS)
+        AZURE_ENVS[st.url] = aenv
+    elif request.param == "gcs":  # the emulator, in the integrity mode its probe chooses
+        genv = request.getfixturevalue("gcs_env")
+        if genv.server.endpoint not in GCS_INTEGRITY:
+            mode = probe_url(genv.url).modes.integrity
+            assert mode is not None
+            GCS_INTEGRITY[genv.server.endpoint] = mode.value
+        st = open_storage(genv.url, **GCS_TEST_OPTIONS,
+                          integrity=GCS_INTEGRITY[genv.server.endpoint])
+        GCS_ENVS[st.url] = genv
     else:  # moto's server, in the integrity mode its probe chooses (md5)
         env = _env_for(request.getfixturevalue("moto_server"),
                        request.getfixturevalue("monkeypatch"))
@@ -241,6 +268,17 @@ def test_abort_uploads_removes_stale_upload(storage: Storage, request: pytest.Fi
         (storage.root / "x" / f"{TMP_MARK}dead.obj").write_bytes(b"partial")
         (storage.root / "y").mkdir()
         (storage.root / "y" / f"{TMP_MARK}dead.obj").write_bytes(b"partial")
+    elif storage.url in AZURE_ENVS:  # an interrupted upload: a blob of uncommitted blocks
+        aenv = AZURE_ENVS[storage.url]
+        c = aenv.server.container_client()
+        for k in ("x/obj", "y/obj"):
+            c.get_blob_client(f"{aenv.prefix}/{k}").stage_block("YmxvY2s=", b"partial")
+        assert aenv.keys(uncommitted=True) == ["x/obj", "y/obj"]
+    elif storage.url.startswith("gs://"):  # temporaries are plain objects under the key
+        genv = GCS_ENVS[storage.url]
+        for k in ("x/obj", "y/obj"):
+            genv.bucket().blob(f"{genv.prefix}/{k}{TMP_MARK}dead.00000").upload_from_string(
+                b"partial")
     else:
         env = S3_ENVS[storage.url]
         c = env.client()
