@@ -25,6 +25,10 @@ and still has shots left fires. Actions:
 Handy matchers: :data:`UPLOAD_PART`, :data:`COMPLETE`, :data:`CREATE_UPLOAD`,
 :data:`LIST_UPLOADS`, :data:`ABORT_UPLOAD`, :data:`PUT_OBJECT`, :data:`GET`.
 
+A server that throttles: :meth:`FaultProxy.throttle` lets ``rate_per_s`` requests a second
+through (a token bucket holding ``burst``) and answers every other with ``503 SlowDown`` (or
+``429``) and a ``Retry-After`` header, as S3, GCS and Azure do above their request rates.
+
 A server that lacks calls: :meth:`FaultProxy.not_implemented` answers ``501 NotImplemented``
 to each of a set of matchers, forever — :data:`NO_MULTIPART_LISTING` (a small server, e.g.
 s3rver or localbucket: multipart upload works, listing and aborting uploads do not) or
@@ -38,6 +42,7 @@ import dataclasses
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 ACTIONS = ("status", "reset", "reset_after_store", "hang", "delay", "corrupt", "reset_response",
@@ -56,8 +61,8 @@ NO_MULTIPART: tuple[dict[str, Any], ...] = (*NO_MULTIPART_LISTING, CREATE_UPLOAD
                                             UPLOAD_PART, COMPLETE)
 """Every multipart call: a server with single PUTs only."""
 
-_REASONS = {500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
-            400: "Bad Request", 403: "Forbidden", 404: "Not Found"}
+_REASONS = {429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
+            503: "Service Unavailable", 400: "Bad Request", 403: "Forbidden", 404: "Not Found"}
 
 
 @dataclasses.dataclass
@@ -76,6 +81,7 @@ class Rule:
     after_bytes: int = 0
     offset: int | None = None
     hang_s: float = 60.0
+    retry_after_s: int | None = None
     matched: int = 0
     fired: int = 0
 
@@ -151,6 +157,7 @@ class FaultProxy:
         self._server: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
+        self._bucket: _TokenBucket | None = None
 
     @property
     def endpoint(self) -> str:
@@ -197,6 +204,16 @@ class FaultProxy:
         return [self.add_rule("status", status=501, code="NotImplemented", times=None, **m)
                 for m in calls]
 
+    def throttle(self, rate_per_s: float, *, burst: int = 1, status: int = 503,
+                 code: str = "SlowDown", retry_after_s: int | None = 1) -> None:
+        """Above ``rate_per_s`` requests a second (``burst`` at once), answer ``status``
+        with ``code`` and ``Retry-After`` instead of forwarding (action ``throttle``);
+        ``rate_per_s=0`` stops throttling. Applies before the rules."""
+        with self._lock:
+            self._bucket = None if rate_per_s <= 0 else _TokenBucket(
+                rate_per_s, burst, Rule(action="status", status=status, code=code,
+                                        retry_after_s=retry_after_s, times=None))
+
     def clear(self) -> None:
         with self._lock:
             self._rules.clear()
@@ -219,6 +236,9 @@ class FaultProxy:
 
     def _pick(self, method: str, path: str, query: str) -> Rule | None:
         with self._lock:
+            if self._bucket is not None and not self._bucket.take():
+                self.hits.append(Hit(method, path, query, "throttle"))
+                return self._bucket.answer
             chosen = None
             for r in self._rules:
                 if not r.matches(method, path, query):
@@ -308,6 +328,25 @@ class FaultProxy:
         body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{rule.code}</Code>'
                 f"<Message>injected by faultproxy</Message></Error>").encode()
         reason = _REASONS.get(rule.status, "Error")
+        after = "" if rule.retry_after_s is None else f"Retry-After: {rule.retry_after_s}\r\n"
         client.sendall(
-            f"HTTP/1.1 {rule.status} {reason}\r\nContent-Type: application/xml\r\n"
+            f"HTTP/1.1 {rule.status} {reason}\r\nContent-Type: application/xml\r\n{after}"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+
+
+class _TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved; not thread-safe (the proxy's lock
+    guards it)."""
+
+    def __init__(self, rate: float, burst: int, answer: Rule) -> None:
+        self.rate, self.burst, self.answer = rate, float(burst), answer
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True

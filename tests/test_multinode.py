@@ -127,6 +127,9 @@ def test_restore_from_tier2_only(trained: tuple[Path, str], tmp_path: Path,
         ev = _restore_events(tmp_path / f"node{node}")[-1]
         assert ev["step"] == 11 and ev["source"] == "tier2"
         assert ev["bytes_by_source"]["tier2"] > 0 and ev["seconds"] > 0
+    chosen = [e for node in (0, 1) for e in read_jsonl(tmp_path / f"node{node}" / layout.EVENTS)
+              if e["event"] == "checkpoint_chosen"]
+    assert len(chosen) == 2 and sum(e["tier2_lists"] for e in chosen) == 1, chosen  # per job
     _, reference = resumed_same
     assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
 

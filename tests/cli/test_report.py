@@ -92,3 +92,23 @@ def test_under_a_scheduler_the_table_names_each_requeue(tmp_path: Path) -> None:
     doc = invoke_json("report", "--tier1", str(root))
     assert [(i["requeue"], i["restart_count"]) for i in doc["incarnations"]] == [
         (0, 0), (0, 1), (1, 0)]
+
+
+def test_the_uploads_line_shows_what_throttling_cost(tmp_path: Path) -> None:
+    root = tmp_path / "t1"
+    root.mkdir()
+    uploads = [  # the uploader's events: a throttled failed attempt, then two verified steps
+        {"event": "upload_failed", "t": 20.0, "step": 10, "source": "uploader",
+         "throttled_requests": 40, "throttled_s": 12.5},
+        {"event": "upload_verified", "t": 41.0, "step": 10, "bytes": 3_000_000_000,
+         "source": "uploader", "throttled_requests": 2, "throttled_s": 0.5},
+        {"event": "upload_verified", "t": 60.0, "step": 20, "bytes": 3_000_000_000,
+         "source": "uploader"}]
+    (root / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*_run(), *uploads]))
+    doc = invoke_json("report", "--tier1", str(root))
+    assert doc["tier2_uploads"] == {"verified": 2, "failed": 1, "bytes": 6_000_000_000,
+                                    "throttled_requests": 42, "throttled_s": 13.0}
+    assert doc["wall_s"] == 79.0  # the uploader's events do not change the run's accounting
+    text = " ".join(invoke("report", "--tier1", str(root)).stdout.split())
+    assert ("tier 2: 2 upload(s) verified (6.0 GB), 1 failed attempt(s); throttled: 42 "
+            "request(s) refused for their rate, 13.0 s waiting to send them again") in text

@@ -55,8 +55,12 @@ def test_watch_backs_off_exponentially_while_failing_and_resets() -> None:
     src = Script([(5, "failed"), (5, "failed"), (5, "failed"), (5, "verified"), (None, "")])
     stop = CountingStop(src, after=4)
     assert watch.run(src, stop, poll_s=2.0, watch=True) is False  # ended by stop
-    assert src.waits == [4.0, 8.0, 16.0, 2.0]  # 2·2^n while failing, then the idle poll
-    assert watch.backoff_s(2.0, 30) == watch.MAX_BACKOFF_S
+    # 2·2^n while failing, less up to half of it (jitter), then the idle poll
+    assert [d / 2 <= w <= d for w, d in zip(src.waits, (4.0, 8.0, 16.0), strict=False)] \
+        == [True] * 3 and src.waits[3] == 2.0
+    waits = {watch.backoff_s(2.0, 30) for _ in range(50)}
+    assert all(watch.MAX_BACKOFF_S / 2 <= w <= watch.MAX_BACKOFF_S for w in waits)
+    assert len(waits) > 40  # jittered: uploaders refused together do not retry together
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ the measured waste beside the model's prediction for the same C, R, τ, M. Under
 (Slurm, Kubernetes: ``process_start`` names the job) a table of the incarnations says which
 requeue or restart of the job each one was, where it resumed and how it ended.
 ``--plot FILE`` draws the split as a stacked bar and the run's steps over time with its
-failures and resumes.
+failures and resumes. A line on the uploads to tier 2 follows: steps verified, failed
+attempts, bytes, and the time the store's throttling cost.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from tierckpt.cli._app import command
 from tierckpt.cli._render import config_errors, console, emit_json, pct
 from tierckpt.errors import ConfigError
 from tierckpt.format import layout
-from tierckpt.policy import goodput
-from tierckpt.policy.units import format_duration, parse_duration
+from tierckpt.policy import goodput, uploads
+from tierckpt.policy.units import format_bytes, format_duration, parse_duration
 from tierckpt.runtime.events import read_events
 
 
@@ -49,13 +50,17 @@ def report(
     with config_errors():
         path = events_file(tier1, events)
         mtbf = None if node_mtbf is None else parse_duration(node_mtbf, "--node-mtbf")
-        g = goodput.account(read_events(path), node_mtbf_s=mtbf, nodes=nodes)
+        records = read_events(path)
+        g = goodput.account(records, node_mtbf_s=mtbf, nodes=nodes)
+        up = uploads.summarize(records)
         if plot is not None:
             _plot(g, plot)
     if as_json:
-        emit_json(g.to_json())
+        emit_json({**g.to_json(), "tier2_uploads": up.to_json()})
         return
     render(g, f"Goodput of {path}")
+    if up.any:
+        console().print(tier2_line(up))
 
 
 def events_file(tier1: Path | None, events: Path | None) -> Path:
@@ -97,6 +102,17 @@ def render(g: goodput.Goodput, title: str) -> None:
         out.print(f"waste measured {pct(g.waste)}, the model predicts "
                   f"{pct(g.predicted_waste)} for C {format_duration(g.C_s or 0)}, R "
                   f"{format_duration(g.R_s or 0)}, M {format_duration(g.M_s or 0)}")
+
+
+def tier2_line(up: uploads.Tier2Uploads) -> str:
+    """One line on the uploads: steps verified on tier 2, failed attempts, bytes, and what
+    throttling cost (requests refused for their rate, seconds waited before resending)."""
+    line = (f"tier 2: {up.verified} upload(s) verified ({format_bytes(up.bytes)}), "
+            f"{up.failed} failed attempt(s); ")
+    if not up.throttled_requests:
+        return line + "never throttled"
+    return line + (f"throttled: {up.throttled_requests} request(s) refused for their rate, "
+                   f"{format_duration(up.throttled_s)} waiting to send them again")
 
 
 def _interruptions(g: goodput.Goodput) -> Table:

@@ -81,6 +81,8 @@ class Chooser:
         self.sources: dict[int, str] = {}
         self._checked: set[int] = set()
         self._remote: list[int] | None = None
+        self.lists = 0
+        """Tier-2 LISTs this rank issued (at most one per job: :meth:`share_listing`)."""
         self.tier0, self.domains = tier0, domains
         self.offers: dict[int, mf.Committed] = {}
         """Replicas of this domain's checkpoints that its partner holds in RAM (verified
@@ -112,13 +114,32 @@ class Chooser:
         if self._open_remote is None:
             return self._remote
         try:
-            if self.remote is None:
-                self.remote = self._tier2(self._open_remote, "opening tier 2")
-            remote = self.remote
+            remote = self._remote_catalog()
+            self.lists += 1
             self._remote = self._tier2(remote.complete_steps, f"listing {remote.storage.url}")
         except (CheckpointError, OSError) as e:
             self._tier2_unavailable(f"{type(e).__name__}: {e}")
         return self._remote
+
+    def _remote_catalog(self) -> Tier2Catalog:
+        """The tier-2 catalogue, opened on first use (under the tier-2 deadline)."""
+        if self.remote is None:
+            assert self._open_remote is not None
+            self.remote = self._tier2(self._open_remote, "opening tier 2")
+        return self.remote
+
+    def share_listing(self) -> None:
+        """Collective: one tier-2 LIST for the whole job, not one per node. Rank 0 lists
+        (when it reads tier 2) and every other owner takes its answer — the complete steps,
+        or why tier 2 is left out — instead of listing the same prefix again: at hundreds
+        of nodes, simultaneous LISTs are what a store throttles first. Where rank 0 does
+        not read tier 2, each owner lists for itself."""
+        listing = None
+        if self.comm.rank == 0 and self._open_remote is not None:
+            listing = (self.remote_steps(), self.remote_error)
+        listing = self.comm.broadcast(listing)
+        if listing is not None and self._open_remote is not None and self.comm.rank != 0:
+            self._remote, self.remote_error = listing
 
     def _tier2_unavailable(self, reason: str) -> None:
         self.remote_error = reason
@@ -155,9 +176,8 @@ class Chooser:
             except (IntegrityError, OSError) as e:
                 self._skip(step, str(e), self.local.quarantine(step, str(e)))
         if step in self.remote_steps():
-            remote = self.remote
-            assert remote is not None
             try:
+                remote = self._remote_catalog()
                 self.manifests[step] = self._tier2(
                     lambda: remote.read_committed(step).manifest,
                     f"reading step {step} from {remote.storage.url}")
@@ -166,7 +186,7 @@ class Chooser:
             except SignatureError as e:
                 self.refused = f"tier 2 step {step}: {e}"
                 return
-            except (IntegrityError, StorageError) as e:
+            except (CheckpointError, OSError) as e:
                 self._skip(step, f"tier 2: {e}")
         if missing_reason is not None:
             self._skip(step, missing_reason)
@@ -294,6 +314,7 @@ class Chooser:
         :class:`SignatureError` on every rank when a signing key is set and a candidate is
         unsigned or badly signed (it is left where it is, not quarantined)."""
         self.exchange_offers()
+        self.share_listing()
         bound: float = float("inf")
         while True:
             proposal = self._newest_valid(bound) if self.is_owner else "n/a"

@@ -216,14 +216,14 @@ class Restorer:
             skipped = tuple(s for sk in comm.all_gather(chooser.skipped) for s in sk)
             if step is None:
                 self.log.emit(events.CHECKPOINT_CHOSEN, step=None, source=None,
-                              skipped=[list(s) for s in skipped])
+                              skipped=[list(s) for s in skipped], tier2_lists=chooser.lists)
                 return None
             mine = chooser.sources.get(step) if self.is_owner else None
             owners = comm.all_gather(mine)
             source = "+".join(sorted({s for s in owners if s}))
             mine = owners[self.domain[0]]  # my domain's source, on every rank of it
             self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
-                          skipped=[list(s) for s in skipped])
+                          skipped=[list(s) for s in skipped], tier2_lists=chooser.lists)
             fetched, err = 0, None
             try:
                 fetched = chooser.pull(step)  # collective: replicas back from partners

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from typing import Protocol, runtime_checkable
 
 from tierckpt.errors import (  # re-exported: the storage errors callers catch
@@ -40,6 +41,7 @@ __all__ = [
     "ObjectNotFoundError",
     "Storage",
     "StorageError",
+    "ThrottleCounter",
     "check_range",
     "validate_key",
     "validate_prefix",
@@ -74,6 +76,39 @@ class ByteCounter:
     def value(self) -> int:
         with self._lock:
             return self._n
+
+
+class ThrottleCounter:
+    """What a store's throttling cost: the requests it refused for their rate (S3 ``503
+    SlowDown``, ``429``) and the seconds spent waiting before each was sent again.
+
+    A backend whose store can throttle exposes one as ``throttled`` (optional: callers use
+    ``getattr(storage, "throttled", None)``) and calls :meth:`refused` when a request is
+    refused and :meth:`sending` before every request, on the thread that sends it: the
+    wait is the time between the two on that thread. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._requests = 0
+        self._seconds = 0.0
+
+    def refused(self) -> None:
+        with self._lock:
+            self._requests += 1
+        self._local.since = time.monotonic()
+
+    def sending(self) -> None:
+        since = getattr(self._local, "since", None)
+        if since is not None:
+            self._local.since = None
+            with self._lock:
+                self._seconds += time.monotonic() - since
+
+    def snapshot(self) -> tuple[int, float]:
+        """``(requests refused, seconds waited)`` so far."""
+        with self._lock:
+            return self._requests, self._seconds
 
 
 @runtime_checkable

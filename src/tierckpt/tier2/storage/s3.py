@@ -41,6 +41,7 @@ from tierckpt.tier2.storage.base import (
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
+    ThrottleCounter,
     check_range,
     validate_key,
     validate_prefix,
@@ -50,6 +51,7 @@ from tierckpt.tier2.storage.s3client import (
     STREAM_ERRORS,
     MiB,
     S3Config,
+    count_throttling,
     crc_of_head,
     make_client,
 )
@@ -72,6 +74,8 @@ class S3Storage(S3Writes):
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client: Any = make_client(self.config, session)
         self._reads = ByteCounter()
+        self.throttled = ThrottleCounter()
+        count_throttling(self._client, self.throttled)
 
     @property
     def bytes_read(self) -> int:

@@ -19,6 +19,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tierckpt.errors import ConfigError
 from tierckpt.format import checksum
 from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode, UploadMode
+from tierckpt.tier2.storage.base import ThrottleCounter
 
 MiB = 1024 * 1024
 MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
@@ -203,3 +204,30 @@ def make_client(config: S3Config, session: boto3.session.Session | None) -> Any:
             raise ConfigError(
                 f"cannot create the S3 client: {e}; check the endpoint (AWS_ENDPOINT_URL, "
                 "or endpoint_url in the AWS config: http://host:port) and the region") from None
+
+
+THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests",
+                            "RequestLimitExceeded", "RequestThrottled", "SlowDownRead",
+                            "SlowDownWrite"})
+"""S3 error codes that mean "too many requests" (botocore's standard retry mode retries
+them with a jittered backoff)."""
+
+
+def count_throttling(client: Any, counter: ThrottleCounter) -> None:
+    """Feed ``counter`` from ``client``'s events: a response with a throttling code, HTTP 429
+    or 503 (S3's ``SlowDown``) is a refusal, and the next request sent on that thread ends
+    its wait."""
+
+    def needs_retry(response: Any = None, **_: Any) -> None:
+        if response is None:
+            return
+        http, parsed = response
+        code = str((parsed or {}).get("Error", {}).get("Code", ""))
+        if code in THROTTLE_CODES or getattr(http, "status_code", 0) in (429, 503):
+            counter.refused()  # a HEAD's 503 has no body, hence no code: S3's SlowDown
+
+    def before_send(**_: Any) -> None:
+        counter.sending()
+
+    client.meta.events.register("needs-retry.s3", needs_retry)
+    client.meta.events.register("before-send.s3", before_send)

@@ -32,7 +32,8 @@ from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.uploads import UPLOAD_HOLDER
 from tierckpt.tier2.catalog import Tier2Catalog
-from tierckpt.tier2.storage import ObjectExistsError, ObjectInfo
+from tierckpt.tier2.storage import ObjectExistsError, ObjectInfo, Storage
+from tierckpt.tier2.storage.base import ThrottleCounter
 from tierckpt.tier2.uploader.config import UploadResult
 
 Progress = Callable[[int, int], None]
@@ -45,10 +46,12 @@ def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
                 committed: Callable[[], object] | None = None) -> UploadResult:
     """Copy the committed checkpoint of ``step`` to tier 2 (module docstring order).
     ``committed`` runs once this call wrote and verified the marker (e.g. tier-2
-    retention), before the step is unpinned. Failures are recorded (status ``failed``,
+    retention), before the step is unpinned. The one ``upload_verified`` or
+    ``upload_failed`` event of the call comes last and carries what the store's throttling
+    cost it (``throttled_requests``, ``throttled_s``). Failures are recorded (status ``failed``,
     event ``upload_failed``) and returned, not raised: the caller retries on its next pass."""
     local.pin(step, UPLOAD_HOLDER)
-    t0 = time.monotonic()
+    t0, since = time.monotonic(), throttling(remote.storage)
     try:
         return _StepUpload(local, remote, step, log, t0, committed).run(progress, stop)
     except UploadStopped:
@@ -57,10 +60,28 @@ def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
         err = f"{type(e).__name__}: {e}"
         local.uploads.write_upload_record(step, status="failed", error=err,
                                           tier2=remote.storage.url)
-        log.emit(events.UPLOAD_FAILED, step=step, error=err, source="uploader")
+        log.emit(events.UPLOAD_FAILED, step=step, error=err, source="uploader",
+                 **throttled_since(remote.storage, since))
         return UploadResult(step, "failed", seconds=time.monotonic() - t0, error=err)
     finally:
         local.unpin(step, UPLOAD_HOLDER)
+
+
+def throttling(storage: Storage) -> tuple[int, float]:
+    """``storage``'s throttling so far (refused requests, seconds waited); zeros for a
+    store that never throttles (see :class:`~tierckpt.tier2.storage.base.ThrottleCounter`)."""
+    counter = getattr(storage, "throttled", None)
+    return counter.snapshot() if isinstance(counter, ThrottleCounter) else (0, 0.0)
+
+
+def throttled_since(storage: Storage, since: tuple[int, float]) -> dict[str, Any]:
+    """The record and event fields for the throttling since ``since``: ``throttled_requests``
+    and ``throttled_s`` (empty when there was none)."""
+    requests, seconds = throttling(storage)
+    if requests == since[0]:
+        return {}
+    return {"throttled_requests": requests - since[0],
+            "throttled_s": round(seconds - since[1], 3)}
 
 
 def _matches(info: ObjectInfo | None, f: mf.FileEntry) -> bool:
@@ -75,6 +96,7 @@ class _StepUpload:
                  ) -> None:
         self.local, self.remote, self.step, self.log, self.t0 = local, remote, step, log, t0
         self.committed = committed
+        self.since = throttling(remote.storage)
         self.ckpt = local.step_dir(step)
         self.base: dict[str, Any] = {"tier2": remote.storage.url,
                                      "integrity": remote.storage.integrity}
@@ -144,10 +166,10 @@ class _StepUpload:
         if st.get_bytes(self.key(layout.COMPLETE)) != marker:
             raise IntegrityError(f"step {step}: COMPLETE on tier 2 does not read back")
         r = self._record("verified", sent)
-        self.log.emit(events.UPLOAD_VERIFIED, step=step, bytes=sent, seconds=r.seconds,
-                      source="uploader")
         if self.committed is not None:
             self.committed()
+        self.log.emit(events.UPLOAD_VERIFIED, step=step, bytes=sent, seconds=r.seconds,
+                      source="uploader", **throttled_since(st, self.since))
         return r
 
     def _record(self, status: str, sent: int) -> UploadResult:

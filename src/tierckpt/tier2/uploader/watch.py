@@ -7,6 +7,7 @@ Timing only: *what* is due comes from the source's ``next_step()`` (the pure pol
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -27,9 +28,12 @@ class Source(Protocol):
 
 
 def backoff_s(poll_s: float, failures: int) -> float:
-    """Wait before the next look: ``poll_s`` when idle, doubling per consecutive failure
-    (capped at :data:`MAX_BACKOFF_S`)."""
-    return min(poll_s * 2 ** min(failures, 10), MAX_BACKOFF_S)
+    """Wait before the next look: ``poll_s`` when idle; after ``failures`` consecutive
+    failures a wait drawn uniformly from ``[d/2, d]``, ``d = poll_s · 2^failures`` (capped at
+    :data:`MAX_BACKOFF_S`). The jitter keeps hundreds of uploaders that a throttling store
+    refused together from all trying again in the same instant."""
+    d = min(poll_s * 2 ** min(failures, 10), MAX_BACKOFF_S)
+    return d if failures == 0 else d * (0.5 + 0.5 * random.random())
 
 
 def run(source: Source, stop: threading.Event, *, poll_s: float, watch: bool,
