@@ -90,7 +90,7 @@ def test_probe_each_server(any_s3_env: S3Env) -> None:
             assert getattr(r.capabilities, name) is value, (name, r.capabilities)
     assert r.capabilities.basic_ops and r.capabilities.ranged_get and r.capabilities.multipart
     assert r.capabilities.multipart_list and r.capabilities.multipart_abort
-    assert r.s3_options() == {"integrity": want["integrity"].value,
+    assert r.store_options() == {"integrity": want["integrity"].value,
                               "marker": want["marker"].value, "upload": "multipart"}
     assert any_s3_env.keys() == [] and any_s3_env.pending_uploads() == []  # scratch removed
 
@@ -123,7 +123,7 @@ def test_501_to_an_optional_call_is_a_capability_not_an_outage(
     c = r.capabilities
     assert (r.modes.integrity, r.modes.marker, r.modes.upload) == (
         IntegrityMode.CRC32C, MarkerMode.CREATE_ONLY, UploadMode.SINGLE_PUT)
-    assert r.s3_options() == {"integrity": "crc32c", "marker": "create-only",
+    assert r.store_options() == {"integrity": "crc32c", "marker": "create-only",
                               "upload": "single-put"}
     assert c.multipart_list is False
     assert "list multipart uploads: not supported, NotImplemented (HTTP 501)" in c.notes
@@ -158,4 +158,4 @@ def test_a_server_error_on_an_optional_call_is_an_outage(s3_env: S3Env,
 
 def test_local_tier2_needs_no_probe(tmp_path: Path) -> None:
     r = probe.probe_url(tmp_path.as_uri())
-    assert r.modes.integrity is IntegrityMode.CRC32C and r.s3_options() == {}
+    assert r.modes.integrity is IntegrityMode.CRC32C and r.store_options() == {}

@@ -80,7 +80,7 @@ def test_256_uploaders_behind_a_throttled_endpoint_lose_no_save(
         s3_env: S3Env, fault_proxy: FaultProxy, tmp_path: Path) -> None:
     manifests = [make_checkpoint(tmp_path / f"node{i}", 7, SMALL) for i in range(CLIENTS)]
     uploaders = [Uploader(UploaderConfig(tier1=tmp_path / f"node{i}", tier2=f"{s3_env.url}/job{i}",
-                                         s3_options=OPTIONS, poll_s=0.2))
+                                         storage_options=OPTIONS, poll_s=0.2))
                  for i in range(CLIENTS)]  # opened first: their requests then arrive together
     fault_proxy.throttle(RATE, burst=20, retry_after_s=1)
     try:

@@ -257,7 +257,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
     opts = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB, "read_timeout_s": 30.0,
             "integrity": "crc32c"}  # the modes a job passes: no probe (its parts would hang)
     rule = fault_proxy.add_rule("hang", hang_s=120, **UPLOAD_PART)
-    config = UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts, poll_s=0.2)
+    config = UploaderConfig(tier1=tmp_path, tier2=s3_env.url, storage_options=opts, poll_s=0.2)
     proc = UploaderProcess(config).start()
     try:
         _wait_for(lambda: rule.fired == 1 or proc.poll() is not None, "a stalled UploadPart")
@@ -276,7 +276,7 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
     assert "step-00000007/COMPLETE" not in s3_env.keys()  # noqa: SIM118
 
     fault_proxy.clear()
-    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts)) as up:
+    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, storage_options=opts)) as up:
         assert os.listdir(tmp_path / layout.PINS) == []  # the dead process's pin is gone
         r = up.run_once()
     assert r is not None and r.status == "verified"
@@ -300,7 +300,7 @@ def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3
     fault_proxy.add_rule("status", status=503, code="SlowDown", times=None, method="PUT",
                          path="__0_1.distcp")
     opts = {"max_attempts": 2, "read_timeout_s": 5.0}
-    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, s3_options=opts)) as up:
+    with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, storage_options=opts)) as up:
         r = up.run_once()
     assert r is not None and r.status == "failed" and "SlowDown" in (r.error or "")
     assert not [k for k in s3_env.keys() if  # noqa: SIM118

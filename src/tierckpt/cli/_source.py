@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tierckpt.errors import ConfigError
+from tierckpt.tier2.storage.url import FORMS
 
 if TYPE_CHECKING:  # share.source imports torch; the CLI's light commands must not
     from tierckpt.share.source import Step
@@ -19,7 +20,7 @@ TierOption = Annotated[int | None, typer.Option(
     help="Which tier to read (1 or 2) when both --tier1 and --tier2 are given.")]
 Tier1Option = Annotated[Path | None, typer.Option(help="Tier-1 root, or one step directory.")]
 Tier2Option = Annotated[str | None, typer.Option(
-    "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")]
+    "--tier2", help=f"Tier 2 as {FORMS}.")]
 
 
 def parse_step(text: str) -> Step:
@@ -49,6 +50,5 @@ def source_of(tier: int | None, tier1: Path | None, tier2: str | None) -> str:
                               "directory)")
         return str(Path(tier1).expanduser().absolute())
     if tier2 is None:
-        raise ConfigError("reading tier 2 needs --tier2 URL (s3://bucket/prefix or "
-                          "file:///path)")
+        raise ConfigError(f"reading tier 2 needs --tier2 URL ({FORMS})")
     return tier2

@@ -24,6 +24,7 @@ from tierckpt.cli._render import EXIT_CONFIG, console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures
 from tierckpt.tier2.capabilities import TABLE
 from tierckpt.tier2.probe import ProbeResult, probe_url
+from tierckpt.tier2.storage.url import FORMS
 
 _MARK = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not tried[/]"}
 
@@ -31,7 +32,7 @@ _MARK = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]not tried[/]"}
 @command()
 def doctor(
     tier2: Annotated[str | None, typer.Option(
-        help="Tier 2 to probe: s3://bucket/prefix or file:///path.")] = None,
+        help=f"Tier 2 to probe: {FORMS}.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
     cluster: Annotated[bool, typer.Option(

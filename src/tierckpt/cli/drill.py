@@ -23,6 +23,7 @@ from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import config_errors, console, emit_json
 from tierckpt.errors import ConfigError
+from tierckpt.tier2.storage.url import FORMS
 
 if TYPE_CHECKING:  # tierckpt.drill imports torch: imported by the command when it runs
     from tierckpt.drill import Progress
@@ -51,7 +52,7 @@ _Chaos = Annotated[int | None, typer.Option(
     help="Run the chaos drill instead: this many seeded fault cycles on one job "
          "(docs/drills.md, 'Chaos drill').")]
 _Tier2 = Annotated[str | None, typer.Option(
-    help="Tier-2 URL (s3://bucket/prefix or file:///path) (default: file://OUT/tier2).")]
+    help=f"Tier-2 URL ({FORMS}; default: file://OUT/tier2).")]
 _Out = Annotated[Path, typer.Option(help="Directory for runs and reports.")]
 _Rtol = Annotated[float | None, typer.Option(
     help="Loss tolerance for continuity (default: exact on CPU, 1e-2 on GPU).")]

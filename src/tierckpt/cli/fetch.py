@@ -16,6 +16,7 @@ from tierckpt.policy.units import format_bytes
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
+from tierckpt.tier2.storage.url import FORMS
 
 
 @command()
@@ -23,7 +24,7 @@ def fetch(
     step: Annotated[int, typer.Argument(help="Step of the checkpoint to fetch.")],
     tier1: Annotated[Path, typer.Option(help="Tier-1 root to fetch into (created).")],
     tier2_url: Annotated[str, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path.")],
+        "--tier2", help=f"Tier 2 as {FORMS}.")],
     full: Annotated[bool, typer.Option(
         "--full/--sizes",
         help="Reuse a local file only if its CRC32C matches (--full) or its size (--sizes)."

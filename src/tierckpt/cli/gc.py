@@ -17,13 +17,14 @@ from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.ops import gc as gclib
+from tierckpt.tier2.storage.url import FORMS
 
 
 @command()
 def gc(
     tier1: Annotated[Path, typer.Option(help="Tier-1 root.")],
     tier2_url: Annotated[str | None, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also collect it).")
+        "--tier2", help=f"Tier 2 as {FORMS} (also collect it).")
     ] = None,
     keep_last: Annotated[int | None, typer.Option(
         help="Tier 1: newest complete checkpoints kept (default: the job's, else 3).")

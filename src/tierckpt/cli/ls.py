@@ -22,6 +22,7 @@ from tierckpt.ops import inventory
 from tierckpt.policy.units import format_bytes
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2 import probe
+from tierckpt.tier2.storage.url import FORMS
 
 _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
           "uploading": "magenta", "upload_failed": "bold red", "verified": "green",
@@ -32,7 +33,7 @@ _STYLE = {"partial": "yellow", "invalid": "bold red", "complete": "cyan",
 def ls(
     tier1: Annotated[Path, typer.Option(help="Tier-1 root (the job's tier1 directory).")],
     tier2_url: Annotated[str | None, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (also list it).")] = None,
+        "--tier2", help=f"Tier 2 as {FORMS} (also list it).")] = None,
     tier0: Annotated[Path | None, typer.Option(
         help="The job's Tier0(path) directory, when it named one (a Tier0() job's tier 0 is "
              "found from --tier1).")] = None,

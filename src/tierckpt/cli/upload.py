@@ -34,6 +34,7 @@ from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, failures, tier1_dir
 from tierckpt.errors import ConfigError
 from tierckpt.policy.units import format_bytes
+from tierckpt.tier2.storage.url import FORMS
 from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploadResult
 from tierckpt.tier2.uploader import watch as watch_loop
 from tierckpt.tier2.uploader.process import relay_signals
@@ -46,7 +47,7 @@ _OK = ("verified", "files_verified")
 def upload(
     tier1: Annotated[Path, typer.Option(help="Tier-1 root to upload from.")],
     tier2: Annotated[str, typer.Option(
-        help="Tier 2 to upload to: s3://bucket/prefix or file:///path.")],
+        help=f"Tier 2 to upload to: {FORMS}.")],
     watch: Annotated[bool, typer.Option(
         "--watch", help="Keep uploading new checkpoints until Ctrl-C or SIGTERM.")] = False,
     every: Annotated[int, typer.Option(

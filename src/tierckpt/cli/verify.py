@@ -14,6 +14,7 @@ from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
 from tierckpt.ops import check
 from tierckpt.policy.units import format_bytes
+from tierckpt.tier2.storage.url import FORMS
 
 
 @command()
@@ -23,7 +24,7 @@ def verify(
     tier1: Annotated[Path | None, typer.Option(
         help="Tier-1 root (needed for --tier 1).")] = None,
     tier2_url: Annotated[str | None, typer.Option(
-        "--tier2", help="Tier 2 as s3://bucket/prefix or file:///path (needed for --tier 2).")
+        "--tier2", help=f"Tier 2 as {FORMS} (needed for --tier 2).")
     ] = None,
     parallel: Annotated[int, typer.Option(help="Tier 2: objects downloaded at once.")] = 4,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
@@ -42,8 +43,7 @@ def verify(
             report = check.check_tier1(tier1_dir(tier1), step)
         else:
             if tier2_url is None:
-                raise ConfigError("--tier 2 needs --tier2 URL (s3://bucket/prefix or "
-                                  "file:///path)")
+                raise ConfigError(f"--tier 2 needs --tier2 URL ({FORMS})")
             with tier2(tier2_url) as storage:
                 assert storage is not None
                 report = check.check_tier2(storage, step, parallel=parallel)

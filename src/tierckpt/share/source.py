@@ -46,6 +46,7 @@ from tierckpt.tier1.manifests import read_committed
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
 from tierckpt.tier2.storage.base import ByteCounter
+from tierckpt.tier2.storage.url import FORMS
 
 _log = logging.getLogger("tierckpt")
 
@@ -142,7 +143,7 @@ def open_checkpoint(source: str | os.PathLike[str], *, step: Step = "latest") ->
     path = Path(text)
     if not path.is_dir():
         raise ConfigError(f"{text!r} is not a directory or a tier-2 URL: pass a tier-1 root, "
-                          "a step directory (step-XXXXXXXX) or s3://bucket/prefix")
+                          f"a step directory (step-XXXXXXXX) or a tier-2 URL ({FORMS})")
     if (path / layout.MANIFEST).exists() or (path / layout.COMPLETE).exists():
         return _open_dir(path, wanted)
     return _open_tier1(Tier1Catalog(path), wanted)

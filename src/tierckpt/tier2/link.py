@@ -38,7 +38,7 @@ class Tier2Link:
                  is_owner: bool) -> None:
         self.config, self.catalog, self.comm, self.is_owner = config, catalog, comm, is_owner
         self._uploader: UploaderSupervisor | None = None
-        self._s3_options: dict[str, Any] = {}
+        self._store_options: dict[str, Any] = {}
         self._started_unix = time.time()
         self.down: str | None = None
         """Why tier 2 did not answer the start-up probe (on owners; None: it answered or
@@ -46,12 +46,13 @@ class Tier2Link:
         drain into it unless it answered since."""
 
     def probe(self, *, dir_mode: int) -> None:
-        """Collective: owners probe tier 2 once, within ``timeout_s``, and keep the S3
-        options for the modes it supports. A tier 2 that can never work (missing bucket,
-        refused credentials, no integrity mode, a file:// root that does not exist) is a
-        ConfigError now, on every rank; one that does not answer is only a warning: an
-        outage must not stop a job that can restore from tier 1 (its uploader probes again
-        when it starts)."""
+        """Collective: owners probe tier 2 once, within ``timeout_s``, and keep the options
+        that give their uploader the modes it chose, whatever the object store
+        (:meth:`~tierckpt.tier2.probe.ProbeResult.store_options`). A tier 2 that can never
+        work (missing bucket, refused credentials, no integrity mode, a file:// root that
+        does not exist) is a ConfigError now, on every rank; one that does not answer is
+        only a warning: an outage must not stop a job that can restore from tier 1 (its
+        uploader probes again when it starts)."""
         cfg, err = self.config, None
         if self.is_owner:
             url = cfg.url
@@ -60,7 +61,7 @@ class Tier2Link:
                                             f"probing tier 2 {url}")
                 self.catalog.write_tier2_probe(result.to_json(), dir_mode=dir_mode)
                 probe.require_usable(result, conditional_writes=cfg.require_conditional_writes)
-                self._s3_options = result.s3_options()
+                self._store_options = result.store_options()
                 for weaker in result.modes.weaker:
                     _log.warning("tier 2 %s: %s", url, weaker)
             except ConfigError as e:
@@ -91,7 +92,7 @@ class Tier2Link:
             self._uploader = UploaderSupervisor(UploaderConfig(
                 tier1=self.catalog.root, tier2=cfg.url, upload_every=cfg.upload_every,
                 keep_last=cfg.keep_last, keep_every=cfg.keep_every,
-                s3_options=self._s3_options), log=log).start()
+                storage_options=self._store_options), log=log).start()
 
     def check(self, *, raise_error: bool) -> None:
         """At each save: restart a dead uploader and report a failing tier 2. With

@@ -1,8 +1,11 @@
 """Probe a tier 2 once and turn the answer into the options its uploader runs with.
 
-:func:`probe_url` opens the store and asks what it supports (S3: a real probe on scratch
-keys, :mod:`tierckpt.tier2.storage.s3probe`; ``file://`` and ``memory://``: fixed, they
-verify every byte themselves and create atomically). The result is cached on tier 1
+:func:`probe_url` opens the store and asks what it supports (an object store: a real
+probe on scratch keys — :mod:`~tierckpt.tier2.storage.s3probe`,
+:mod:`~tierckpt.tier2.storage.gcsprobe`, :mod:`~tierckpt.tier2.storage.azureprobe`;
+``file://`` and ``memory://``: fixed, they verify every byte themselves and create
+atomically). :meth:`ProbeResult.store_options` turns the chosen modes into the options of
+that store's config. The result is cached on tier 1
 (``upload-state/tier2-probe.json``, through the tier-1 catalogue) with the server's
 identity, so the uploader process and ``tierckpt upload`` use the same modes without
 probing again. Raises :class:`~tierckpt.errors.ConfigError` when the server cannot be used
@@ -31,7 +34,7 @@ from tierckpt.tier2.capabilities import (
     choose,
 )
 from tierckpt.tier2.storage import open_storage
-from tierckpt.tier2.storage.url import parse_url
+from tierckpt.tier2.storage.url import option_names, parse_url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +46,19 @@ class ProbeResult:
     modes: Modes
     probed_unix: float
 
-    def s3_options(self) -> dict[str, Any]:
-        """:class:`~tierckpt.tier2.storage.s3client.S3Config` fields for these modes (empty
-        for stores that are not S3)."""
-        if not self.url.startswith("s3://"):
+    def store_options(self) -> dict[str, Any]:
+        """The options that carry these modes to the object store :attr:`url` names, as far
+        as its config takes them (:func:`~tierckpt.tier2.storage.url.option_names`):
+        ``S3Config`` takes integrity, marker and upload; ``GCSConfig`` integrity (its
+        markers are always ``ifGenerationMatch=0``, its parts always composed);
+        ``AzureConfig`` none (Content-MD5 on every request and ``If-None-Match`` markers
+        always). Empty for ``file://`` and ``memory://``."""
+        if self.modes.integrity is None:  # unusable: require_usable says why
             return {}
-        assert self.modes.integrity is not None
-        return {"integrity": self.modes.integrity.value, "marker": self.modes.marker.value,
-                "upload": self.modes.upload.value}
+        modes = {"integrity": self.modes.integrity.value, "marker": self.modes.marker.value,
+                 "upload": self.modes.upload.value}
+        names = option_names(parse_url(self.url).scheme)
+        return {k: v for k, v in modes.items() if k in names}
 
     def to_json(self) -> dict[str, Any]:
         m = self.modes
@@ -81,12 +89,15 @@ _PROBES = {"s3": "tierckpt.tier2.storage.s3probe", "gs": "tierckpt.tier2.storage
 """scheme -> the module whose ``probe(storage) -> Capabilities`` tries that store's server."""
 
 
-def probe_url(url: str, **s3_options: Any) -> ProbeResult:
-    """Probe the store at ``url`` (see the module docstring)."""
+def probe_url(url: str, **options: Any) -> ProbeResult:
+    """Probe the store at ``url`` (see the module docstring); ``options`` open it
+    (:func:`~tierckpt.tier2.storage.open_storage`). An object store's capabilities name
+    its :func:`server_identity`, the key of the cache."""
     scheme = parse_url(url).scheme
-    with open_storage(url, **s3_options) as st:
+    with open_storage(url, **options) as st:
         if scheme in _PROBES:  # the store's client library: only for its own URLs
             caps = importlib.import_module(_PROBES[scheme]).probe(st)
+            caps = dataclasses.replace(caps, server=server_identity(url))
         else:
             caps = dataclasses.replace(_LOCAL, server=st.url)
     return ProbeResult(url=url, capabilities=caps, modes=choose(caps),
@@ -116,13 +127,26 @@ def require_usable(result: ProbeResult, *, conditional_writes: bool = False) -> 
 
 
 def server_identity(url: str) -> str:
-    """Which server ``url`` means now: for S3 the endpoint (from the environment) and the
-    bucket — a cached probe of another endpoint does not apply — else the URL."""
-    if not url.startswith("s3://"):
-        return url
-    from tierckpt.tier2.storage.s3client import endpoint  # boto3: only for s3:// URLs
+    """Which server ``url`` means now, from the environment (no secrets): for an object
+    store its endpoint and the bucket (container) — S3: ``AWS_ENDPOINT_URL`` or ``aws``;
+    GCS: ``STORAGE_EMULATOR_HOST`` or ``https://storage.googleapis.com``; Azure: the
+    account's blob endpoint (:func:`~tierckpt.tier2.storage.azureclient.account_endpoint`)
+    — so a probe cached for one server is never used for another; else the URL. Each
+    store's client library is imported only for its own URLs."""
+    u = parse_url(url)
+    if u.scheme == "s3":
+        from tierckpt.tier2.storage.s3client import endpoint
 
-    return f"{endpoint() or 'aws'}|{parse_url(url).location}"
+        return f"{endpoint() or 'aws'}|{u.location}"
+    if u.scheme == "gs":
+        from tierckpt.tier2.storage.gcsclient import PUBLIC_ENDPOINT, emulator_host
+
+        return f"{emulator_host() or PUBLIC_ENDPOINT}|{u.location}"
+    if u.scheme == "az":
+        from tierckpt.tier2.storage.azureclient import account_endpoint
+
+        return f"{account_endpoint() or 'azure'}|{u.location}"
+    return url
 
 
 def recorded(local: Tier1Catalog) -> ProbeResult | None:
@@ -145,11 +169,12 @@ def cached(local: Tier1Catalog, url: str) -> ProbeResult | None:
     return r if r.url == url and r.capabilities.server == server_identity(url) else None
 
 
-def probe_cached(local: Tier1Catalog, url: str, **s3_options: Any) -> ProbeResult:
-    """The cached probe for ``url``, else a fresh one (recorded for the next reader)."""
+def probe_cached(local: Tier1Catalog, url: str, **options: Any) -> ProbeResult:
+    """The cached probe for ``url``, else a fresh one opened with ``options`` (recorded
+    for the next reader)."""
     r = cached(local, url)
     if r is None:
-        r = probe_url(url, **s3_options)
+        r = probe_url(url, **options)
         if local.root.is_dir():
             local.write_tier2_probe(r.to_json())
     return r

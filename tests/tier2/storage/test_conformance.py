@@ -76,7 +76,7 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
     else:  # moto's server, in the integrity mode its probe chooses (md5)
         env = _env_for(request.getfixturevalue("moto_server"),
                        request.getfixturevalue("monkeypatch"))
-        st = open_storage(env.url, **S3_TEST_OPTIONS, **probe_url(env.url).s3_options())
+        st = open_storage(env.url, **S3_TEST_OPTIONS, **probe_url(env.url).store_options())
         S3_ENVS[st.url] = env
     with st:
         yield st

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from azure.core.exceptions import AzureError
@@ -127,6 +128,29 @@ class _Retry(RetryPolicy):
     def get_retry_after(self, response: PipelineResponse[Any, Any]) -> float | None:
         after = super().get_retry_after(response)
         return None if after is None else min(after, self._cap)
+
+
+def account_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
+    """The blob service the credential chain talks to, as a URL without secrets: the
+    connection string's ``BlobEndpoint=``, else one built from its ``AccountName=``
+    (``DefaultEndpointsProtocol=``, ``EndpointSuffix=``; ``UseDevelopmentStorage=true``
+    is Azurite's default address), else ``https://<AZURE_STORAGE_ACCOUNT_NAME>.blob.core.
+    windows.net``; None when neither variable is set. A probe's cache key
+    (:func:`tierckpt.tier2.probe.server_identity`): two accounts are two servers."""
+    env = os.environ if environ is None else environ
+    conn = env.get(CONNECTION_STRING_VAR, "").strip()
+    if conn:
+        fields = {k.strip().lower(): v.strip() for k, _, v in
+                  (part.partition("=") for part in conn.split(";")) if k.strip()}
+        if fields.get("usedevelopmentstorage", "").lower() == "true":
+            return "http://127.0.0.1:10000/devstoreaccount1"
+        if fields.get("blobendpoint"):
+            return fields["blobendpoint"].rstrip("/")
+        protocol = fields.get("defaultendpointsprotocol", "https")
+        suffix = fields.get("endpointsuffix", "core.windows.net")
+        return f"{protocol}://{fields.get('accountname', '')}.blob.{suffix}"
+    account = env.get(ACCOUNT_VAR, "").strip()
+    return f"https://{account}.blob.core.windows.net" if account else None
 
 
 def make_service_client(config: AzureConfig) -> BlobServiceClient:

@@ -48,6 +48,8 @@ MAX_COMPOSE = 32
 MAX_COMPONENTS = 1024
 """GCS's limit of components in one composite object: the part size grows to stay below."""
 EMULATOR_VAR = "STORAGE_EMULATOR_HOST"
+PUBLIC_ENDPOINT = "https://storage.googleapis.com"
+"""Where the SDK sends requests when no emulator is set."""
 TRANSIENT_CODES = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses retried (timeouts, throttling, server errors), as Google's guidance says."""
 NETWORK_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,

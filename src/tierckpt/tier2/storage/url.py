@@ -20,7 +20,7 @@ import dataclasses
 import importlib
 import re
 import urllib.parse
-from typing import Literal
+from typing import Any, Literal
 
 from tierckpt.errors import ConfigError
 from tierckpt.tier2.storage.base import Storage, validate_key
@@ -132,6 +132,43 @@ _BACKENDS = {  # scheme -> (module, storage class, config class, what to install
 }
 
 
+OBJECT_STORES = frozenset(_BACKENDS)
+"""The schemes of object stores (``s3``, ``gs``, ``az``): probed, and opened with options."""
+
+CREDENTIAL_ENV = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+           "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST"),
+    "az": ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME",
+           "AZURE_STORAGE_KEY", "AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET"),
+}
+"""scheme -> the environment variables its credential chain and endpoint are read from
+(secrets included: launchers pass them on, never print them). Azure's ``AZURE_CLIENT_*``
+and ``AZURE_TENANT_ID`` are the service principal ``DefaultAzureCredential`` reads when
+``AZURE_STORAGE_ACCOUNT_NAME`` is set alone. ``GOOGLE_APPLICATION_CREDENTIALS`` names a
+key file, which must exist where the job runs."""
+
+
+def _backend(scheme: str) -> Any:
+    """The module of ``scheme``'s backend; ConfigError naming the extra when its client
+    library is not installed."""
+    module_name, _, _, needs = _BACKENDS[scheme]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"{scheme}:// storage needs {needs}") from e
+
+
+def option_names(scheme: str) -> frozenset[str]:
+    """The options :func:`open_storage` accepts for ``scheme``: the fields of its object
+    store's config (``S3Config``, ``GCSConfig``, ``AzureConfig``); none for ``file`` and
+    ``memory``. Imports the store's client library."""
+    if scheme not in _BACKENDS:
+        return frozenset()
+    config = getattr(_backend(scheme), _BACKENDS[scheme][2])
+    return frozenset(f.name for f in dataclasses.fields(config))
+
+
 def open_storage(url: str, **options: object) -> Storage:
     """Return the backend for ``url`` (validated by :func:`parse_url`); ``options`` become
     the object store's config (:class:`~tierckpt.tier2.storage.s3.S3Config` for ``s3://``,
@@ -150,11 +187,8 @@ def open_storage(url: str, **options: object) -> Storage:
         return LocalStorage(u.location)
     if u.scheme == "memory":
         return MemoryStorage(u.location)
-    module_name, storage_name, config_name, needs = _BACKENDS[u.scheme]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"{u.scheme}:// storage needs {needs}") from e
+    _, storage_name, config_name, _ = _BACKENDS[u.scheme]
+    module = _backend(u.scheme)
     try:
         config = getattr(module, config_name)(**options)
     except TypeError as e:

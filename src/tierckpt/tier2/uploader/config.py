@@ -17,6 +17,7 @@ could be pinned: not an error) or ``stopped`` (asked to stop between files).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ class UploaderConfig:
     tier1: Path
     """The tier-1 root this uploader serves (one uploader per root)."""
     tier2: str
-    """``s3://bucket/prefix`` or ``file:///path`` (see
+    """The tier-2 URL, one of :data:`tierckpt.tier2.storage.url.FORMS` (see
     :func:`tierckpt.tier2.storage.open_storage`)."""
     upload_every: int = 1
     """Upload every Nth checkpoint committed on tier 1 (those marked by the job, or by
@@ -54,11 +55,28 @@ class UploaderConfig:
     """Tier-2 retention: steps that are multiples of this are kept forever (0: none)."""
     poll_s: float = 2.0
     """Seconds between looks at tier 1 when idle."""
-    s3_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """:class:`tierckpt.tier2.storage.s3.S3Config` fields for ``s3://`` tier 2."""
+    storage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Options of the object store :attr:`tier2` names, the fields of its config
+    (``S3Config``, ``GCSConfig``, ``AzureConfig``: :func:`tierckpt.tier2.storage.
+    open_storage`); none for ``file://``. Without ``integrity`` among them the uploader adds
+    the modes the job's probe chose (:meth:`tierckpt.tier2.probe.ProbeResult.
+    store_options`)."""
+    s3_options: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False,
+                                                              compare=False)
+    """Deprecated keyword: the old name of :attr:`storage_options`, from when only S3 took
+    options. Given, it becomes :attr:`storage_options` (a DeprecationWarning; a ConfigError
+    if both are given) and reads back as None afterwards: read :attr:`storage_options`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tier1", Path(self.tier1))
+        if self.s3_options is not None:
+            if self.storage_options:
+                raise ConfigError("give storage_options only (s3_options is its old name)")
+            warnings.warn("UploaderConfig(s3_options=...) is deprecated: the options apply "
+                          "to every object store; write storage_options=...",
+                          DeprecationWarning, stacklevel=3)
+            object.__setattr__(self, "storage_options", self.s3_options)
+            object.__setattr__(self, "s3_options", None)
         _ = self.retention  # a RetentionPolicy: validates the counts, naming a bad one
         if not isinstance(self.poll_s, int | float) or not self.poll_s > 0:
             raise ConfigError(f"poll_s must be > 0 seconds, got {self.poll_s}")

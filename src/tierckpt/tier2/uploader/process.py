@@ -49,7 +49,8 @@ class UploaderProcess:
         return [sys.executable, "-m", "tierckpt.uploader", str(c.tier1), c.tier2, "--watch",
                 "--every", str(c.upload_every), "--keep-last", str(c.keep_last),
                 "--keep-every", str(c.keep_every), "--poll", str(c.poll_s),
-                "--s3-options", json.dumps(dict(c.s3_options)), "--parent", str(os.getpid())]
+                "--storage-options", json.dumps(dict(c.storage_options)),
+                "--parent", str(os.getpid())]
 
     def start(self) -> UploaderProcess:
         if self._proc is not None:
@@ -147,14 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep-last", type=int, default=3)
     ap.add_argument("--keep-every", type=int, default=0)
     ap.add_argument("--poll", type=float, default=2.0)
-    ap.add_argument("--s3-options", default="{}")
+    ap.add_argument("--storage-options", "--s3-options", dest="storage_options",
+                    default="{}")  # --s3-options: the old name, from a running older parent
     ap.add_argument("--ready-fd", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--parent", type=int, default=0,
                     help="stop (as on SIGTERM) when this process dies, e.g. a killed rank")
     a = ap.parse_args(argv)
     config = UploaderConfig(tier1=a.tier1, tier2=a.tier2, upload_every=a.every,
                             keep_last=a.keep_last, keep_every=a.keep_every, poll_s=a.poll,
-                            s3_options=json.loads(a.s3_options))
+                            storage_options=json.loads(a.storage_options))
     lower_priority()
     stop, finish = threading.Event(), threading.Event()
     relay_signals({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR1: finish})

@@ -15,6 +15,7 @@ from tierckpt.tier1.uploads import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import Storage, open_storage
+from tierckpt.tier2.storage.url import OBJECT_STORES, parse_url
 from tierckpt.tier2.uploader import transfer, watch
 from tierckpt.tier2.uploader.config import UploaderConfig, UploadResult
 
@@ -45,13 +46,15 @@ class Uploader:
         self.local.unpin_all(UPLOAD_HOLDER)
 
     def _options(self) -> dict[str, Any]:
-        """The S3 options to open tier 2 with: the caller's, plus the integrity and marker
-        modes of the job's probe of this server (cached on tier 1; probed now if absent)."""
-        opts = dict(self.config.s3_options)
-        if self.config.tier2.startswith("s3://") and "integrity" not in opts:
+        """The options to open tier 2 with: the caller's, plus — for any object store,
+        unless the caller chose the integrity mode — the modes of the job's probe of this
+        server that its config takes (cached on tier 1; probed now if absent), after
+        checking the server is usable."""
+        opts = dict(self.config.storage_options)
+        if parse_url(self.config.tier2).scheme in OBJECT_STORES and "integrity" not in opts:
             result = probe.probe_cached(self.local, self.config.tier2, **opts)
             probe.require_usable(result)
-            opts = {**result.s3_options(), **opts}
+            opts = {**result.store_options(), **opts}
         return opts
 
     def close(self) -> None:
