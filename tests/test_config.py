@@ -28,6 +28,7 @@ from tierckpt import (
 )
 from tierckpt.errors import ConfigError
 from tierckpt.preempt.config import Preemption
+from tierckpt.tier2.storage.url import FORMS
 
 
 @pytest.mark.parametrize(("url", "fix"), [
@@ -35,8 +36,8 @@ from tierckpt.preempt.config import Preemption
     ("s3://b:9000/p", "AWS_ENDPOINT_URL=http://b:9000"),  # a host:port where the bucket goes
     ("file://relative/p", "file:///absolute/path"),  # a host 'relative', not a relative path
     ("file:relative/p", "file:///absolute/path"),
-    ("ftp://x", "s3://bucket/prefix or file:///absolute/path"),
-    ("", "s3://bucket/prefix or file:///absolute/path"),
+    ("ftp://x", FORMS),  # every form: s3://, gs://, az://, file://
+    ("", FORMS),
 ])
 def test_bad_tier2_url_is_refused_naming_tier2_and_the_right_form(tmp_path: Path, url: str,
                                                                   fix: str) -> None:

@@ -30,8 +30,8 @@ __all__ = ["Failures", "ManagerConfig", "OnSaveError", "Preemption", "Staging", 
 class ManagerConfig:
     """What a :class:`CheckpointManager` does; every field is validated on construction.
 
-    The common cases are one-liners: ``tier2="s3://bucket/run"`` is ``Tier2(url=...)``, and
-    ``tier0="/dev/shm/job"`` is ``Tier0(path=...)``.
+    The common cases are one-liners: ``tier2="s3://bucket/run"`` (or ``gs://``, ``az://``,
+    ``file://``) is ``Tier2(url=...)``, and ``tier0="/dev/shm/job"`` is ``Tier0(path=...)``.
     """
 
     tier1: Path

@@ -131,8 +131,8 @@ class TierckptCheckpointManager(BaseCheckpointManager):
         """Tier-1 directory (node-local disk); default: dump_folder/folder."""
 
         tier2: str | None = None
-        """s3://bucket/prefix or file:///path: promoted to, restored from when tier 1 lacks
-        a step."""
+        """s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///path
+        (:class:`tierckpt.Tier2`): promoted to, restored from when tier 1 lacks a step."""
 
         upload_every: int = 1
         """Promote every N-th committed step to tier 2."""

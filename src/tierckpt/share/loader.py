@@ -74,10 +74,11 @@ def load(source: str | Any, into: Any = None, *, step: Step = "latest",
     """Load ``keys`` of the newest committed checkpoint at ``source`` (or ``step``).
 
     ``source``: a tier-1 root, a step directory, or a tier-2 URL (``s3://bucket/prefix``,
-    ``file:///dir``). ``into``: an ``nn.Module`` (plain, DDP, FSDP2) or a state dict whose
-    tensors are filled in place (plain tensors or DTensors) — for one key; a mapping
-    ``{key: module or state dict}`` for several; None to get full plain tensors of every
-    entry under the keys (``result.state_dict``). In a distributed job every rank must call
+    ``gs://bucket/prefix``, ``az://container/prefix``, ``file:///dir``). ``into``: an
+    ``nn.Module`` (plain, DDP, FSDP2) or a state dict whose tensors are filled in place
+    (plain tensors or DTensors) — for one key; a mapping ``{key: module or state dict}``
+    for several; None to get full plain tensors of every entry under the keys
+    (``result.state_dict``). In a distributed job every rank must call
     it (the load is collective, as ``dcp.load`` is); otherwise no process group is needed.
 
     Raises :class:`~tierckpt.errors.ConfigError` for an unknown key (listing those there),

@@ -134,8 +134,9 @@ class Checkpoint:
 def open_checkpoint(source: str | os.PathLike[str], *, step: Step = "latest") -> Checkpoint:
     """Open the checkpoint ``step`` (or the newest committed one) at ``source``: a tier-1
     root, one step directory (``.../step-00000100``), or a tier-2 URL (``s3://…``,
-    ``file://…``). Raises :class:`NoCheckpointError` when there is none (saying why each
-    candidate was skipped), :class:`ConfigError` for a source that is none of these."""
+    ``gs://…``, ``az://…``, ``file://…``). Raises :class:`NoCheckpointError` when there is
+    none (saying why each candidate was skipped), :class:`ConfigError` for a source that is
+    none of these."""
     wanted = _parse_step(step)
     text = os.fspath(source)
     if "://" in text:

@@ -8,13 +8,14 @@ import dataclasses
 from tierckpt.errors import ConfigError
 from tierckpt.policy.checks import check_bool
 from tierckpt.policy.units import check_count, check_seconds
-from tierckpt.tier2.storage.url import parse_url
+from tierckpt.tier2.storage.url import FORMS, parse_url
 
 
 @dataclasses.dataclass(frozen=True)
 class Tier2:
     """Copy committed checkpoints to object storage and restore from it when tier 1 lacks
-    them. ``tier2="s3://bucket/prefix"`` in ``ManagerConfig`` is ``Tier2(url=...)``.
+    them. ``tier2="s3://bucket/prefix"`` (or ``gs://``, ``az://``, ``file://``) in
+    ``ManagerConfig`` is ``Tier2(url=...)``.
 
     With ``start_uploader`` one low-priority uploader process per tier-1 root copies every
     ``upload_every``-th checkpoint committed on tier 1 (counted, not a step number), and the
@@ -22,8 +23,12 @@ class Tier2:
     """
 
     url: str
-    """``s3://bucket/prefix`` or ``file:///path`` (an existing directory); ``memory://`` only
-    with ``start_uploader=False`` (in-process tests)."""
+    """``s3://bucket/prefix`` (S3 and S3-compatible servers), ``gs://bucket/prefix``
+    (Google Cloud Storage), ``az://container/prefix`` (Azure Blob Storage) or
+    ``file:///path`` (an existing directory): :data:`tierckpt.tier2.storage.url.FORMS`.
+    Endpoints and credentials come from each store's environment (docs/tier2-servers.md),
+    never from the URL. ``memory://`` only with ``start_uploader=False`` (in-process
+    tests)."""
     _: dataclasses.KW_ONLY
     upload_every: int = 1
     """Every this-many-th checkpoint committed on tier 1 is copied (and held on tier 1 until
@@ -62,7 +67,7 @@ class Tier2:
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str):
-            raise ConfigError(f"Tier2.url must be a string like 's3://bucket/prefix', got "
+            raise ConfigError(f"Tier2.url must be a URL string ({FORMS}), got "
                               f"{self.url!r}")
         check_count("Tier2.upload_every", self.upload_every)
         check_count("Tier2.keep_last", self.keep_last)
@@ -78,7 +83,7 @@ class Tier2:
             raise ConfigError(
                 f"tier2={self.url!r}: memory:// is an in-process store for tests only; the "
                 "uploader runs in a child process, so its uploads would go nowhere anyone can "
-                "read. Give s3://bucket/prefix or file:///absolute/path, or "
+                f"read. Give {FORMS}, or "
                 "Tier2(url, start_uploader=False) in an in-process test")
 
 
@@ -89,5 +94,5 @@ def as_tier2(value: object) -> Tier2 | None:
         return value
     if isinstance(value, str):
         return Tier2(url=value)
-    raise ConfigError(f"tier2 must be tierckpt.Tier2(url=...), a URL like "
-                      f"'s3://bucket/prefix', or None, got {value!r}")
+    raise ConfigError(f"tier2 must be tierckpt.Tier2(url=...), a URL ({FORMS}), or None, "
+                      f"got {value!r}")

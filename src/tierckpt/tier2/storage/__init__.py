@@ -1,7 +1,9 @@
 """The tier-2 storage seam: the :class:`Storage` protocol and its backends.
 
-``open_storage(url)`` is the usual entry point. The S3 backend (``tierckpt.tier2.storage.s3``)
-imports boto3 and is loaded only for ``s3://`` URLs.
+``open_storage(url)`` is the usual entry point. Each object store's backend is loaded only
+for its own URLs, with its client library: S3 (``tierckpt.tier2.storage.s3``, boto3) for
+``s3://``, GCS (``tierckpt.tier2.storage.gcs``, google-cloud-storage) for ``gs://``, Azure
+(``tierckpt.tier2.storage.azure``, azure-storage-blob) for ``az://``.
 """
 
 from __future__ import annotations

@@ -106,10 +106,11 @@ def _parse_bucket(url: str, parts: urllib.parse.SplitResult, name: str) -> Stora
     if "@" in bucket:  # the message does not repeat the URL: it holds a secret
         raise ConfigError(f"{name}: never put credentials or an endpoint in a {scheme}:// "
                           f"URL; write {form}; {where}")
-    if ":" in bucket:
+    if ":" in bucket:  # the endpoint's variable, with the host:port given
         raise ConfigError(
             f"{name}: {bucket!r} in {url!r} is a host:port, not a {what} name ({what} names "
-            f"cannot contain ':'); write {form}; {where}")
+            f"cannot contain ':'); write {form}; "
+            + where.replace("http://host:port", f"http://{bucket}"))
     if not rule.fullmatch(bucket):
         raise ConfigError(f"{name}: {bucket!r} in {url!r} is not a {what} name ({chars}); "
                           f"write {form}")
