@@ -20,6 +20,7 @@ from tierckpt.cli._render import config_errors
 from tierckpt.launch import k8s, outcome, slurm, timing
 from tierckpt.launch.command import split
 from tierckpt.policy.units import parse_duration
+from tierckpt.tier2.storage.url import FORMS
 
 launch_app = typer.Typer(
     help="Write a Slurm batch script or a Kubernetes manifest that runs a training command "
@@ -99,7 +100,8 @@ def launch_slurm(
     port: Port = 29500,
     job_name: Annotated[str, typer.Option(help="#SBATCH --job-name.")] = "tierckpt",
     tier0: Annotated[str | None, typer.Option(help="Default TIERCKPT_TIER0.")] = None,
-    tier2: Annotated[str | None, typer.Option(help="Default TIERCKPT_TIER2 (a URL).")] = None,
+    tier2: Annotated[str | None, typer.Option(
+        help=f"Default TIERCKPT_TIER2: {FORMS}.")] = None,
     sbatch: Annotated[list[str] | None, typer.Option(
         help="An extra #SBATCH option, e.g. --sbatch=--time=04:00:00 (repeatable).")] = None,
     gpus_per_node: Gpus = 0, cpus_per_node: Cpus = 0, memory: Memory = None,
@@ -110,7 +112,9 @@ def launch_slurm(
     saved.
 
     --tier1 is also the default of TIERCKPT_TIER1 in the script; tier paths and tier-2
-    credentials otherwise come from the submitter's environment. torchrun and every
+    credentials otherwise come from the submitter's environment (AWS_* for s3://,
+    GOOGLE_APPLICATION_CREDENTIALS or STORAGE_EMULATOR_HOST for gs://, AZURE_STORAGE_* for
+    az://). torchrun and every
     tierckpt call run under $TIERCKPT_PYTHON: the command's interpreter if it is an
     absolute path, else the one running this."""
     with config_errors():
@@ -150,9 +154,12 @@ def launch_k8s(
              "/mnt/tierckpt/NAME.")] = None,
     tier1_claim: Annotated[str | None, typer.Option(
         help="Tier 1: this PersistentVolumeClaim instead.")] = None,
-    tier2: Annotated[str | None, typer.Option(help="TIERCKPT_TIER2 (a URL).")] = None,
+    tier2: Annotated[str | None, typer.Option(help=f"TIERCKPT_TIER2: {FORMS}.")] = None,
     tier2_secret: Annotated[str | None, typer.Option(
-        help="A Secret holding tier 2's credentials (AWS_ACCESS_KEY_ID, ...).")] = None,
+        help="A Secret holding tier 2's credentials, for any store (AWS_ACCESS_KEY_ID, "
+             "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING, ...): "
+             "environment variables, and files under /tierckpt/tier2-secret (a key "
+             "file).")] = None,
     trainjob: Annotated[bool, typer.Option(
         "--trainjob", help="Also write a Kubeflow TrainJob.")] = False,
     out: Out = None,

@@ -25,9 +25,10 @@ Tier 0 is an ``emptyDir`` of medium Memory with a ``sizeLimit`` at ``TIERCKPT_TI
 ``Tier0()`` puts its root (:func:`tierckpt.tier0.root.auto_base`); tier 1 a node-local
 ``hostPath`` of this job's own (default ``/mnt/tierckpt/<name>``: two jobs on one node
 never share a tier-1 root) or a PersistentVolumeClaim; tier-2 credentials come from a
-Secret (``envFrom``), never from the manifest. The training command gets the tier paths as
-``TIERCKPT_TIER1`` and ``TIERCKPT_TIER2`` and passes them to the library
-(``--tier1 '$TIERCKPT_TIER1'``).
+Secret (``envFrom``; also files under :data:`TIER2_SECRET_MOUNT`, for a key file), never
+from the manifest — whichever store ``TIERCKPT_TIER2`` names (:data:`SECRET_KEYS`). The
+training command gets the tier paths as ``TIERCKPT_TIER1`` and ``TIERCKPT_TIER2`` and
+passes them to the library (``--tier1 '$TIERCKPT_TIER1'``).
 
 The pods of one job run on distinct nodes (a required pod anti-affinity on the JobSet's
 name, per ``kubernetes.io/hostname``): tier 0's partner copy and a node-local tier 1 mean
@@ -51,6 +52,7 @@ from tierckpt.launch.slurm import TIERCKPT_FN, WAIT_STEP
 from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.scheduler import GRACE_ENV, JOB_ID_ENV, POD_ENV, RESTARTS_ENV
+from tierckpt.tier2.storage.url import CREDENTIAL_ENV, parse_url
 
 CONTAINER = "node"
 """The container's name (Kubeflow Trainer's torch runtime calls its container ``node``)."""
@@ -61,8 +63,15 @@ TIER1_HOST_BASE = "/mnt/tierckpt"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-"""The tier-2 Secret's keys a TrainJob reads (a JobSet takes every key, ``envFrom``)."""
+SECRET_KEYS = tuple(dict.fromkeys(v for names in CREDENTIAL_ENV.values() for v in names))
+"""The tier-2 Secret's keys a TrainJob reads, for every object store (``AWS_*``,
+``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``...:
+:data:`tierckpt.tier2.storage.url.CREDENTIAL_ENV`); a JobSet takes every key
+(``envFrom``)."""
+TIER2_SECRET_MOUNT = "/tierckpt/tier2-secret"
+"""Where the tier-2 Secret's keys are also files (read-only), for credentials that are a
+file: a GCS service-account key ``key.json`` in the Secret beside
+``GOOGLE_APPLICATION_CREDENTIALS=/tierckpt/tier2-secret/key.json``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,8 +81,10 @@ class K8sLaunch(TorchrunJob):
     its own node. ``max_failures``: the JobSet's restarts after failures. ``tier0_size``:
     the tier-0 RAM volume's ``sizeLimit`` (e.g. ``64Gi``; None: no tier 0).
     ``tier1_host_path`` (None: ``/mnt/tierckpt/<name>``) or ``tier1_claim``: tier 1's
-    volume. ``tier2_secret``: a Secret whose keys become the container's environment
-    (``AWS_ACCESS_KEY_ID``, ...). ``gpus_per_node``, ``cpus_per_node`` and ``memory``
+    volume. ``tier2``: ``TIERCKPT_TIER2``, a tier-2 URL (checked as the library checks
+    it). ``tier2_secret``: a Secret whose keys become the container's environment
+    (:data:`SECRET_KEYS`: ``AWS_ACCESS_KEY_ID``, ``AZURE_STORAGE_CONNECTION_STRING``...)
+    and files under :data:`TIER2_SECRET_MOUNT`. ``gpus_per_node``, ``cpus_per_node`` and ``memory``
     (what the training needs per pod, e.g. ``512Gi``): the container's resources. Sizes as
     :func:`~tierckpt.launch.resources.parse_memory` reads them."""
 
@@ -100,6 +111,8 @@ class K8sLaunch(TorchrunJob):
         self.check_node()
         if self.tier0_size is not None:
             parse_memory(self.tier0_size, "--tier0-size")
+        if self.tier2 is not None:
+            parse_url(self.tier2, name="--tier2")
         if self.tier1_host_path is not None and not self.tier1_host_path.startswith("/"):
             raise ConfigError(f"--tier1-host-path {self.tier1_host_path!r}: give an absolute "
                               "path on the node")
@@ -158,12 +171,16 @@ def _volumes(k: K8sLaunch) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         {"persistentVolumeClaim": {"claimName": k.tier1_claim}} if k.tier1_claim
         else {"hostPath": {"path": k.host_path, "type": "DirectoryOrCreate"}})
     vols = [{"name": "tier1", **tier1}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
-    mounts = [{"name": "tier1", "mountPath": TIER1_MOUNT},
+    mounts: list[dict[str, Any]] = [{"name": "tier1", "mountPath": TIER1_MOUNT},
               {"name": "dshm", "mountPath": "/dev/shm"}]
     if k.tier0_size:
         size = k8s_memory(parse_memory(k.tier0_size, "--tier0-size"))
         vols.insert(0, {"name": "tier0", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.insert(0, {"name": "tier0", "mountPath": TIER0_MOUNT})
+    if k.tier2_secret:
+        vols.append({"name": "tier2-secret", "secret": {"secretName": k.tier2_secret}})
+        mounts.append({"name": "tier2-secret", "mountPath": TIER2_SECRET_MOUNT,
+                       "readOnly": True})
     return vols, mounts
 
 

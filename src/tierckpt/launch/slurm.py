@@ -9,7 +9,9 @@ What the script does, in order:
    and, when given, GPUs, CPUs and memory per node; its header holds the command line that
    wrote it;
 2. reads the tier paths from the environment (``TIERCKPT_TIER1``, required;
-   ``TIERCKPT_TIER0``, ``TIERCKPT_TIER2``; tier-2 credentials the same way) — nothing
+   ``TIERCKPT_TIER0``, ``TIERCKPT_TIER2``; tier-2 credentials the same way, for every
+   store: :data:`~tierckpt.tier2.storage.url.CREDENTIAL_ENV`; an ``--export`` that drops
+   the environment is refused) — nothing
    secret is written into the script — and exports them to the training command, which
    passes them to the library (``--tier1 '$TIERCKPT_TIER1'``; ``Tier0()`` reads
    ``TIERCKPT_TIER0`` itself: docs/schedulers.md);
@@ -43,6 +45,7 @@ from tierckpt.launch.resources import sbatch_lines
 from tierckpt.launch.torchrun import SIGNALS as SIGNALS  # where it was named first
 from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
 from tierckpt.runtime.scheduler import MAX_REQUEUES_ENV
+from tierckpt.tier2.storage.url import CREDENTIAL_ENV, parse_url
 
 WAIT_STEP = (
     "# wait returns early when a trapped signal arrives: wait until the step is gone.",
@@ -96,6 +99,8 @@ class SlurmLaunch(TorchrunJob):
 
     def __post_init__(self) -> None:
         self.check_node()
+        if self.tier2 is not None:
+            parse_url(self.tier2, name="--tier2")
         own = {"--gpus-per-node": self.gpus_per_node, "--cpus-per-task": self.cpus_per_node,
                "--mem": self.memory_mib}
         for name in ("nodes", "port"):
@@ -111,6 +116,10 @@ class SlurmLaunch(TorchrunJob):
             if opt.split("=")[0] in ("--signal", "--requeue", "--no-requeue", "--open-mode"):
                 raise ConfigError(f"--sbatch {opt!r}: the launcher sets {opt.split('=')[0]} "
                                   "itself (use --lead for the signal's lead)")
+            if opt.split("=")[0] == "--export" and not opt.startswith("--export=ALL"):
+                raise ConfigError(f"--sbatch {opt!r}: the tier paths and tier-2 credentials "
+                                  "come from the submitter's environment, which sbatch "
+                                  "exports by default; keep it (--export=ALL,NAME=value)")
             if own.get(opt.split("=")[0]):
                 raise ConfigError(f"--sbatch {opt!r} and the launcher's own flag for it "
                                   "(--gpus-per-node, --cpus-per-node, --memory): give one")
@@ -166,7 +175,9 @@ def _header(s: SlurmLaunch, argv: list[str]) -> list[str]:
 
 
 def _env(s: SlurmLaunch) -> list[str]:
-    lines = ["", "# Tier paths and credentials come from the environment (sbatch exports it)."]
+    lines = ["", "# Tier paths and credentials come from the environment (sbatch exports it);",
+             "# tier 2's, as its URL's store reads them:"]
+    lines += [f"#   {scheme}://  {' '.join(names)}" for scheme, names in CREDENTIAL_ENV.items()]
     for var, default in (("TIERCKPT_TIER1", s.tier1), ("TIERCKPT_TIER0", s.tier0),
                          ("TIERCKPT_TIER2", s.tier2)):
         if default:
