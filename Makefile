@@ -36,20 +36,21 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m tierckpt.cli.demo
 
-# Everything, slow tests included (what CI runs). The scheduler tests (tests/slurm/) spend
-# most of their time waiting on slurmctld's timers (a 1-minute time limit, requeues), so they
-# run in a second pytest beside the rest; their log (build/test-slurm.log) is printed after
-# the main one, and either lane failing fails the target. pytest's default options
-# (pyproject addopts) print the 25 slowest tests of each lane.
+# Everything, slow tests included (what CI runs), in two pytests side by side: the tests
+# marked `beside` (tests/conftest.py BESIDE: the scheduler tests, tier 2 against its servers,
+# notices, watchdogs — they mostly wait on timers and servers) and the CPU-bound rest. The
+# second lane's log (build/test-beside.log) is printed after the first one's, and either
+# lane failing fails the target. pytest's default options (pyproject addopts) print the 25
+# slowest tests of each lane.
 test: $(STAMP)
 	@mkdir -p build
-	@$(BIN)/python -m pytest -q -p no:cacheprovider tests/slurm > build/test-slurm.log 2>&1 & \
+	@$(BIN)/python -m pytest -q -p no:cacheprovider -m beside > build/test-beside.log 2>&1 & \
 	lane=$$!; trap 'kill $$lane 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/slurm; main=$$?; \
-	wait $$lane; slurm=$$?; \
-	echo "==== tests/slurm, run beside the rest (build/test-slurm.log) ===="; \
-	cat build/test-slurm.log; \
-	test $$main -eq 0 && test $$slurm -eq 0
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not beside"; main=$$?; \
+	wait $$lane; beside=$$?; \
+	echo "==== the tests marked beside, run beside the rest (build/test-beside.log) ===="; \
+	cat build/test-beside.log; \
+	test $$main -eq 0 && test $$beside -eq 0
 
 # The edit-test loop: everything but the tests marked `slow`.
 test-fast: $(STAMP)

@@ -17,6 +17,34 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["s3server", "azureserver", "gcsserver"]
 
+BESIDE = (
+    # `make test` runs these in a second pytest beside the rest (marker `beside`): they spend
+    # most of their wall time waiting — on slurmctld's timers, on the object-store servers
+    # and the fault proxy, on timeouts and watchdogs — so the CPU-bound lane keeps its cores.
+    # Measured per file (CPU seconds of the test and its children ÷ wall seconds): the
+    # scheduler tests ~0.1, the tier-2 tests 0.05-0.5, the notices, watchdogs and requeues
+    # 0.01-0.65. test_manager_dist.py and tier0/test_nodes.py (CPU-bound) come along because
+    # they share the session's FSDP reference run, which each lane would otherwise repeat.
+    "tests/slurm/",
+    "tests/tier2/",
+    "tests/test_tier2_gcs.py", "tests/test_tier2_azure.py", "tests/cli/test_object_stores.py",
+    "tests/test_manager.py", "tests/test_manager_interval.py", "tests/test_manager_tier2.py",
+    "tests/restore/test_choose.py", "tests/restore/test_metadata.py",
+    "tests/preempt/test_watch.py", "tests/preempt/test_requeue.py",
+    "tests/preempt/test_session.py", "tests/journeys/test_preemption.py",
+    "tests/runtime/test_orphan.py", "tests/runtime/test_watchdog.py",
+    "tests/runtime/test_scheduler.py", "tests/runtime/test_steps.py",
+    "tests/heal/test_launcher.py", "tests/cli/test_doctor.py", "tests/test_bench_transfer.py",
+    "tests/test_manager_dist.py", "tests/tier0/test_nodes.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`BESIDE` ``beside``."""
+    for item in items:
+        if item.nodeid.startswith(BESIDE):
+            item.add_marker(pytest.mark.beside)
+
 
 @pytest.fixture
 def shm() -> Iterator[Path]:
