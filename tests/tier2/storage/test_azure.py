@@ -182,6 +182,8 @@ def test_block_upload_survives(store: AzureStorage, azure_env: AzureEnv, proxy: 
     assert rule.fired == rule.times, proxy.hits
     if fault["action"] == "status":  # the server's Retry-After was waited, every time
         assert time.monotonic() - t0 >= RetryAfterProxy.retry_after * rule.fired
+        refused, waited = store.throttled.snapshot()  # and counted, for `tierckpt report`
+        assert refused == rule.fired and waited >= RetryAfterProxy.retry_after * rule.fired
     assert (info.size, info.crc32c) == (len(data), crc)
     assert_stored(azure_env, "step-00000001/__0_0.distcp", data, crc)
 

@@ -186,7 +186,9 @@ def test_429_with_retry_after_is_waited_out(gcs_env: GCSEnv, proxy: GCSFaultProx
         t0 = time.monotonic()
         st.put_bytes("k/manifest.json", b"{}")
         waited = time.monotonic() - t0
+        refused, throttled_s = st.throttled.snapshot()  # counted, for `tierckpt report`
     assert rule.fired == 1 and waited >= 0.9  # the server's Retry-After, not 0.1 s backoff
+    assert refused == 1 and throttled_s >= 0.9
     assert _stored(gcs_env, "k/manifest.json") == b"{}"
 
 

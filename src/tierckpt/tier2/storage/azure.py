@@ -52,6 +52,7 @@ from tierckpt.tier2.storage.base import (
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
+    ThrottleCounter,
     check_range,
     validate_key,
     validate_prefix,
@@ -78,7 +79,8 @@ class AzureStorage(AzureWrites):
             validate_key(self.prefix)
         self.config = config or AzureConfig()
         self.url = f"az://{container}/{self.prefix}" if self.prefix else f"az://{container}"
-        self._service = make_service_client(self.config)
+        self.throttled = ThrottleCounter()
+        self._service = make_service_client(self.config, self.throttled)
         self._container = self._service.get_container_client(container)
         self._reads = ByteCounter()
 

@@ -33,6 +33,7 @@ from azure.storage.blob import BlobServiceClient
 
 from tierckpt.errors import ConfigError
 from tierckpt.format import checksum
+from tierckpt.tier2.storage.base import ThrottleCounter
 
 MiB = 1024 * 1024
 MAX_BLOCKS = 50_000  # Azure's largest committed block list
@@ -103,7 +104,8 @@ class AzureConfig:
 class _Retry(RetryPolicy):
     """azure-core's retry policy with a cap on ``Retry-After`` (see the module docstring)."""
 
-    def __init__(self, config: AzureConfig) -> None:
+    def __init__(self, config: AzureConfig, throttled: ThrottleCounter | None = None) -> None:
+        self._throttled = throttled
         n = config.max_attempts - 1
         super().__init__(retry_total=n, retry_connect=n, retry_read=n, retry_status=n,
                          retry_backoff_factor=config.backoff_s / 2,
@@ -124,6 +126,19 @@ class _Retry(RetryPolicy):
         # ...and reads the host its retry policy chose from every response.
         response.http_response.location_mode = "primary"
         return response
+
+    def sleep(self, settings: dict[str, Any], transport: Any,
+              response: PipelineResponse[Any, Any] | None = None) -> None:
+        # A 429 or 503 is a throttling refusal: counted, with the wait before the retry.
+        refused = (self._throttled is not None and response is not None
+                   and response.http_response.status_code in (429, 503))
+        if refused:
+            assert self._throttled is not None
+            self._throttled.refused()
+        super().sleep(settings, transport, response)
+        if refused:
+            assert self._throttled is not None
+            self._throttled.sending()
 
     def get_retry_after(self, response: PipelineResponse[Any, Any]) -> float | None:
         after = super().get_retry_after(response)
@@ -153,12 +168,13 @@ def account_endpoint(environ: Mapping[str, str] | None = None) -> str | None:
     return f"https://{account}.blob.core.windows.net" if account else None
 
 
-def make_service_client(config: AzureConfig) -> BlobServiceClient:
+def make_service_client(config: AzureConfig,
+                        throttled: ThrottleCounter | None = None) -> BlobServiceClient:
     """A :class:`BlobServiceClient` from the credential chain (module docstring); no
     request is sent. :class:`ConfigError` names the variables to set when none is, or
     when a value is malformed (without repeating a secret)."""
     kw: dict[str, Any] = {
-        "retry_policy": _Retry(config),
+        "retry_policy": _Retry(config, throttled),
         "connection_timeout": config.connect_timeout_s,
         "read_timeout": config.read_timeout_s,
         # Every put and ranged get is one request of at most these sizes (we split).

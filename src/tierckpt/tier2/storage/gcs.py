@@ -42,6 +42,7 @@ from tierckpt.tier2.storage.base import (
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
+    ThrottleCounter,
     check_range,
     validate_key,
     validate_prefix,
@@ -76,6 +77,7 @@ class GCSStorage(GCSWrites):
         self._client = make_client(self.config)
         self._bucket = self._client.bucket(bucket)
         self._reads = ByteCounter()
+        self.throttled = ThrottleCounter()
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.url!r})"
@@ -162,7 +164,7 @@ class GCSStorage(GCSWrites):
                 self._bucket, prefix=base + prefix, timeout=self.config.timeout, retry=None)]
 
         try:
-            return call(self.config, listing)
+            return call(self.config, listing, self.throttled)
         except SDK_ERRORS as e:
             raise convert(f"{op} {self.url}/{prefix}", e) from None
 

@@ -22,6 +22,7 @@ from tierckpt.tier2.storage.base import (
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
+    ThrottleCounter,
     validate_key,
 )
 from tierckpt.tier2.storage.gcsclient import NETWORK_ERRORS, GCSConfig, call, convert, crc_of
@@ -41,6 +42,7 @@ class GCSBase:
     _client: storage.Client
     _bucket: storage.Bucket
     _reads: ByteCounter
+    throttled: ThrottleCounter
 
     @property
     def integrity(self) -> str:
@@ -73,7 +75,7 @@ class GCSBase:
         """``fn()`` with retries; an SDK error becomes a :class:`StorageError` naming ``op``
         and ``key``."""
         try:
-            return call(self.config, fn)
+            return call(self.config, fn, self.throttled)
         except SDK_ERRORS as e:
             raise convert(f"{op} {self.url}/{key}", e) from None
 

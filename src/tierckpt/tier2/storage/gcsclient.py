@@ -39,7 +39,7 @@ from google.cloud import storage
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier2.capabilities import IntegrityMode
-from tierckpt.tier2.storage.base import BadDigestError, ObjectNotFoundError
+from tierckpt.tier2.storage.base import BadDigestError, ObjectNotFoundError, ThrottleCounter
 
 T = TypeVar("T")
 MiB = 1024 * 1024
@@ -192,14 +192,20 @@ def transient(e: BaseException) -> bool:
     return isinstance(e, NETWORK_ERRORS)
 
 
-def call(config: GCSConfig, fn: Callable[[], T]) -> T:
+def call(config: GCSConfig, fn: Callable[[], T],
+         throttled: ThrottleCounter | None = None) -> T:
     """``fn()``, again after a transient error, up to ``config.max_attempts`` times; waits
     ``Retry-After`` when the server sent one (at most ``max_backoff_s``), else backs off
-    exponentially with jitter. The last error is raised as it came (see :func:`convert`)."""
+    exponentially with jitter. The last error is raised as it came (see :func:`convert`).
+    A 429 or 503 is a throttling refusal, counted in ``throttled`` with the wait after it."""
     for attempt in range(config.max_attempts):
+        if throttled is not None:
+            throttled.sending()
         try:
             return fn()
         except (gexc.GoogleAPICallError, *NETWORK_ERRORS) as e:
+            if throttled is not None and getattr(e, "code", None) in (429, 503):
+                throttled.refused()
             if not transient(e) or attempt + 1 >= config.max_attempts:
                 raise
             asked = retry_after(e)

@@ -90,7 +90,7 @@ class GCSWrites(GCSBase):
                 call(self.config, functools.partial(
                     blob.upload_from_string, data, content_type="application/octet-stream",
                     checksum=None, retry=None, if_generation_match=0 if create_only else None,
-                    timeout=self.config.timeout))
+                    timeout=self.config.timeout), self.throttled)
             except gexc.PreconditionFailed:
                 if create_only:
                     return None
