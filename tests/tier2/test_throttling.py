@@ -110,9 +110,10 @@ def test_256_uploaders_behind_a_throttled_endpoint_lose_no_save(
         for i, m in enumerate(manifests):
             cat = Tier2Catalog(open_storage(f"{s3_env.url}/job{i}"))
             assert cat.complete_steps() == [7]
-            assert cat.read_committed(7).manifest.save_id == m.save_id
+            where = cat.resolve(7)  # content-addressed: each file through the step's map
+            assert where.committed.manifest.save_id == m.save_id
             for f in m.files:
-                info = st.head(f"job{i}/{Tier2Catalog.key(7, f.name)}")
+                info = st.head(f"job{i}/{where.key(f.name)}")
                 assert info is not None and (info.size, info.crc32c) == (f.size, f.crc32c)
             cat.storage.close()
 

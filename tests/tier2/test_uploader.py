@@ -3,6 +3,7 @@ real kill -9 of the uploader process mid-upload against SeaweedFS."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -15,8 +16,7 @@ from s3server import S3Env
 
 from tests._synthetic import make_checkpoint
 from tierckpt.errors import ConfigError, LockError
-from tierckpt.format import layout
-from tierckpt.format import manifest as mf
+from tierckpt.format import layout, objmap
 from tierckpt.policy import retention
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -47,6 +47,12 @@ class Recording(MemoryStorage):
         info = super().put_bytes(key, data, if_none_match=if_none_match)
         self.puts.append((key, if_none_match))
         return info
+
+
+def obj(root: Path, step: int, name: str) -> str:
+    """The content key a tier-1 file is uploaded under (layout 2)."""
+    return objmap.content_key(hashlib.sha256(
+        (root / layout.step_dirname(step) / name).read_bytes()).hexdigest())
 
 
 def cfg(tier1: Path, **kw: Any) -> UploaderConfig:
@@ -103,12 +109,18 @@ def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
         r = up.run_once()
     assert r is not None and (r.step, r.status, r.bytes) == (10, "verified", m.total_bytes)
     keys = [k for k, _ in store.puts]
-    assert sorted(keys[:3]) == sorted(f"step-00000010/{n}" for n in SMALL)
-    assert store.puts[3:] == [("step-00000010/manifest.json", False),
+    part = "step-00000010/objects.r00000.json"
+    assert keys[0] == part  # the intent, before any object
+    where = Tier2Catalog(store).resolve(10)
+    assert sorted(keys[1:4]) == sorted(where.key(n) for n in SMALL)
+    assert all(where.key(n).startswith("objects/sha256/") for n in SMALL)
+    assert store.puts[4:] == [(part, False), ("step-00000010/objects.json", False),
+                              ("step-00000010/manifest.json", False),
                               ("step-00000010/COMPLETE", True)]
+    assert store.head(part) is None  # dropped once the marker landed
     for name in SMALL:
-        assert store.get_bytes(f"step-00000010/{name}") == (tmp_path / "step-00000010" /
-                                                           name).read_bytes()
+        assert store.get_bytes(where.key(name)) == (tmp_path / "step-00000010" /
+                                                    name).read_bytes()
     state = Tier1Catalog(tmp_path).uploads.upload_record(10)
     assert state is not None and state["status"] == "verified" and state["save_id"] == "save10"
     assert Tier1Catalog(tmp_path).uploads.uploaded_steps() == {10}
@@ -120,7 +132,8 @@ def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
 def test_failure_mid_upload_leaves_no_marker_then_restart_resumes(tmp_path: Path) -> None:
     m = make_checkpoint(tmp_path, 4, SMALL)
     store = MemoryStorage()
-    store.inject("put_file", key_contains="__0_1", error=OSError("disk on fire"))
+    store.inject("put_file", key_contains=obj(tmp_path, 4, "__0_1.distcp"),
+                 error=OSError("disk on fire"))
     with Uploader(cfg(tmp_path), storage=store) as up:
         r = up.run_once()
     assert r is not None and r.status == "failed" and "disk on fire" in (r.error or "")
@@ -175,7 +188,7 @@ def test_a_damaged_manifest_is_uploaded_as_its_marker_vouches(tmp_path: Path) ->
     assert r is not None and r.status == "verified", r
     assert store.get_bytes("step-00000002/manifest.json") == intact
     assert Tier2Catalog(store).read_committed(2).manifest == m
-    assert store.get_bytes(f"step-00000002/{layout.part_filename(0)}") == \
+    assert store.get_bytes(Tier2Catalog(store).resolve(2).key(layout.part_filename(0))) == \
         (d / layout.part_filename(0)).read_bytes()
 
 
@@ -230,13 +243,18 @@ def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
     with Uploader(cfg(a), storage=store) as up_a:
         assert up_a.run_once().status == "files_verified"  # type: ignore[union-attr]
         assert store.head("step-00000005/COMPLETE") is None
-        assert store.head("step-00000005/__1_0.distcp") is None
+        assert [i.key for i in store.list("step-00000005/")] == [
+            "step-00000005/objects.r00000.json"]  # node 0's part: node 1's files missing
         with Uploader(cfg(b), storage=store) as up_b:
             r = up_b.run_once()
         assert r is not None and r.status == "verified"
         assert r.bytes == 4000 + 200 or r.bytes == 4000  # .metadata may already be there
     assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
-        *files, "manifest.json", "COMPLETE"}
+        "objects.json", "manifest.json", "COMPLETE"}
+    where = Tier2Catalog(store).resolve(5)
+    for name in files:
+        node = a if files[name][1] in (None, 0) else b
+        assert store.get_bytes(where.key(name)) == (node / "step-00000005" / name).read_bytes()
     assert Tier1Catalog(a).uploads.uploaded_steps() == {5}
     assert Tier1Catalog(b).uploads.uploaded_steps() == {5}
 
@@ -272,7 +290,8 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
         proc.stop()
     finally:
         proc.stop()
-    assert s3_env.pending_uploads() == ["step-00000007/__0_0.distcp"]
+    shard = obj(tmp_path, 7, "__0_0.distcp")
+    assert s3_env.pending_uploads() == [shard]
     assert "step-00000007/COMPLETE" not in s3_env.keys()  # noqa: SIM118
 
     fault_proxy.clear()
@@ -281,13 +300,13 @@ def test_kill_9_mid_upload_then_restart_finishes(tmp_path: Path, s3_env: S3Env,
         r = up.run_once()
     assert r is not None and r.status == "verified"
     assert s3_env.pending_uploads() == []  # the stale multipart upload was aborted
-    assert s3_env.keys() == ["step-00000007/.metadata", "step-00000007/COMPLETE",
-                             "step-00000007/__0_0.distcp", "step-00000007/manifest.json"]
+    assert s3_env.keys() == sorted([obj(tmp_path, 7, ".metadata"), shard,
+                                    "step-00000007/COMPLETE", "step-00000007/manifest.json",
+                                    "step-00000007/objects.json"])
     st = open_storage(s3_env.url)
-    m = mf.verify_marker(st.get_bytes("step-00000007/COMPLETE"),
-                         st.get_bytes("step-00000007/manifest.json"))
-    for f in m.files:
-        got = st.get_file(f"step-00000007/{f.name}", tmp_path / "dl" / f.name, crc32c=f.crc32c)
+    where = Tier2Catalog(st).resolve(7)
+    for f in where.committed.manifest.files:
+        got = st.get_file(where.key(f.name), tmp_path / "dl" / f.name, crc32c=f.crc32c)
         assert got.size == f.size
         assert (tmp_path / "dl" / f.name).read_bytes() == (
             tmp_path / "step-00000007" / f.name).read_bytes()
@@ -298,7 +317,7 @@ def test_s3_persistent_failure_is_loud_with_no_marker(tmp_path: Path, s3_env: S3
                                                       fault_proxy: FaultProxy) -> None:
     make_checkpoint(tmp_path, 9, SMALL)
     fault_proxy.add_rule("status", status=503, code="SlowDown", times=None, method="PUT",
-                         path="__0_1.distcp")
+                         path=obj(tmp_path, 9, "__0_1.distcp"))
     opts = {"max_attempts": 2, "read_timeout_s": 5.0}
     with Uploader(UploaderConfig(tier1=tmp_path, tier2=s3_env.url, storage_options=opts)) as up:
         r = up.run_once()
@@ -346,11 +365,11 @@ def test_uploads_a_real_checkpoint_manager_checkpoint(tmp_path: Path) -> None:
         [r] = up.drain()
     assert (r.step, r.status) == (6, "verified")
     remote = LocalStorage(t2)
-    m = mf.verify_marker(remote.get_bytes("step-00000006/COMPLETE"),
-                         remote.get_bytes("step-00000006/manifest.json"))
+    where = Tier2Catalog(remote).resolve(6)
+    m = where.committed.manifest
     assert m.step == 6 and layout.METADATA in {f.name for f in m.files}
     for f in m.files:
-        remote.get_file(f"step-00000006/{f.name}", tmp_path / "dl" / f.name, crc32c=f.crc32c)
+        remote.get_file(where.key(f.name), tmp_path / "dl" / f.name, crc32c=f.crc32c)
         assert (tmp_path / "dl" / f.name).read_bytes() == (t1 / "step-00000006" /
                                                          f.name).read_bytes()
 

@@ -2,16 +2,18 @@
 
 :func:`check_tier1` reads every file of a tier-1 checkpoint this root holds;
 :func:`check_tier2` downloads every object of a tier-2 checkpoint (verified by the storage
-backend against the manifest's CRC32C as it arrives) into a scratch directory that is
-removed afterwards. Both verify the COMPLETE marker against ``manifest.json`` first and
-return a :class:`CheckReport` instead of raising for damage, so a caller can render it;
-only bad input (a missing root, a bad step) raises :class:`ConfigError`.
+backend against the manifest's CRC32C as it arrives, and, for a content-addressed step, its
+SHA-256 against the object's name) into a scratch directory that is removed afterwards.
+Both verify the COMPLETE marker against ``manifest.json`` first and return a
+:class:`CheckReport` instead of raising for damage, so a caller can render it; only bad
+input (a missing root, a bad step) raises :class:`ConfigError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import tempfile
 import time
@@ -105,6 +107,11 @@ def check_tier1(root: Path, step: int) -> CheckReport:
                        seconds=time.monotonic() - t0, elsewhere=elsewhere)
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
                 scratch: Path | None = None) -> CheckReport:
     """Verify tier 2's checkpoint of ``step``: marker against manifest, then download every
@@ -117,7 +124,8 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
                                location=f"{storage.url}/{layout.step_dirname(step)}")
     t0 = time.monotonic()
     try:
-        m = Tier2Catalog(storage).read_committed(step).manifest
+        where = Tier2Catalog(storage).resolve(step)
+        m = where.committed.manifest
     except ObjectNotFoundError:
         return report(ok=False, error=f"no complete {layout.step_dirname(step)} "
                            "on tier 2 (COMPLETE or manifest.json missing)")
@@ -126,10 +134,13 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
 
     def one(f: mf.FileEntry, tmp: str) -> str | None:
         dest = Path(tmp) / f.name
+        key = where.key(f.name)
         try:
-            info = storage.get_file(Tier2Catalog.key(step, f.name), dest, crc32c=f.crc32c)
+            info = storage.get_file(key, dest, crc32c=f.crc32c)
+            if where.objmap is not None and _sha256(dest) != key.rsplit("/", 1)[-1]:
+                return f"{f.name}: its bytes do not hash to their object's name {key}"
         except ObjectNotFoundError:
-            return f"{f.name} is missing on tier 2"
+            return f"{f.name} is missing on tier 2 ({key})"
         except (IntegrityError, StorageError) as e:
             return f"{f.name}: {e}"
         finally:

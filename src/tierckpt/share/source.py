@@ -249,10 +249,11 @@ def _open_tier2(storage: Storage, wanted: int | None) -> Checkpoint:
     cat = Tier2Catalog(storage)
 
     def open_one(step: int) -> Checkpoint:
-        committed = cat.read_committed(step)
+        where = cat.resolve(step)  # content-addressed steps: through their object map
+        committed = where.committed
 
         def read(name: str, offset: int, length: int) -> Any:
-            return storage.get_range(cat.key(step, name), offset, length)
+            return storage.get_range(where.key(name), offset, length)
 
         ckpt = Checkpoint(step=step, tier="tier2",
                           location=f"{storage.url}/{layout.step_dirname(step)}",

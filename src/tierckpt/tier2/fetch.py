@@ -1,7 +1,9 @@
 """Bring a checkpoint from tier 2 back to a tier-1 root: verified, per file, committed.
 
 :func:`fetch_into_tier1` reads a tier-2 checkpoint's marker and manifest and verifies one
-against the other through the tier-2 catalogue (nothing else is trusted), then builds the
+against the other through the tier-2 catalogue (nothing else is trusted), finds each file
+through the step's object map when it has one (content-addressed tier 2, the map checked
+against the manifest: :meth:`~tierckpt.tier2.catalog.Tier2Catalog.resolve`), then builds the
 tier-1 directory the same way a save does — a fresh tmp directory, every file fsync'd,
 manifest, rename, ``COMPLETE`` last — taking each needed file from the existing local copy
 when it is present with the right size (and CRC32C when asked), and downloading only the
@@ -45,7 +47,8 @@ def fetch_into_tier1(remote: Tier2Catalog, local: Tier1Catalog, step: int, *,
     intact; it is replaced (moved to quarantine) only after the new directory is fully
     written and verified.
     """
-    m, mbytes, marker = remote.read_committed(step)
+    where = remote.resolve(step)
+    m, mbytes, marker = where.committed
     root = local.root
     wanted = [m.file(n) for n in names] if names is not None else list(m.files)
     final = local.step_dir(step)
@@ -62,7 +65,7 @@ def fetch_into_tier1(remote: Tier2Catalog, local: Tier1Catalog, step: int, *,
             to_get.append(f)
 
     def get(f: mf.FileEntry) -> int:
-        remote.storage.get_file(remote.key(step, f.name), tmp / f.name, crc32c=f.crc32c)
+        remote.storage.get_file(where.key(f.name), tmp / f.name, crc32c=f.crc32c)
         os.chmod(tmp / f.name, file_mode)
         return f.size
 

@@ -1,39 +1,50 @@
 """Moving the bytes of one committed tier-1 checkpoint to tier 2, verified, marker last.
 
-Per checkpoint, in this order (:func:`upload_step`):
+Tier 2 is content-addressed (layout 2, :mod:`tierckpt.format.objmap`): each file's bytes
+are the object ``objects/sha256/<hex>``, uploaded once whatever number of steps hold them.
+Per checkpoint, in this order (:func:`upload_step`; the object steps are in
+:mod:`tierckpt.tier2.uploader.content`):
 
 1. pin it on tier 1 (``pins/step-XXXXXXXX.upload``) so retention keeps it;
 2. verify its marker against its manifest; stop if tier 2 already has a marker (the same
    bytes: done; different bytes: a conflict, nothing is touched);
-3. abort this root's stale multipart uploads of its files (a no-op in upload mode
-   ``single-put``: a server that cannot list or abort them gets none), then upload each
-   file of the manifest that this root holds, with the manifest's CRC32C as the object's
+3. hash each file of the manifest that this root holds (SHA-256) and write this root's map
+   part ``step-XXXXXXXX/objects.<tag>.json`` — the intent that keeps a concurrent sweep off
+   the objects it is about to rely on;
+4. abort this root's stale multipart uploads of its objects (a no-op in upload mode
+   ``single-put``), then per distinct object: skip it when tier 2 reports the manifest's
+   size and CRC32C for it, else upload it with the manifest's CRC32C as the object's
    full-object checksum (end to end: the server checks the bytes computed at write time);
-   a file whose object already matches (size and CRC32C) is skipped, so a restart resumes;
-4. HEAD every file of the manifest: if another node's files are still missing, record
-   ``files_verified`` and stop (that node's uploader writes the marker when it finishes);
-5. upload ``manifest.json``, verify it, then ``COMPLETE`` last with a create-only write;
-6. record ``verified``, run the caller's ``committed`` hook (tier-2 retention), unpin.
+5. when anything was skipped, wait until no sweep may still be deleting, then HEAD every
+   own object again and upload what went missing; rewrite the part with the bytes sent;
+6. merge every root's part: if another node's files are not all there yet, record
+   ``files_verified`` and stop (that node's uploader commits when it finishes);
+7. upload the merged map ``objects.json``, then ``manifest.json``, verify it, then
+   ``COMPLETE`` last with a create-only write, then drop the parts;
+8. record ``verified``, run the caller's ``committed`` hook (tier-2 retention), unpin.
 
-A crash at any point leaves no marker over unverified objects; a restart redoes the step.
+A crash at any point leaves no marker over unverified objects; a restart redoes the step
+and sends only what is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from tierckpt.errors import CheckpointError, IntegrityError, UploadStopped
-from tierckpt.format import layout
+from tierckpt.format import layout, objmap
 from tierckpt.format import manifest as mf
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.uploads import UPLOAD_HOLDER
 from tierckpt.tier2.catalog import Tier2Catalog
-from tierckpt.tier2.storage import ObjectExistsError, ObjectInfo, Storage
+from tierckpt.tier2.storage import ObjectExistsError, Storage
 from tierckpt.tier2.storage.base import ThrottleCounter
+from tierckpt.tier2.uploader import content
 from tierckpt.tier2.uploader.config import UploadResult
 
 Progress = Callable[[int, int], None]
@@ -84,10 +95,6 @@ def throttled_since(storage: Storage, since: tuple[int, float]) -> dict[str, Any
             "throttled_s": round(seconds - since[1], 3)}
 
 
-def _matches(info: ObjectInfo | None, f: mf.FileEntry) -> bool:
-    return info is not None and info.size == f.size and info.crc32c == f.crc32c
-
-
 class _StepUpload:
     """One pinned step's upload; raises on failure (see :func:`upload_step`)."""
 
@@ -121,27 +128,37 @@ class _StepUpload:
         total = sum(f.size for f in own)
         self.local.uploads.write_upload_record(step, status="uploading", bytes=total, **self.base)
         self.log.emit(events.UPLOAD_STARTED, step=step, bytes=total, source="uploader")
-        for f in own:
-            if f.rank is not None:  # shared files may be in flight from another node
-                st.abort_uploads(self.key(f.name))
-        sent = done = 0
-        for f in own:
-            if stop is not None and stop.is_set():
-                raise UploadStopped
-            if not _matches(st.head(self.key(f.name)), f):
-                st.put_file(self.key(f.name), self.ckpt / f.name, crc32c=f.crc32c, size=f.size)
-                sent += f.size
-            done += f.size
-            if progress is not None:
-                progress(done, total)
-
-        missing = [f.name for f in m.files if not _matches(st.head(self.key(f.name)), f)]
-        if any(f.name in missing for f in own):
-            raise IntegrityError(f"step {step}: tier 2 does not report what was uploaded "
-                                 f"for {sorted(set(missing) & {f.name for f in own})}")
-        if missing:  # other nodes' files: the last node to finish writes the marker
+        entries = content.hash_files(self.ckpt, own, stop)
+        part = objmap.ObjectMap(step=step, manifest_sha256=mf.digest(manifest_bytes),
+                                entries=tuple(entries))
+        tag = content.part_tag(own)
+        self.remote.write_part(step, part, tag)
+        ranked = {f.name for f in own if f.rank is not None}
+        for e in entries:
+            if e.name in ranked:  # shared files may be in flight from another node
+                st.abort_uploads(e.key)
+        sent, skipped = content.send(st, self.ckpt, entries, stop=stop, progress=progress)
+        if skipped:
+            self.remote.await_sweeps()
+        sent += content.recheck(st, self.ckpt, entries, step)
+        self.remote.write_part(step, dataclasses.replace(part, uploaded=sent), tag)
+        merged = self._merged(m, manifest_bytes, {e.name for e in entries})
+        if merged is None:  # other nodes' files: the last node to finish writes the marker
             return self._record("files_verified", sent)
+        st.put_bytes(self.key(objmap.MAP), merged.to_bytes(mf.signing_key()))
         return self._commit(manifest_bytes, marker, sent)
+
+    def _merged(self, m: mf.Manifest, manifest_bytes: bytes,
+                own: set[str]) -> objmap.ObjectMap | None:
+        """Every root's parts as one map, or None while another node's files are missing."""
+        merged = objmap.merge(self.remote.parts(self.step))
+        merged.check(m, manifest_bytes, complete=False)
+        if len(merged.entries) != len(m.files):
+            return None
+        others = {e.key: e for e in merged.entries if e.name not in own}
+        if any(not content.matches(self.remote.storage.head(k), e) for k, e in others.items()):
+            return None
+        return merged
 
     def _own_files(self, m: mf.Manifest) -> list[mf.FileEntry]:
         """The manifest's files this root holds, each of the manifest's size."""
@@ -165,6 +182,7 @@ class _StepUpload:
             return self._already_there(False)
         if st.get_bytes(self.key(layout.COMPLETE)) != marker:
             raise IntegrityError(f"step {step}: COMPLETE on tier 2 does not read back")
+        self.remote.drop_parts(step)  # the marker and objects.json protect the objects now
         r = self._record("verified", sent)
         if self.committed is not None:
             self.committed()

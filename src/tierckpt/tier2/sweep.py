@@ -1,0 +1,133 @@
+"""Deleting content objects no step needs, safely against kills and uploads in flight.
+
+Only :class:`~tierckpt.tier2.catalog.Tier2Catalog` calls this module (the catalogue stays
+the one place that deletes from tier 2). A step is deleted marker first, then its own
+objects under ``step-XXXXXXXX/``; then :func:`sweep` removes the content objects
+(``objects/sha256/…``) that nothing references. *Referenced* means: listed by the map
+(``objects.json``) of a step that has a ``COMPLETE`` object, or by any uploader's map part
+(``objects.<tag>.json``, an intent: the upload in flight that wrote it may skip those objects
+because they are there). A kill at any point therefore never removes an object a complete
+step needs: its marker and map are present until the step itself is being deleted, and
+content goes only after a fresh listing shows nothing references it. A map that cannot be
+read blocks the sweep (nothing is deleted) rather than be guessed at.
+
+The race with an upload in flight, and how it is closed (a lease, not a guess at ages):
+an uploader that skips object X because it is there relies on X until its marker lands.
+A sweep that listed the maps *before* that uploader wrote its part does not see the
+intent and may delete X. So:
+
+1. a sweep first writes a lease ``objects/sweeps/<id>.json`` (create-only), then lists the
+   content objects, then the steps and maps (content first: an object uploaded after that
+   listing is never a candidate), and issues deletions only within ``window_s`` seconds of
+   its own clock from before the lease; it removes the lease when done;
+2. an uploader writes its part before any skip decision; before its manifest it waits
+   until no lease is listed (:func:`await_sweeps`; a lease it has seen for more than twice
+   the window is expired — that sweep stopped deleting long ago — and is removed), then
+   HEADs every object it skipped again and uploads the ones that went missing.
+
+A sweep that could miss the part leased before the part was written, so its deletions end
+before the uploader's re-check; a sweep that leased later lists the part. No clocks are
+compared across machines; each side measures its own elapsed time. Cost in the common case:
+one LIST of the lease prefix per upload.
+
+Sharing a prefix between sibling runs (issue 41) would need the same rule across runs: each
+run's maps and parts are already in the listing of a shared prefix, but two runs' retention
+would also have to agree on the leases (they do, by construction) and never delete each
+other's step prefixes; in this version every run has a prefix of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+from tierckpt.errors import IntegrityError, SignatureError, StorageError
+from tierckpt.format import layout, objmap
+from tierckpt.format import manifest as mf
+from tierckpt.tier1.manifests import MANIFEST_LIMIT
+from tierckpt.tier2.storage import Storage
+
+SWEEP_WINDOW_S = 30.0
+"""A sweep issues deletions only this long after its lease; an uploader treats a lease it
+has seen for twice this long as expired."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """``deleted`` content objects and their ``bytes``; ``blocked`` says why nothing was
+    deleted (None: not blocked); ``unfinished``: the window ended first (the next sweep
+    goes on)."""
+
+    deleted: int = 0
+    bytes: int = 0
+    blocked: str | None = None
+    unfinished: bool = False
+
+
+def read_map(storage: Storage, key: str) -> objmap.ObjectMap:
+    """The map or part at ``key``, its own digest checked (size bounded like a manifest)."""
+    data = storage.get_bytes(key)
+    if len(data) > MANIFEST_LIMIT:
+        raise IntegrityError(f"tier-2 {key} is larger than {MANIFEST_LIMIT} bytes")
+    return objmap.ObjectMap.from_bytes(data)
+
+
+def references(storage: Storage, steps: Mapping[int, Mapping[str, int]]) -> set[str]:
+    """Content keys referenced (module docstring) by the steps of one listing
+    (step → {member: size}). Raises when a map or part cannot be read."""
+    refs: set[str] = set()
+    for step, members in steps.items():
+        names = [n for n in members if objmap.is_part(n)]
+        if layout.COMPLETE in members and objmap.MAP in members:
+            names.append(objmap.MAP)
+        for name in names:
+            refs.update(read_map(storage, f"{layout.step_dirname(step)}/{name}").keys()
+                        .values())
+    return refs
+
+
+def sweep(storage: Storage, list_steps: Callable[[], Mapping[int, Mapping[str, int]]], *,
+          window_s: float = SWEEP_WINDOW_S) -> SweepResult:
+    """Delete the unreferenced content objects (module docstring: lease, content listing,
+    maps, deletions within the window, lease removed). ``list_steps`` is the catalogue's
+    one listing of the step prefixes."""
+    t0 = time.monotonic()
+    lease = f"{objmap.SWEEPS}{uuid.uuid4().hex}.json"
+    storage.put_bytes(lease, mf.canonical({"window_s": window_s}), if_none_match=True)
+    content = {i.key: i.size for i in storage.list(objmap.OBJECTS)}
+    try:
+        refs = references(storage, list_steps()) if content else set()
+    except (IntegrityError, SignatureError, StorageError) as e:
+        storage.delete(lease)
+        return SweepResult(blocked=f"a map could not be read, nothing deleted: {e}")
+    deleted = size = 0
+    for key in sorted(set(content) - refs):
+        if time.monotonic() - t0 >= window_s:
+            storage.delete(lease)
+            return SweepResult(deleted, size, unfinished=True)
+        storage.delete(key)
+        deleted, size = deleted + 1, size + content[key]
+    storage.delete(lease)
+    return SweepResult(deleted, size)
+
+
+def await_sweeps(storage: Storage, *, window_s: float = SWEEP_WINDOW_S,
+                 sleep: Callable[[float], object] = time.sleep) -> None:
+    """Return once no sweep that could have missed an intent written before this call is
+    still deleting: no lease listed, or every listed lease seen here for more than twice
+    ``window_s`` (then expired: removed)."""
+    first_seen: dict[str, float] = {}
+    while True:
+        leases = [i.key for i in storage.list(objmap.SWEEPS)]
+        now = time.monotonic()
+        live = []
+        for key in leases:
+            if now - first_seen.setdefault(key, now) > 2 * window_s:
+                storage.delete(key)
+            else:
+                live.append(key)
+        if not live:
+            return
+        sleep(min(0.5, window_s / 10))
