@@ -16,6 +16,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     model_state {...} | {"skipped": reason} (bench/model_state.py; absent in older results)
     tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
     preempt  {...} | {"skipped": reason}   (bench/preempt.py; absent in older results)
+    tier2_servers {...} | {"skipped": reason} (bench/tier2_servers.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
 ``render_markdown`` only reads that dict, so a results file can be re-rendered later.
@@ -206,4 +207,8 @@ def render_markdown(r: dict[str, Any]) -> str:
         from bench.model_state import markdown as model_state_markdown
 
         body += model_state_markdown(r["model_state"])
+    if "tier2_servers" in r:  # likewise: every store's server, ours vs the other clients
+        from bench.tier2_servers import markdown as tier2_servers_markdown
+
+        body += tier2_servers_markdown(r["tier2_servers"])
     return "\n".join(body + _targets(r))

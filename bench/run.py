@@ -39,6 +39,9 @@ _REPO = Path(__file__).resolve().parent.parent
 MODEL_STATE_BYTES = 128 << 20
 """The model-state section's size (``bench/model_state.py``): its point is the tensor count
 (1,152 for 24 layers with AdamW), not the bytes."""
+TIER2_SERVERS_MIB, TIER2_SERVERS_ROUNDS = 256, 3
+"""The tier-2 clients' section (``bench/tier2_servers.py``): one file of this size per store,
+median of this many rounds; not the state's size (its point is each client's throughput)."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -64,6 +67,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="the preemption section (bench/preempt.py: notice → stop → durable "
                         "on tiers 0, 1, 2 at each world size, and the watcher's per-step "
                         "cost); on by default, off with --quick")
+    p.add_argument("--tier2-servers", action=argparse.BooleanOptionalAction, default=None,
+                   help="the tier-2 clients' section (bench/tier2_servers.py: upload and "
+                        "fetch on SeaweedFS, moto, fake-gcs-server and Azurite, tierckpt "
+                        "against each store's SDK and obstore); on by default, off with "
+                        "--quick")
     p.add_argument("--sweep", action="store_true",
                    help="only the cost curves (bench/sweep.py): C, durable, restore and RAM "
                         "over --sizes × --world (default 64MiB,256MiB,1GiB,4GiB × 1,2,4), "
@@ -102,11 +110,13 @@ def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> 
 
 
 def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = None,
-        preempt: bool | None = None) -> tuple[dict[str, Any], list[str]]:
+        preempt: bool | None = None, tier2_servers: bool | None = None
+        ) -> tuple[dict[str, Any], list[str]]:
     """Every measurement of one run; the results dict (see ``report``) and section errors.
 
     ``share``: run the sharing readers' section (None: unless ``cfg.quick``); ``tier0``:
-    the tier-0 section, likewise; ``preempt``: the preemption section, likewise.
+    the tier-0 section, likewise; ``preempt``: the preemption section, likewise;
+    ``tier2_servers``: the tier-2 clients' section, likewise.
     """
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     workdir = cfg.target_dir / f"bench-{os.getpid()}"
@@ -158,10 +168,22 @@ def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = Non
         else:
             preempt_section = {"skipped": "off (--quick or --no-preempt); pass --preempt to "
                                           "include it"}
+        # Every store's test server, ours vs the other clients (bench/tier2_servers.py):
+        # its own size (one file per store), not the state's; on unless --quick.
+        if (not cfg.quick) if tier2_servers is None else tier2_servers:
+            from bench import tier2_servers as t2s  # lazy: it puts tests/ on sys.path
+
+            servers = _section("tier2 servers", partial(
+                t2s.measure, workdir / "tier2-servers", TIER2_SERVERS_MIB,
+                TIER2_SERVERS_ROUNDS), errors)
+        else:
+            servers = {"skipped": "off (--quick or --no-tier2-servers); "
+                                  "tests/test_bench_tier2_servers.py runs it at 2 MiB"}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     facts["loadavg_end"] = list(os.getloadavg())
-    targets = evaluate(limits, {int(w): s for w, s in worlds.items()}, {"transfer": transfer})
+    targets = evaluate(limits, {int(w): s for w, s in worlds.items()},
+                       {"transfer": transfer, "tier2_servers": servers})
     results = {
         "schema": SCHEMA, "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -171,7 +193,7 @@ def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = Non
                    "loop_seconds": cfg.loop_seconds, "target_dir": str(cfg.target_dir)},
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
         "share": shared, "tier0": tier0_section, "preempt": preempt_section,
-        "model_state": model_state,
+        "model_state": model_state, "tier2_servers": servers,
         "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors
@@ -203,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    results, errors = run(cfg, share=args.share, tier0=args.tier0, preempt=args.preempt)
+    results, errors = run(cfg, share=args.share, tier0=args.tier0, preempt=args.preempt,
+                          tier2_servers=args.tier2_servers)
     stamp = results["started"].replace(":", "")
     json_path, md_path = write_results(results, cfg.out_dir, stamp)
     for t in results["targets"]:

@@ -66,6 +66,19 @@ def _ram(entry: Section, limits: dict[str, Any]) -> float | None:
     return entry.get("ratio")
 
 
+def _vs_best(kind: str) -> Ratio:
+    def ratio(entry: Section, limits: dict[str, Any]) -> float | None:
+        value = entry.get(kind, {}).get("ratio_vs_best")
+        return float(value) if value is not None else None
+    return ratio
+
+
+_TIER2_STORES = (("tier2_servers", "seaweedfs", "S3 on SeaweedFS"),
+                 ("tier2_servers", "moto", "S3 on moto"),
+                 ("tier2_servers", "fake_gcs", "GCS on fake-gcs-server"),
+                 ("tier2_servers", "azurite", "Azure on Azurite"))
+"""The tier-2 clients' section (``bench/tier2_servers.py``): one subject per store."""
+
 _GROWTH_OK = 0.05
 
 
@@ -106,13 +119,18 @@ GOALS: tuple[Goal, ...] = (
          (("transfer", "tierckpt_download", "tierckpt fetch"),)),
     Goal("upload_throughput", "training throughput while uploading ≥ 0.9× idle", ">=", 0.9,
          _throughput, (("transfer", "throughput_uploading", "during tierckpt upload"),)),
+    Goal("store_upload", "upload ≥ 0.9× the best other client on the store", ">=", 0.9,
+         _vs_best("upload"), _TIER2_STORES),
+    Goal("store_fetch", "fetch ≥ 0.9× the best other client on the store", ">=", 0.9,
+         _vs_best("download"), _TIER2_STORES),
 )
 
 # What a tierckpt figure is compared with in the "vs DCP" column: the default peer.
 DCP_REFERENCE = {"blocking": "async_default_blocking", "overlap": "async_default_blocking",
                  "durable": "save_t1",
                  "restore": "load_cold", "throughput": "throughput", "ram": "ram_thread",
-                 "upload": "", "download": "", "upload_throughput": ""}
+                 "upload": "", "download": "", "upload_throughput": "", "store_upload": "",
+                 "store_fetch": ""}
 
 
 @dataclass(frozen=True)
