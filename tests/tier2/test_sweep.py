@@ -1,0 +1,182 @@
+"""Deleting from content-addressed tier 2 (tier2/sweep.py through the catalogue): a kill at
+every point of a deletion leaves every complete step restorable, an upload in flight keeps
+what it skipped (its intent, and the lease re-check when a sweep missed the intent), and a
+stale lease expires."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests._synthetic import make_checkpoint
+from tests.tier2.test_content import BASE, derive
+from tierckpt.format import layout, objmap
+from tierckpt.ops.check import check_tier2
+from tierckpt.runtime import events
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage, MemoryStorage, Storage
+from tierckpt.tier2.uploader.transfer import upload_step
+
+
+class Killed(Exception):
+    """The deleting process died here."""
+
+
+Hook = Callable[[str, str, str], None]
+
+
+class Wrapped:
+    """A storage whose calls run ``hook(op, key_or_prefix, "before"|"after")`` (a fake
+    wrapper around a real store, not a mock)."""
+
+    def __init__(self, inner: Storage, hook: Hook) -> None:
+        self.inner, self.hook = inner, hook
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in ("put_bytes", "put_file", "head", "list", "delete", "get_bytes"):
+            return attr
+
+        def call(key: str = "", *a: Any, **kw: Any) -> Any:
+            self.hook(name, key, "before")
+            out = attr(key, *a, **kw)
+            self.hook(name, key, "after")
+            return out
+        return call
+
+
+def _upload(t1: Path, remote: Tier2Catalog, step: int) -> Any:
+    return upload_step(Tier1Catalog(t1), remote, step, log=events.EventLog(t1 / layout.EVENTS))
+
+
+def _four_steps(t1: Path, t2: Path) -> None:
+    """Step 0 in the old layout; 1-4 content-addressed, each sharing most bytes."""
+    make_checkpoint(t1, 0, BASE)
+    st = LocalStorage(t2)
+    for name in (*BASE, layout.MANIFEST, layout.COMPLETE):
+        st.put_bytes(Tier2Catalog.key(0, name), (t1 / "step-00000000" / name).read_bytes())
+    make_checkpoint(t1, 1, BASE)
+    derive(t1, 1, 2, changed={"__0_1.distcp"})
+    derive(t1, 2, 3, changed={"__0_1.distcp"})
+    derive(t1, 3, 4, changed={"__0_1.distcp", ".metadata"})
+    for step in (1, 2, 3, 4):
+        assert _upload(t1, Tier2Catalog(st), step).status == "verified"
+
+
+def _referenced(remote: Tier2Catalog) -> set[str]:
+    return {k for s in remote.complete_steps()
+            for k in (remote.resolve(s).objmap or objmap.ObjectMap(
+                step=s, manifest_sha256="", entries=())).keys().values()}
+
+
+def test_a_kill_at_every_deletion_point_leaves_every_complete_step_whole(
+        tmp_path: Path) -> None:
+    t1, pristine = tmp_path / "t1", tmp_path / "t2"
+    pristine.mkdir()
+    _four_steps(t1, pristine)
+    calls: list[str] = []
+
+    def count(op: str, key: str, when: str) -> None:
+        if op == "delete" and when == "before":
+            calls.append(key)
+
+    probe = tmp_path / "probe"
+    shutil.copytree(pristine, probe)
+    assert Tier2Catalog(Wrapped(LocalStorage(probe), count)).apply_retention(  # type: ignore[arg-type]
+        keep_last=2, keep_every=0) == [0, 1, 2]
+    assert any(k.startswith(objmap.OBJECTS) for k in calls) and len(calls) > 20, calls
+    for kill_at in range(len(calls)):
+        t2 = tmp_path / f"kill{kill_at}"
+        shutil.copytree(pristine, t2)
+        seen = [0]
+
+        def die(op: str, key: str, when: str, kill_at: int = kill_at, seen: list = seen) -> None:
+            if when == "before" and (seen[0] > kill_at or op == "delete"):
+                seen[0] += op == "delete"
+                if seen[0] > kill_at:
+                    raise Killed(f"killed at delete #{kill_at}: {key}")
+
+        try:
+            Tier2Catalog(Wrapped(LocalStorage(t2), die)).apply_retention(  # type: ignore[arg-type]
+                keep_last=2, keep_every=0)
+        except Killed:
+            pass
+        else:
+            raise AssertionError(f"no kill at delete #{kill_at}")
+        remote = Tier2Catalog(LocalStorage(t2))
+        steps = remote.complete_steps()
+        assert {3, 4} <= set(steps), (kill_at, steps)
+        for step in steps:  # every step still complete verifies, every byte
+            report = check_tier2(LocalStorage(t2), step)
+            assert report.ok, (kill_at, calls[kill_at], report.error)
+        remote.apply_retention(keep_last=2, keep_every=0)  # the next pass finishes the job
+        remote.sweep()
+        assert remote.complete_steps() == [3, 4]
+        assert set(remote.content()) == _referenced(remote), kill_at
+        shutil.rmtree(t2)
+
+
+def test_an_upload_in_flight_keeps_what_it_skipped(tmp_path: Path) -> None:
+    """Its map part is an intent: a deletion of the step it shares with spares the objects,
+    and the upload, resumed, completes."""
+    t1 = tmp_path / "t1"
+    make_checkpoint(t1, 1, BASE)
+    derive(t1, 2 - 1, 2, changed={"__0_1.distcp"})
+    st = MemoryStorage()
+    remote = Tier2Catalog(st)
+    assert _upload(t1, remote, 1).status == "verified"
+    shared = {n: remote.resolve(1).key(n) for n in BASE if n != "__0_1.distcp"}
+    st.inject("put_file", error=OSError("link down"))  # the adapter of step 2: never sent
+    assert _upload(t1, remote, 2).status == "failed"
+    remote.delete(1)
+    assert remote.complete_steps() == [] and set(shared.values()) <= set(remote.content())
+    r = _upload(t1, remote, 2)
+    assert r.status == "verified" and r.bytes == BASE["__0_1.distcp"][0]
+    assert check_tier2(st, 2).ok
+
+
+def test_a_sweep_that_missed_the_intent_is_repaired_before_the_marker(tmp_path: Path) -> None:
+    """The race: a sweep lists the maps before an upload writes its part, the upload skips
+    an object that is there, the sweep then deletes it. The upload waits out the sweep's
+    lease, finds the object gone and sends it again before its marker."""
+    t1 = tmp_path / "t1"
+    make_checkpoint(t1, 1, BASE)
+    derive(t1, 1, 2, changed={"__0_1.distcp"})
+    st = MemoryStorage()
+    assert _upload(t1, Tier2Catalog(st), 1).status == "verified"
+    frozen = Tier2Catalog(st).resolve(1).key("__0_0.distcp")
+    listed, skipped = threading.Event(), threading.Event()
+
+    def uploader(op: str, key: str, when: str) -> None:
+        if op == "put_bytes" and key.endswith(".r00000.json") and when == "before":
+            assert listed.wait(10), "the sweep never listed"
+        if op == "head" and key == frozen and when == "after":
+            skipped.set()
+
+    def sweeper(op: str, key: str, when: str) -> None:
+        if op == "list" and key == "step-" and when == "after":
+            listed.set()  # before the upload's part exists
+        if op == "delete" and key.startswith(objmap.OBJECTS) and when == "before":
+            assert skipped.wait(10), "the upload never skipped"
+
+    done: list[Any] = []
+    sweep = threading.Thread(target=lambda: done.append(Tier2Catalog(
+        Wrapped(st, sweeper), sweep_window_s=5).delete(1)))  # type: ignore[arg-type]
+    sweep.start()
+    r = _upload(t1, Tier2Catalog(Wrapped(st, uploader), sweep_window_s=5), 2)  # type: ignore[arg-type]
+    sweep.join(10)
+    assert done and done[0].deleted >= 3  # the sweep did delete what the upload skipped
+    assert r.status == "verified", r
+    assert r.bytes == sum(s for s, _ in BASE.values())  # skipped, then sent again
+    assert st.head(frozen) is not None and check_tier2(st, 2).ok
+
+
+def test_a_stale_lease_expires_and_is_removed(tmp_path: Path) -> None:
+    st = MemoryStorage()
+    st.put_bytes(f"{objmap.SWEEPS}dead.json", b"{}")
+    Tier2Catalog(st, sweep_window_s=0.05).await_sweeps()
+    assert st.list(objmap.SWEEPS) == []
