@@ -13,6 +13,8 @@ import tierckpt.cli.verify  # noqa: F401  (register the commands)
 from tierckpt.errors import MissingFilesError
 from tierckpt.format import layout
 from tierckpt.restore.verify import verify_checkpoint
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage
 
 from ._checkpoints import (
     clone,
@@ -99,7 +101,7 @@ def test_tier2_file_url_ok_then_corrupt_object(template: Path, tmp_path: Path) -
     assert doc["ok"] is True and doc["files"] == len(m.files)
     assert doc["bytes"] == m.total_bytes
     name = shard(t1, 3).name
-    flip_byte(t2 / "step-00000003" / name)
+    flip_byte(t2 / Tier2Catalog(LocalStorage(t2)).resolve(3).key(name))  # its content object
     result = invoke("verify", "3", "--tier", "2", "--tier2", t2.as_uri())
     assert result.exit_code == 1
     assert name in result.stderr

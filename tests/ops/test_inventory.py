@@ -8,14 +8,26 @@ from pathlib import Path
 
 import pytest
 
+from tests._synthetic import make_checkpoint
+from tests.tier2.test_content import BASE, derive
 from tierckpt.errors import ConfigError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
-from tierckpt.ops.inventory import Observed, classify, inventory, observe_tier1, tier0_root
+from tierckpt.ops.inventory import (
+    Observed,
+    classify,
+    inventory,
+    observe_tier1,
+    observe_tier2,
+    tier0_root,
+)
+from tierckpt.runtime import events
 from tierckpt.tier0.root import BASE_ENV, JOB_FILE, PEER_DIR, default_root
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.uploader.transfer import upload_step
 
 NOW = 1_000_000.0
 
@@ -63,7 +75,7 @@ def test_age_is_never_negative_and_json_row() -> None:
     assert e.age_s == 0.0
     assert e.to_json() == {"tier": 1, "step": 1, "name": "step-00000001", "state": "complete",
                            "bytes": 100, "age_s": 0.0, "pinned_by": [], "upload_status": None,
-                           "detail": None, "integrity": None}
+                           "detail": None, "integrity": None, "uploaded_bytes": None}
 
 
 def _commit(root: Path, step: int, *, payload: bytes = b"abc", manifest_step: int | None = None
@@ -156,3 +168,19 @@ def test_tier0_is_listed_where_this_node_holds_the_jobs_root(
     # the default root of another job (same key, another owner) is never read
     (ram / JOB_FILE).write_text(json.dumps({"tier1": "/somewhere/else"}))
     assert tier0_root(t1) is None
+
+
+def test_tier2_rows_show_bytes_uploaded_beside_bytes_referenced(tmp_path: Path) -> None:
+    t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    t2.mkdir()
+    make_checkpoint(t1, 1, BASE)
+    derive(t1, 1, 2, changed={"__0_1.distcp"})
+    log = events.EventLog(t1 / layout.EVENTS)
+    for step in (1, 2):
+        upload_step(Tier1Catalog(t1), Tier2Catalog(LocalStorage(t2)), step, log=log)
+    rows = {o.step: o for o in observe_tier2(LocalStorage(t2))}
+    for step in (1, 2):  # referenced: what the step holds, as its tier-1 copy
+        d = t1 / layout.step_dirname(step)
+        assert rows[step].bytes == sum(p.stat().st_size for p in d.iterdir())
+    assert rows[1].uploaded == sum(s for s, _ in BASE.values())
+    assert rows[2].uploaded == BASE["__0_1.distcp"][0]

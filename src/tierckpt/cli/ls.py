@@ -83,13 +83,20 @@ def ls(
         style = _STYLE.get(e.state, "")
         state = e.state.replace("_", " ")  # "upload failed"
         t.add_row(name, str(e.tier), f"[{style}]{state}[/]" if style else state,
-                  ", ".join(e.pinned_by), format_bytes(e.bytes), age(e.age_s),
+                  ", ".join(e.pinned_by), _size(e), age(e.age_s),
                   e.integrity or "", e.detail or "")
     out.print(t)
     _print_modes(modes)
     if cadence is not None:
         out.print(cadence.describe(), soft_wrap=True, markup=False)
     _tier2_failed(tier2_url, t2_error)
+
+
+def _size(e: inventory.Entry) -> str:
+    """Bytes the checkpoint refers to; on content-addressed tier 2 also what its upload
+    sent (the rest was there already)."""
+    size = format_bytes(e.bytes)
+    return size if e.uploaded is None else f"{size} ({format_bytes(e.uploaded)} uploaded)"
 
 
 def _entries(root: Path, url: str | None, ram: Path | None

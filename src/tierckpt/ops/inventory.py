@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.errors import ConfigError, IntegrityError, StorageError
-from tierckpt.format import layout
+from tierckpt.format import layout, objmap
 from tierckpt.tier0.root import JOB_FILE, PEER_DIR, default_root
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
@@ -74,6 +74,9 @@ class Observed:
     created_unix: float | None = None
     marker_error: str | None = None
     save_id: str | None = None
+    uploaded: int | None = None
+    """Content-addressed tier-2 steps: the bytes their upload sent (``bytes`` is what the
+    step refers to, most of it maybe stored once for several steps); None elsewhere."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,12 +95,14 @@ class Entry:
     integrity: str | None = None
     """How the tier-2 copy was verified on upload (``crc32c`` or ``md5``), when this
     root's uploader recorded it."""
+    uploaded: int | None = None
+    """Bytes the tier-2 upload of a content-addressed step sent (``bytes``: referenced)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"tier": self.tier, "step": self.step, "name": self.name, "state": self.state,
                 "bytes": self.bytes, "age_s": self.age_s, "pinned_by": list(self.pinned_by),
                 "upload_status": self.upload_status, "detail": self.detail,
-                "integrity": self.integrity}
+                "integrity": self.integrity, "uploaded_bytes": self.uploaded}
 
 
 def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, Any]],
@@ -137,6 +142,7 @@ def classify(observed: Iterable[Observed], *, upload: Mapping[int, Mapping[str, 
                 detail = "this node's files verified; waiting for other nodes"
         age = None if o.created_unix is None else max(0.0, now - o.created_unix)
         out.append(Entry(tier=o.tier, step=o.step, name=o.name, state=state, bytes=o.bytes,
+                         uploaded=o.uploaded,
                          age_s=age, upload_status=status, detail=detail,
                          integrity=None if integrity is None else str(integrity),
                          pinned_by=tuple(sorted(pins.get(o.step, ()))) if o.tier == 1 else ()))
@@ -224,23 +230,33 @@ def _observe_dir(root: Path, *, tier: int, prefix: str = "") -> list[Observed]:
 
 def observe_tier2(storage: Storage) -> list[Observed]:
     """Every checkpoint prefix in ``storage``: committed ones have their marker checked
-    against their manifest (two small reads each); sizes come from one listing."""
+    against their manifest (and their object map read: three small reads each); sizes come
+    from one listing. A content-addressed step's ``bytes`` are its files wherever they are
+    stored plus its manifest and marker (what it refers to, as on tier 1), ``uploaded``
+    what its upload sent."""
     cat = Tier2Catalog(storage)
     out = []
     for step, objects in cat.objects().items():
         committed = layout.COMPLETE in objects
-        created, err, save_id = None, None, None
+        created, err, save_id, uploaded = None, None, None, None
+        size = sum(objects.values())
         if committed:
             try:
-                m = cat.read_committed(step).manifest
+                where = cat.resolve(step)
+                m = where.committed.manifest
                 created, save_id = m.created_unix or None, m.save_id
+                if where.objmap is not None:
+                    uploaded = where.objmap.uploaded
+                    size = where.objmap.referenced + sum(
+                        n for k, n in objects.items()
+                        if k != objmap.MAP and not objmap.is_part(k))
             except ObjectNotFoundError:
                 err = "COMPLETE present but manifest.json missing"
             except (IntegrityError, StorageError) as x:
                 err = f"{type(x).__name__}: {x}"
         out.append(Observed(tier=2, step=step, name=layout.step_dirname(step),
-                            committed=committed, bytes=sum(objects.values()),
-                            created_unix=created, marker_error=err, save_id=save_id))
+                            committed=committed, bytes=size, created_unix=created,
+                            marker_error=err, save_id=save_id, uploaded=uploaded))
     return out
 
 
