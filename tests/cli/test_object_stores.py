@@ -79,7 +79,11 @@ def test_the_checkpoint_commands_on_the_store(
     assert invoke_json(*args, "--yes")["applied"] is True
     with open_storage(url) as st:
         assert Tier2Catalog(st).complete_steps() == [3]
-    assert sorted({n.split("/")[0] for n in names()}) == ["step-00000003"]  # every object
+        kept = Tier2Catalog(st).resolve(3).objmap
+    assert kept is not None
+    rest = names()  # every object of steps 1 and 2, but the content step 3 still refers to
+    assert sorted({n.split("/")[0] for n in rest}) == ["objects", "step-00000003"]
+    assert {n for n in rest if n.startswith("objects/")} == set(kept.keys().values())
     assert Tier1Catalog(t1).complete_steps() == [3, 2, 1]  # --keep-last 3 kept tier 1 whole
 
 

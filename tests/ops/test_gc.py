@@ -1,11 +1,23 @@
-"""cleanup.plan_gc from values: retention's guarantees hold for gc."""
+"""cleanup.plan_gc from values: retention's guarantees hold for gc; collect on a
+content-addressed tier 2 with a step of the old layout."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests._synthetic import make_checkpoint
+from tests.tier2.test_content import BASE, derive
 from tierckpt.errors import ConfigError
-from tierckpt.ops.gc import GcPolicy, plan_gc
+from tierckpt.format import layout
+from tierckpt.ops.check import check_tier2
+from tierckpt.ops.gc import GcPolicy, collect, plan_gc
+from tierckpt.runtime import events
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.uploader.transfer import upload_step
 
 
 def test_keep_last_pins_and_newest() -> None:
@@ -55,3 +67,27 @@ def test_stale_names_are_listed_sorted() -> None:
 def test_policy_names_the_bad_knob(kw: dict, name: str) -> None:
     with pytest.raises(ConfigError, match=name):
         GcPolicy(**kw)
+
+
+def test_collect_cleans_an_old_layout_step_and_unreferenced_content(tmp_path: Path) -> None:
+    """gc --tier2 deletes a step written before content addressing (every member under
+    its prefix) and a content-addressed one, and keeps what the newest still refers to."""
+    t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    t2.mkdir()
+    st = LocalStorage(t2)
+    make_checkpoint(t1, 1, BASE)
+    for name in (*BASE, layout.MANIFEST, layout.COMPLETE):  # the old layout, by hand
+        st.put_bytes(Tier2Catalog.key(1, name), (t1 / "step-00000001" / name).read_bytes())
+    derive(t1, 1, 2, changed={"__0_1.distcp"})
+    derive(t1, 2, 3, changed={"__0_1.distcp"})
+    for step in (2, 3):
+        upload_step(Tier1Catalog(t1), Tier2Catalog(st), step,
+                    log=events.EventLog(t1 / layout.EVENTS))
+    plan = collect(t1, GcPolicy(keep_last=3, tier2_keep_last=1), storage=st, apply=True)
+    assert plan.tier2 == (1, 2)
+    remote = Tier2Catalog(st)
+    kept = remote.resolve(3).objmap
+    assert remote.complete_steps() == [3] and kept is not None
+    assert {i.key.split("/")[0] for i in st.list()} == {"objects", "step-00000003"}
+    assert set(remote.content()) == set(kept.keys().values())
+    assert check_tier2(st, 3).ok

@@ -11,7 +11,9 @@ given — offline, the job's own configuration is unknown, so gc assumes the saf
 job holds for its lifetime, so gc can never race a job's saves or retention; a held lock
 raises :class:`~tierckpt.errors.LockError`), reads both tiers through their catalogues,
 plans, and, only with ``apply=True``, deletes: tier-1 checkpoints by rename-then-remove,
-leftover tmp/half-deleted directories of crashed saves, and tier-2 checkpoints marker first.
+leftover tmp/half-deleted directories of crashed saves, and tier-2 checkpoints marker first
+(then, once, the content objects no remaining tier-2 step references:
+:meth:`~tierckpt.tier2.catalog.Tier2Catalog.sweep`).
 Directories without a marker under a final name and quarantined checkpoints are never
 touched: they are evidence, for a person to look at.
 
@@ -158,7 +160,9 @@ def collect(tier1: Path, policy: RetentionPolicy, *, storage: Storage | None = N
         cat.clean_stale()
         for step in plan.tier2 or ():
             assert remote is not None
-            remote.delete(step)
+            remote.delete(step, sweep=False)
+        if remote is not None and plan.tier2:
+            remote.sweep()  # once: the content objects no remaining step references
         return dataclasses.replace(plan, applied=True)
     finally:
         lock.release()
