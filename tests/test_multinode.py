@@ -21,6 +21,9 @@ from tests._launch import WORKLOADS, read_jsonl
 from tierckpt._ports import free_port
 from tierckpt.format import layout
 from tierckpt.format import manifest as mf
+from tierckpt.ops.check import check_tier2
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage
 from tierckpt.tier2.uploader import Uploader, UploaderConfig
 
 TRAIN = WORKLOADS / "fsdp_train.py"
@@ -70,9 +73,11 @@ def test_each_node_holds_only_its_files_and_tier2_has_all(trained: tuple[Path, s
         ["__0_0.distcp"]
     assert sorted(p.name for p in (base / "node1/step-00000011").glob("*.distcp")) == \
         ["__1_0.distcp"]
-    remote = base / "tier2" / "step-00000011"
-    assert (remote / layout.COMPLETE).exists()
-    assert {f.name for f in m0.files} <= {p.name for p in remote.iterdir()}
+    remote = Tier2Catalog(LocalStorage(base / "tier2"))
+    where = remote.resolve(11)  # content-addressed: both nodes' parts merged in one map
+    assert where.objmap is not None and where.committed.manifest == m0
+    assert {where.key(f.name) for f in m0.files} <= set(remote.content())
+    assert check_tier2(remote.storage, 11).ok
 
 
 def _resume(tmp: Path, tier2: str, name: str) -> list[dict]:
