@@ -21,8 +21,13 @@ from tierckpt.errors import (
     UnsafeCheckpointError,
 )
 from tierckpt.format import layout
+from tierckpt.runtime import events
 from tierckpt.share.contents import contents
 from tierckpt.share.source import open_checkpoint
+from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.uploader.transfer import upload_step
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +74,37 @@ def test_sources_step_dir_and_tier2_url_and_a_given_step(saved: tuple[Path, dict
     assert tierckpt.load(root / layout.step_dirname(1), model).step == 1
     assert _equal(model, weights[1])
     assert tierckpt.load(root, model, step=2).step == 2 and _equal(model, weights[2])
-    # a file:// tier 2 laid out as the uploader does: <prefix>/step-XXXXXXXX/<member>
+    # a file:// tier 2 laid out as the uploader did before issue 41 (layout 1):
+    # <prefix>/step-XXXXXXXX/<member>
     store = tmp_path / "bucket"
     shutil.copytree(root / layout.step_dirname(2), store / layout.step_dirname(2))
     r = tierckpt.load(store.as_uri(), mlp(seed=7))
     assert r.tier == "tier2" and r.step == 2
     with pytest.raises(NoCheckpointError, match="step 9"):
         tierckpt.load(root, model, step=9)
+
+
+def test_a_content_addressed_tier2_reads_ranges_through_its_map(
+        saved: tuple[Path, dict], root: Path, tmp_path: Path) -> None:
+    """Both steps uploaded (layout 2): each member's ranges come from its content object
+    through the step's map, each verified; a damaged object is caught, never loaded."""
+    weights = saved[1]
+    store = tmp_path / "bucket"
+    store.mkdir()
+    remote = Tier2Catalog(LocalStorage(store))
+    for step in (1, 2):
+        r = upload_step(Tier1Catalog(root), remote, step,
+                        log=events.EventLog(root / layout.EVENTS))
+        assert r.status == "verified"
+    for step in (1, 2):
+        model = mlp(seed=7)
+        got = tierckpt.load(store.as_uri(), model, step=step)
+        assert (got.tier, got.step, got.verified) == ("tier2", step, "chunks")
+        assert _equal(model, weights[step])
+    path, offset, length = record(root, 2, "model.0.weight")
+    flip_byte(store / remote.resolve(2).key(path.name), offset + length // 2)
+    with pytest.raises(CorruptDataError, match=r"model\.0\.weight.*CRC32C"):
+        tierckpt.load(store.as_uri(), mlp(seed=7), step=2)
 
 
 def test_into_none_and_several_keys(saved: tuple[Path, dict]) -> None:
