@@ -13,8 +13,14 @@
    and PUT the ones a concurrent sweep removed (tier 1 is pinned, so the bytes are there).
 
 The skip trusts what the store reports (size and full-object CRC32C), as the resume of an
-interrupted upload always did; a damaged object whose metadata still matches is caught on
-every read, which checks the bytes against the manifest's CRC32C.
+interrupted upload always did; an object whose CRC32C the store does not report is sent
+again, and then refused as before (the uploader verifies every object by that report). A
+damaged object whose metadata still matches is caught on every read, which checks the bytes
+against the manifest's CRC32C.
+
+Granularity: a *file* is the unit. DCP writes one shard file per rank holding all of its
+tensors, so a frozen tensor saves upload only when it sits in a file whose bytes did not
+change (writing frozen tensors to files of their own is the saver's part of issue 41).
 """
 
 from __future__ import annotations
