@@ -114,7 +114,7 @@ def test_upload_order_marker_last_and_state(tmp_path: Path) -> None:
     where = Tier2Catalog(store).resolve(10)
     assert sorted(keys[1:4]) == sorted(where.key(n) for n in SMALL)
     assert all(where.key(n).startswith("objects/sha256/") for n in SMALL)
-    assert store.puts[4:] == [(part, False), ("step-00000010/objects.json", False),
+    assert store.puts[4:] == [("step-00000010/objects.json", False),
                               ("step-00000010/manifest.json", False),
                               ("step-00000010/COMPLETE", True)]
     assert store.head(part) is None  # dropped once the marker landed

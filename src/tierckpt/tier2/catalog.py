@@ -138,8 +138,13 @@ class Tier2Catalog:
         return [sw.read_map(self.storage, i.key) for i in self.storage.list(prefix)
                 if objmap.is_part(i.key[len(prefix):])]
 
-    def drop_parts(self, step: int) -> None:
-        """Remove ``step``'s map parts (once its marker and merged map protect its objects)."""
+    def drop_parts(self, step: int, tags: list[str] | None = None) -> None:
+        """Remove ``step``'s map parts (once its marker and merged map protect its objects):
+        those of ``tags`` (no listing), else every one listed."""
+        if tags is not None:
+            for tag in tags:
+                self.storage.delete(self.key(step, objmap.part_name(tag)))
+            return
         prefix = f"{layout.step_dirname(step)}/"
         for i in self.storage.list(prefix):
             if objmap.is_part(i.key[len(prefix):]):

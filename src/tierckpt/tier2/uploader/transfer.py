@@ -16,11 +16,13 @@ Per checkpoint, in this order (:func:`upload_step`; the object steps are in
    size and CRC32C for it, else upload it with the manifest's CRC32C as the object's
    full-object checksum (end to end: the server checks the bytes computed at write time);
 5. when anything was skipped, wait until no sweep may still be deleting, then HEAD every
-   own object again and upload what went missing; rewrite the part with the bytes sent;
-6. merge every root's part: if another node's files are not all there yet, record
-   ``files_verified`` and stop (that node's uploader commits when it finishes);
-7. upload the merged map ``objects.json``, then ``manifest.json``, verify it, then
-   ``COMPLETE`` last with a create-only write, then drop the parts;
+   own object again and upload what went missing;
+6. when this root holds every file, its part (with the bytes sent) is the map; else rewrite
+   the part with the bytes sent and merge every root's part: if another node's files are
+   not all there yet, record ``files_verified`` and stop (that node's uploader commits when
+   it finishes);
+7. upload the map ``objects.json``, then ``manifest.json``, verify it, then ``COMPLETE``
+   last with a create-only write, then drop the parts;
 8. record ``verified``, run the caller's ``committed`` hook (tier-2 retention), unpin.
 
 A crash at any point leaves no marker over unverified objects; a restart redoes the step
@@ -141,12 +143,17 @@ class _StepUpload:
         if skipped:
             self.remote.await_sweeps()
         sent += content.recheck(st, self.ckpt, entries, step)
-        self.remote.write_part(step, dataclasses.replace(part, uploaded=sent), tag)
-        merged = self._merged(m, manifest_bytes, {e.name for e in entries})
+        part = dataclasses.replace(part, uploaded=sent)
+        if len(entries) == len(m.files):  # one root holds it all: its part is the map
+            merged: objmap.ObjectMap | None = part
+        else:
+            self.remote.write_part(step, part, tag)
+            merged = self._merged(m, manifest_bytes, {e.name for e in entries})
         if merged is None:  # other nodes' files: the last node to finish writes the marker
             return self._record("files_verified", sent)
         st.put_bytes(self.key(objmap.MAP), merged.to_bytes(mf.signing_key()))
-        return self._commit(manifest_bytes, marker, sent)
+        return self._commit(manifest_bytes, marker, sent,
+                            tags=[tag] if merged is part else None)
 
     def _merged(self, m: mf.Manifest, manifest_bytes: bytes,
                 own: set[str]) -> objmap.ObjectMap | None:
@@ -170,8 +177,10 @@ class _StepUpload:
                                      "checkpoint")
         return own
 
-    def _commit(self, manifest_bytes: bytes, marker: bytes, sent: int) -> UploadResult:
-        """Steps 5 and 6: manifest, verified; the marker, create-only, read back."""
+    def _commit(self, manifest_bytes: bytes, marker: bytes, sent: int,
+                tags: list[str] | None) -> UploadResult:
+        """Steps 7 and 8: manifest, verified; the marker, create-only, read back; the map
+        parts dropped (``tags``: only these, else every part listed)."""
         st, step = self.remote.storage, self.step
         info = st.put_bytes(self.key(layout.MANIFEST), manifest_bytes)
         if st.head(self.key(layout.MANIFEST)) != info:
@@ -182,7 +191,7 @@ class _StepUpload:
             return self._already_there(False)
         if st.get_bytes(self.key(layout.COMPLETE)) != marker:
             raise IntegrityError(f"step {step}: COMPLETE on tier 2 does not read back")
-        self.remote.drop_parts(step)  # the marker and objects.json protect the objects now
+        self.remote.drop_parts(step, tags)  # the marker and objects.json protect them now
         r = self._record("verified", sent)
         if self.committed is not None:
             self.committed()
