@@ -74,8 +74,10 @@ class Run:
 
 
 def submit(slurm: SlurmCluster, d: Path, *, steps: int = STEPS, lead: int = 30,
-           sbatch: tuple[str, ...] = (), train: tuple[str, ...] = ()) -> Run:
-    """Write the script with ``tierckpt launch slurm`` and submit it to ``low``."""
+           sbatch: tuple[str, ...] = (), train: tuple[str, ...] = (),
+           env: dict[str, str] | None = None) -> Run:
+    """Write the script with ``tierckpt launch slurm`` and submit it to ``low`` (``env``:
+    more of the job's environment)."""
     d.mkdir(parents=True, exist_ok=True)
     (port,) = _free_ports(1)
     gen = subprocess.run(
@@ -90,9 +92,9 @@ def submit(slurm: SlurmCluster, d: Path, *, steps: int = STEPS, lead: int = 30,
     assert gen.returncode == 0, gen.stderr
     script = d / "job.sbatch"
     script.write_text(gen.stdout)
-    env = {"OMP_NUM_THREADS": "1", "TIERCKPT_PROGRESS_EVERY_S": "0",
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    return Run(slurm.sbatch(script, "-p", "low", env=env), d)
+    job_env = {"OMP_NUM_THREADS": "1", "TIERCKPT_PROGRESS_EVERY_S": "0",
+               "PYTHONPATH": os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return Run(slurm.sbatch(script, "-p", "low", env=job_env), d)
 
 
 def wait_steps(slurm: SlurmCluster, run: Run, n: int) -> None:
@@ -206,18 +208,20 @@ def test_preempted_is_requeued_and_resumes_from_the_emergency_save(
 def test_time_limit_with_signal_is_requeued_and_resumes(
         slurm: SlurmCluster, tmp_path: Path, reference: dict[str, Any]) -> None:
     """A 1-minute limit and a 20 s lead: USR1 comes 20-50 s before the limit (slurmctld
-    looks every 30 s), while the 300 steps train; each run saves, requeues, and the next
-    resumes, until all are done. 0.2 s per step makes the work longer than one allocation
-    on any machine: a fast one once finished 600 plain steps before its USR1 came."""
-    run = submit(slurm, tmp_path, steps=300, lead=20, sbatch=("--time=1",),
-                 train=("--step-sleep", "0.2"))
+    looks every 30 s), while the 240 steps train; each run saves, requeues, and the next
+    resumes, until all are done. 0.2 s per step makes the work (48 s) longer than one
+    allocation trains on any machine (at most 40 s before its USR1: a fast one once
+    finished 600 plain steps); on a loaded one a run may train only a few seconds after
+    its start-up, so the job may requeue up to 12 times (TIERCKPT_MAX_REQUEUES)."""
+    run = submit(slurm, tmp_path, steps=240, lead=20, sbatch=("--time=1",),
+                 train=("--step-sleep", "0.2"), env={"TIERCKPT_MAX_REQUEUES": "12"})
     info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, run.log()
     assert "time limit ahead (--signal); emergency save" in run.log(None)
     assert all(e["source"] == "signal:SIGUSR1" for e in run.events(ev.PREEMPT_NOTICE))
     pairs = resumes(run)
     assert pairs and all(0 <= n <= 1 for n in lost_steps(pairs)), pairs
-    assert sorted({r["step"] for r in run.losses}) == list(range(300))
+    assert sorted({r["step"] for r in run.losses}) == list(range(240))
     assert requeues_started(run) == list(range(int(info["Restarts"]) + 1))
     assert set(graces(run)) == {("signal:SIGUSR1", 20.0)}  # the --signal lead
 

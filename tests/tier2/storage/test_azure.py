@@ -20,7 +20,7 @@ from faultproxy import FaultProxy, Rule
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
 from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode, UploadMode
-from tierckpt.tier2.probe import probe_url
+from tierckpt.tier2.probe import probe_url, server_identity
 from tierckpt.tier2.storage import BadDigestError, open_storage
 from tierckpt.tier2.storage.azure import AzureConfig, AzureStorage
 
@@ -99,7 +99,8 @@ def test_wrong_key_fails_loudly_without_leaking_it(azure_env: AzureEnv,
 def test_probe_answers_on_azurite(azure_env: AzureEnv) -> None:
     r = probe_url(azure_env.url)
     c = r.capabilities
-    assert c.server == azure_env.url
+    assert c.server == server_identity(azure_env.url)  # the account's endpoint + container
+    assert c.server.endswith(f"/devstoreaccount1|{azure_env.url.split('/')[2]}")
     assert (c.basic_ops, c.ranged_get, c.multipart, c.multipart_list, c.multipart_abort) == (
         True, True, True, True, True)
     assert (c.md5_verified, c.etag_is_md5, c.if_none_match) == (True, False, True)
