@@ -35,7 +35,7 @@ SMALL = {".metadata": (300, None), "__0_0.distcp": (3000, 0)}
 # The probe is the job's (cached on tier 1): each uploader here is told the modes instead.
 OPTIONS = {"integrity": "crc32c", "marker": "create-only", "max_attempts": 3,
            "read_timeout_s": 20.0, "connect_timeout_s": 5.0}
-RATE = 150.0
+RATE = 200.0
 """Requests a second the endpoint serves; the rest get 503 SlowDown (Retry-After: 1)."""
 
 
@@ -71,7 +71,7 @@ def upload_until_done(up: Uploader, step: int) -> UploadResult:
         if r.status in DONE:
             done.set()
 
-    watch.run(up, done, poll_s=0.2, watch=True, finished=finished)
+    watch.run(up, done, poll_s=0.05, watch=True, finished=finished)
     return last[-1]
 
 
@@ -80,9 +80,9 @@ def test_256_uploaders_behind_a_throttled_endpoint_lose_no_save(
         s3_env: S3Env, fault_proxy: FaultProxy, tmp_path: Path) -> None:
     manifests = [make_checkpoint(tmp_path / f"node{i}", 7, SMALL) for i in range(CLIENTS)]
     uploaders = [Uploader(UploaderConfig(tier1=tmp_path / f"node{i}", tier2=f"{s3_env.url}/job{i}",
-                                         storage_options=OPTIONS, poll_s=0.2))
+                                         storage_options=OPTIONS, poll_s=0.05))
                  for i in range(CLIENTS)]  # opened first: their requests then arrive together
-    fault_proxy.throttle(RATE, burst=20, retry_after_s=1)
+    fault_proxy.throttle(RATE, burst=10, retry_after_s=1)
     try:
         results = run_threads(CLIENTS, lambda i: upload_until_done(uploaders[i], 7),
                               timeout_s=240)
