@@ -14,7 +14,7 @@ from tierckpt.errors import MissingFilesError
 from tierckpt.format import layout
 from tierckpt.restore.verify import verify_checkpoint
 from tierckpt.tier2.catalog import Tier2Catalog
-from tierckpt.tier2.storage import LocalStorage
+from tierckpt.tier2.storage import LocalStorage, open_storage
 
 from ._checkpoints import (
     clone,
@@ -123,7 +123,8 @@ def test_tier2_on_s3_ok_then_overwritten_object(template: Path, tmp_path: Path,
     bad = shard(t1, 3)
     data = bytearray(bad.read_bytes())
     data[100] ^= 0xFF
-    key = f"{s3_env.prefix}/step-00000003/{bad.name}"
+    with open_storage(s3_env.url) as st:  # the step's content object (its map says which)
+        key = f"{s3_env.prefix}/{Tier2Catalog(st).resolve(3).key(bad.name)}"
     s3_env.client().put_object(Bucket=s3_env.bucket, Key=key, Body=bytes(data))
     result = invoke("verify", "3", "--tier", "2", "--tier2", s3_env.url)
     assert result.exit_code == 1
