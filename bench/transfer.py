@@ -60,6 +60,7 @@ from bench.state import StateModule, build_state, make_specs
 from bench.training import Loop, summarize_throughput
 from tierckpt import CheckpointManager, TrainState
 from tierckpt.format import layout
+from tierckpt.format import manifest as mf
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
@@ -230,9 +231,11 @@ class _Transfers:
         dest = self.work / "boto3-download"
         dest.mkdir()
 
+        where = self.up.remote.resolve(STEP)  # the step's content objects (its map)
+
         def get(name: str) -> None:
-            self.client.download_file(self.st.bucket, self._key(name), str(dest / name),
-                                      Config=self.tcfg)
+            key = "/".join(p for p in (self.st.prefix, where.key(name)) if p)
+            self.client.download_file(self.st.bucket, key, str(dest / name), Config=self.tcfg)
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(FETCH_PARALLEL) as pool:
@@ -268,6 +271,17 @@ def _timed_all(t: _Transfers, repeats: int, server_dir: Path | None
     return runs, evictions
 
 
+def _objects(remote: Tier2Catalog, manifest: mf.Manifest) -> dict[str, int]:
+    """The tier-2 size of each member of ``STEP``: the step's own objects (manifest, map,
+    marker) and each file's content object, found through the step's map."""
+    where = remote.resolve(STEP)
+    sizes = dict(remote.objects().get(STEP, {}))
+    for f in manifest.files:
+        info = remote.storage.head(where.key(f.name))
+        sizes[f.name] = -1 if info is None else info.size
+    return sizes
+
+
 def _transfers(t: _Transfers, repeats: int, server_dir: Path | None) -> dict[str, Any]:
     (runs, evictions), s, n = _timed_all(t, repeats, server_dir), t.saved, t.saved.nbytes
     c = t.st.config
@@ -287,7 +301,7 @@ def _transfers(t: _Transfers, repeats: int, server_dir: Path | None) -> dict[str
         status=last.status, uploaded_bytes=last.bytes,
         library_seconds=[r.seconds for r in t.uploads],
         complete=committed.manifest_bytes == s.manifest,
-        objects=t.up.remote.objects().get(STEP, {}))
+        objects=_objects(t.up.remote, committed.manifest))
     root, got = t.fetched[-1]
     fetched = Tier1Catalog(root).read_committed(STEP)
     out["tierckpt_download"].update(

