@@ -48,9 +48,8 @@ from bench.limits import write_limits
 from bench.measure import best_of
 from bench.pagecache import files_under, resident_fraction
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
-from bench.transfer import remove_remote, tier2
+from bench.transfer import content_keys, remove_remote, tier2
 from tierckpt import CheckpointManager, TrainState
-from tierckpt.format import layout
 from tierckpt.share.export import export
 from tierckpt.share.loader import load
 from tierckpt.share.source import open_checkpoint
@@ -121,7 +120,6 @@ def _save_and_upload(root: Path, url: str, model: StateModule,
 
 
 def _saved(url: str) -> Saved:
-    prefix = parse_url(url).prefix
     with open_checkpoint(url, step=STEP) as ckpt:
         md = ckpt.metadata()
         if md.storage_data is None:
@@ -131,8 +129,7 @@ def _saved(url: str) -> Saved:
         total = ckpt.manifest.total_bytes
         sizes = {f.name: f.size for f in ckpt.manifest.files if f.name.endswith(".distcp")}
 
-    def key(name: str) -> str:
-        return layout.object_key(prefix, STEP, name)
+    key = content_keys(url, STEP)  # each shard's object, through the step's map
 
     return Saved(url, total, {key(n): s for n, s in sizes.items()},
                  [(key(n), o, ln) for n, o, ln in sorted(ranges)])

@@ -62,11 +62,10 @@ from bench.limits import measure_limits
 from bench.measure import best_of
 from bench.pagecache import evict, files_under
 from bench.state import StateModule, build_state, empty_like_state, make_specs, state_bytes
-from bench.transfer import ENDPOINT_ENV, remove_remote, weed_missing
+from bench.transfer import ENDPOINT_ENV, content_keys, remove_remote, weed_missing
 from bench.transfer import tier2 as transfer_tier2
 from tierckpt import CheckpointManager, Tier0, Tier2, TrainState
 from tierckpt.cli.demo import CLUSTER_NODES, NODE_MTBF_S
-from tierckpt.format import layout
 from tierckpt.policy import plan as planlib
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.storage.url import parse_url
@@ -124,19 +123,18 @@ def _plain_download(url: str, members: dict[str, int], step: int, dest: Path) ->
     """The tier-2 limit: seconds to fetch ``members`` of ``step`` into files under ``dest``
     with plain boto3 (s3://) or ``shutil.copyfile`` (file://); nothing verified or synced."""
     u = parse_url(url)
+    key = content_keys(url, step)  # each member's object, through the step's map
     if u.scheme == "file":
-        src = Path(u.location) / layout.step_dirname(step)
 
         def fetch(name: str, path: Path) -> None:
-            shutil.copyfile(src / name, path)
+            shutil.copyfile(Path(u.location) / key(name), path)
     else:
         from bench import tier2_servers as t2  # lazy: importing it puts tests/ on sys.path
 
         client, tcfg = t2._boto3(os.environ.get("AWS_ENDPOINT_URL"))  # type: ignore[arg-type]
 
         def fetch(name: str, path: Path) -> None:
-            client.download_file(u.location, layout.object_key(u.prefix, step, name),
-                                 str(path), Config=tcfg)
+            client.download_file(u.location, key(name), str(path), Config=tcfg)
 
     def run() -> float:
         dest.mkdir(parents=True, exist_ok=True)

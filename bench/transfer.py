@@ -67,6 +67,7 @@ from tierckpt.tier2.fetch import fetch_into_tier1
 from tierckpt.tier2.storage import open_storage
 from tierckpt.tier2.storage.s3 import S3Storage
 from tierckpt.tier2.storage.s3client import make_client
+from tierckpt.tier2.storage.url import parse_url
 from tierckpt.tier2.uploader import Uploader, UploaderConfig, UploaderProcess, UploadResult
 
 ENDPOINT_ENV = "TIERCKPT_BENCH_S3_URL"
@@ -269,6 +270,16 @@ def _timed_all(t: _Transfers, repeats: int, server_dir: Path | None
                     evictions.append(evict(files_under(server_dir)).to_json())
                 runs[name].append(fn())
     return runs, evictions
+
+
+def content_keys(url: str, step: int) -> Callable[[str], str]:
+    """The full key (the URL's prefix included; for ``file://`` the path under its
+    directory) of each member of tier-2 ``step``, through the step's map (content-addressed
+    tier 2), for a plain client's baseline."""
+    prefix = parse_url(url).prefix
+    with open_storage(url) as st:
+        where = Tier2Catalog(st).resolve(step)
+    return lambda name: "/".join(p for p in (prefix, where.key(name)) if p)
 
 
 def _objects(remote: Tier2Catalog, manifest: mf.Manifest) -> dict[str, int]:

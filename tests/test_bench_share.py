@@ -38,7 +38,8 @@ def test_section_fields_and_ratios(section: dict[str, Any], s3_server: Any) -> N
         assert m["seconds"] > 0 and m["bytes"] > 0 and m["MB_s"] > 0, (key, m)
         assert m["seconds"] == min(m["runs"])
     ck = s["checkpoint"]
-    assert ck["bytes"] == s["load"]["checkpoint_bytes"] == ck["upload_bytes"] > 0
+    # tier 2 is content-addressed: a small file whose bytes another holds is sent once
+    assert ck["bytes"] == s["load"]["checkpoint_bytes"] >= ck["upload_bytes"] > 0
     # model ≈ 1/3 of model + AdamW: only its records (plus metadata) were read
     assert s["model_bytes"] < s["load"]["bytes"] < 0.5 * ck["bytes"]
     assert s["load"]["read_ratio"] == pytest.approx(s["load"]["bytes"] / ck["bytes"])
