@@ -28,16 +28,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, HttpResponseError
 
 from tierckpt.errors import ConfigError, StorageError
-from tierckpt.format import checksum
-from tierckpt.tier1.fs import fsync_dir, start_writeback
 from tierckpt.tier2.storage.azurebase import is_missing_blob
 from tierckpt.tier2.storage.azureclient import (
     AzureConfig,
@@ -48,7 +44,6 @@ from tierckpt.tier2.storage.azureclient import (
 from tierckpt.tier2.storage.azurewrites import AzureWrites
 from tierckpt.tier2.storage.base import (
     TMP_MARK,
-    BadDigestError,
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
@@ -57,6 +52,7 @@ from tierckpt.tier2.storage.base import (
     validate_key,
     validate_prefix,
 )
+from tierckpt.tier2.storage.ranged import get_file_verified, range_into_file, read_ranges
 
 __all__ = ["AzureConfig", "AzureStorage"]
 
@@ -125,43 +121,16 @@ class AzureStorage(AzureWrites):
         raise StorageError(f"get {self.url}/{key}: range at {offset} broke off "
                            f"{self.config.max_attempts} times")
 
-    def _ranges(self, offset: int, length: int) -> list[tuple[int, int]]:
-        step = self.config.block_size
-        return [(offset + o, min(step, length - o)) for o in range(0, length, step)]
-
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         check_range(offset, length)
         if length == 0:
             if self.head(key) is None:
                 raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
             return b""
-        buf = bytearray(length)
-        view = memoryview(buf)
-
-        def sink(pos: int, data: bytes) -> None:
-            view[pos - offset:pos - offset + len(data)] = data
-
-        self._parallel(self._ranges(offset, length),
-                       lambda r: self._get_range(key, None, r[0], r[1], sink))
+        data = read_ranges(functools.partial(self._get_range, key, None), offset, length,
+                           part=self.config.block_size, parallel=self._parallel)
         self._reads.add(length)
-        return bytes(buf)
-
-    def _range_into(self, fd: int, key: str, etag: str, r: tuple[int, int]) -> int:
-        """Write bytes ``r = (offset, length)`` of ``key`` into ``fd`` at the same offsets;
-        returns their CRC32C, taken as they arrive (a range asked again starts it over)."""
-        offset, length = r
-        crc = 0
-
-        def sink(pos: int, data: bytes) -> None:
-            nonlocal crc
-            if pos == offset:
-                crc = 0
-            os.pwrite(fd, data, pos)
-            crc = checksum.extend(crc, data)
-
-        self._get_range(key, etag, offset, length, sink)
-        start_writeback(fd, offset, length)  # on the disk while the other ranges arrive
-        return crc
+        return data
 
     def get_file(self, key: str, path: str | os.PathLike[str], *,
                  crc32c: int | None = None) -> ObjectInfo:
@@ -169,39 +138,15 @@ class AzureStorage(AzureWrites):
         if p is None:
             raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
         size, etag = int(p.size), str(p.etag)
-        want = crc32c if crc32c is not None else crc_of_metadata(p.metadata)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.{dest.name}")
-        ranges = self._ranges(0, size)
-        try:
-            for _attempt in range(self.config.digest_attempts):
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-                try:
-                    os.ftruncate(fd, size)
-                    crcs = self._parallel(ranges, functools.partial(self._range_into, fd,
-                                                                    key, etag))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                got = 0  # the file's CRC32C from the ranges' (taken as they arrived)
-                for (_, length), crc in zip(ranges, crcs, strict=True):
-                    got = checksum.combine(got, crc, length)
-                if want is None or got == want:
-                    os.replace(tmp, dest)
-                    fsync_dir(dest.parent)
-                    self._reads.add(size)
-                    return ObjectInfo(key=key, size=size, crc32c=got)
-            raise BadDigestError(f"get {self.url}/{key}: downloaded bytes do not match crc32c "
-                                 f"{checksum.to_hex(want or 0)} "
-                                 f"({self.config.digest_attempts} tries)")
-        except OSError as e:
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"get {self.url}/{key}: cannot write {path}: {e.strerror}") from e
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        got = get_file_verified(
+            f"get {self.url}/{key}", path, size=size,
+            want=crc32c if crc32c is not None else crc_of_metadata(p.metadata),
+            part=self.config.block_size, attempts=self.config.digest_attempts,
+            range_into=functools.partial(range_into_file,
+                                         functools.partial(self._get_range, key, etag)),
+            parallel=self._parallel)
+        self._reads.add(size)
+        return ObjectInfo(key=key, size=size, crc32c=got)
 
     # -- listing and deletion -----------------------------------------------------------
     def _names(self, prefix: str, *, uncommitted: bool = False) -> dict[str, int]:

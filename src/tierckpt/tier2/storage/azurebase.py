@@ -8,7 +8,6 @@ verified against it).
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,6 +30,7 @@ from tierckpt.tier2.storage.base import (
     ObjectNotFoundError,
     validate_key,
 )
+from tierckpt.tier2.storage.pool import run_bounded
 
 T = TypeVar("T")
 BLOB_NOT_FOUND = "BlobNotFound"
@@ -98,21 +98,8 @@ class AzureBase:
             raise self._err(op, key, e) from None
 
     def _parallel(self, items: list[Any], fn: Callable[[Any], T]) -> list[T]:
-        """Run ``fn`` over ``items`` on a bounded pool; the first failure cancels the rest
-        and is raised after every started call has returned."""
-        if len(items) <= 1:
-            return [fn(i) for i in items]
-        with cf.ThreadPoolExecutor(min(self.config.max_concurrency, len(items)),
-                                   thread_name_prefix="tierckpt-az") as ex:
-            futs = [ex.submit(fn, i) for i in items]
-            _done, pending = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futs:
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    cf.wait(futs)
-                    raise f.exception()  # type: ignore[misc]
-            return [f.result() for f in futs]
+        """:func:`~tierckpt.tier2.storage.pool.run_bounded` on ``max_concurrency`` threads."""
+        return run_bounded(items, fn, workers=self.config.max_concurrency, name="tierckpt-az")
 
     def _props(self, key: str) -> BlobProperties | None:
         """The blob's properties (size, ETag, metadata), or None if it is not committed."""

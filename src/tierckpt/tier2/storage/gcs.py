@@ -28,17 +28,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import uuid
-from pathlib import Path
 
 from google.cloud import storage
 
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
-from tierckpt.tier1.fs import fsync_dir, start_writeback
+from tierckpt.tier1.fs import start_writeback
 from tierckpt.tier2.storage.base import (
     TMP_MARK,
-    BadDigestError,
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
@@ -50,6 +47,7 @@ from tierckpt.tier2.storage.base import (
 from tierckpt.tier2.storage.gcsbase import SDK_ERRORS
 from tierckpt.tier2.storage.gcsclient import GCSConfig, call, convert, crc_of, make_client
 from tierckpt.tier2.storage.gcswrites import GCSWrites
+from tierckpt.tier2.storage.ranged import get_file_verified, split
 
 __all__ = ["GCSConfig", "GCSStorage"]
 
@@ -91,9 +89,8 @@ class GCSStorage(GCSWrites):
         if offset + length > int(b.size or 0):
             raise StorageError(f"get {self.url}/{key}: range {offset}+{length} ends past the "
                                f"object ({b.size} bytes)")
-        part = self.config.part_size
-        ranges = [(offset + o, min(part, length - o)) for o in range(0, length, part)]
-        pieces = self._parallel(ranges, lambda r: self._range(key, b, r[0], r[1]))
+        pieces = self._parallel(split(offset, length, self.config.part_size),
+                                lambda r: self._range(key, b, r[0], r[1]))
         self._reads.add(length)
         return b"".join(pieces)
 
@@ -105,7 +102,7 @@ class GCSStorage(GCSWrites):
                                f"{len(data)} bytes")
         return data
 
-    def _range_into(self, fd: int, key: str, b: storage.Blob, r: tuple[int, int]) -> int:
+    def _range_into(self, key: str, b: storage.Blob, fd: int, r: tuple[int, int]) -> int:
         """Write bytes ``r = (offset, length)`` of ``b`` into ``fd`` at the same offsets and
         return their CRC32C."""
         data = self._range(key, b, *r)
@@ -119,39 +116,13 @@ class GCSStorage(GCSWrites):
         if b is None:
             raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
         size = int(b.size or 0)
-        want = crc32c if crc32c is not None else crc_of(b.crc32c)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.{dest.name}")
-        part = self.config.part_size
-        ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
-        try:
-            for _attempt in range(self.config.digest_attempts):
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-                try:
-                    os.ftruncate(fd, size)
-                    crcs = self._parallel(ranges, functools.partial(self._range_into, fd, key, b))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                got = 0
-                for (_, length), crc in zip(ranges, crcs, strict=True):
-                    got = checksum.combine(got, crc, length)
-                if want is None or got == want:
-                    os.replace(tmp, dest)
-                    fsync_dir(dest.parent)
-                    self._reads.add(size)
-                    return ObjectInfo(key=key, size=size, crc32c=got)
-            raise BadDigestError(f"get {self.url}/{key}: downloaded bytes do not match crc32c "
-                                 f"{checksum.to_hex(want or 0)} "
-                                 f"({self.config.digest_attempts} tries)")
-        except OSError as e:
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"get {self.url}/{key}: cannot write {path}: {e.strerror}") from e
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        got = get_file_verified(
+            f"get {self.url}/{key}", path, size=size,
+            want=crc32c if crc32c is not None else crc_of(b.crc32c),
+            part=self.config.part_size, attempts=self.config.digest_attempts,
+            range_into=functools.partial(self._range_into, key, b), parallel=self._parallel)
+        self._reads.add(size)
+        return ObjectInfo(key=key, size=size, crc32c=got)
 
     # -- listing and deletion -----------------------------------------------------------
     def _names(self, op: str, prefix: str) -> list[tuple[str, int]]:

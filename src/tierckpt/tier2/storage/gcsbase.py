@@ -7,7 +7,6 @@ a bounded pool for parallel parts and ranges; and the small operations the write
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from tierckpt.tier2.storage.base import (
     validate_key,
 )
 from tierckpt.tier2.storage.gcsclient import NETWORK_ERRORS, GCSConfig, call, convert, crc_of
+from tierckpt.tier2.storage.pool import run_bounded
 
 T = TypeVar("T")
 SDK_ERRORS = (gexc.GoogleAPICallError, *NETWORK_ERRORS)
@@ -80,21 +80,8 @@ class GCSBase:
             raise convert(f"{op} {self.url}/{key}", e) from None
 
     def _parallel(self, items: list[Any], fn: Callable[[Any], T]) -> list[T]:
-        """Run ``fn`` over ``items`` on a bounded pool; the first failure cancels the rest
-        and is raised after every started call has returned."""
-        if len(items) <= 1:
-            return [fn(i) for i in items]
-        with cf.ThreadPoolExecutor(min(self.config.max_concurrency, len(items)),
-                                   thread_name_prefix="tierckpt-gcs") as ex:
-            futs = [ex.submit(fn, i) for i in items]
-            _done, pending = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futs:
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    cf.wait(futs)
-                    raise f.exception()  # type: ignore[misc]
-            return [f.result() for f in futs]
+        """:func:`~tierckpt.tier2.storage.pool.run_bounded` on ``max_concurrency`` threads."""
+        return run_bounded(items, fn, workers=self.config.max_concurrency, name="tierckpt-gcs")
 
     def _head_blob(self, key: str, name: str | None = None) -> storage.Blob | None:
         """The object's current metadata (size, crc32c, generation), or None if missing."""

@@ -23,21 +23,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tierckpt.errors import ConfigError, StorageError
-from tierckpt.format import checksum
-from tierckpt.tier1.fs import fsync_dir, start_writeback
 from tierckpt.tier2.capabilities import IntegrityMode, UploadMode
 from tierckpt.tier2.storage.base import (
-    TMP_MARK,
-    BadDigestError,
     ByteCounter,
     ObjectInfo,
     ObjectNotFoundError,
@@ -46,6 +40,7 @@ from tierckpt.tier2.storage.base import (
     validate_key,
     validate_prefix,
 )
+from tierckpt.tier2.storage.ranged import get_file_verified, range_into_file, read_ranges
 from tierckpt.tier2.storage.s3base import backoff
 from tierckpt.tier2.storage.s3client import (
     STREAM_ERRORS,
@@ -85,23 +80,6 @@ class S3Storage(S3Writes):
         return f"S3Storage({self.url!r})"
 
     # -- gets ---------------------------------------------------------------------------
-    def _range_into(self, fd: int, key: str, etag: str | None, r: tuple[int, int]) -> int:
-        """Write bytes ``r = (offset, length)`` of ``key`` into ``fd`` at the same offsets;
-        returns their CRC32C, taken as they arrive (a retried body starts it over)."""
-        offset, length = r
-        crc = 0
-
-        def sink(pos: int, data: bytes) -> None:
-            nonlocal crc
-            if pos == offset:
-                crc = 0
-            os.pwrite(fd, data, pos)
-            crc = checksum.extend(crc, data)
-
-        self._get_range(key, etag, offset, length, sink)
-        start_writeback(fd, offset, length)  # on the disk while the other ranges arrive
-        return crc
-
     def _get_range(self, key: str, etag: str | None, offset: int, length: int,
                    sink: Callable[[int, bytes], None]) -> None:
         """Hand bytes [offset, offset+length) of ``key`` to ``sink(position, data)`` in
@@ -139,17 +117,10 @@ class S3Storage(S3Writes):
             if self.head(key) is None:
                 raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
             return b""
-        buf = bytearray(length)
-        view = memoryview(buf)
-
-        def sink(pos: int, data: bytes) -> None:
-            view[pos - offset:pos - offset + len(data)] = data
-
-        part = self.config.part_size
-        parts = [(offset + o, min(part, length - o)) for o in range(0, length, part)]
-        self._parallel(parts, lambda p: self._get_range(key, None, p[0], p[1], sink))
+        data = read_ranges(functools.partial(self._get_range, key, None), offset, length,
+                           part=self.config.part_size, parallel=self._parallel)
         self._reads.add(length)
-        return bytes(buf)
+        return data
 
     def get_file(self, key: str, path: str | os.PathLike[str], *,
                  crc32c: int | None = None) -> ObjectInfo:
@@ -157,40 +128,15 @@ class S3Storage(S3Writes):
         if h is None:
             raise ObjectNotFoundError(f"get {self.url}/{key}: no such object")
         size, etag = int(h["ContentLength"]), str(h["ETag"])
-        want = crc32c if crc32c is not None else crc_of_head(h)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{TMP_MARK}{uuid.uuid4().hex}.{dest.name}")
-        part = self.config.part_size
-        ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
-        try:
-            for _attempt in range(self.config.digest_attempts):
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-                try:
-                    os.ftruncate(fd, size)
-                    crcs = self._parallel(ranges, functools.partial(self._range_into, fd,
-                                                                    key, etag))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                got, n = 0, 0  # the file's CRC32C from the ranges' (taken as they arrived)
-                for (_, length), crc in zip(ranges, crcs, strict=True):
-                    got, n = checksum.combine(got, crc, length), n + length
-                if n == size and (want is None or got == want):
-                    os.replace(tmp, dest)
-                    fsync_dir(dest.parent)
-                    self._reads.add(size)
-                    return ObjectInfo(key=key, size=size, crc32c=got)
-            raise BadDigestError(f"get {self.url}/{key}: downloaded bytes do not match crc32c "
-                                 f"{checksum.to_hex(want or 0)} "
-                                 f"({self.config.digest_attempts} tries)")
-        except OSError as e:
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"get {self.url}/{key}: cannot write {path}: {e.strerror}") from e
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        got = get_file_verified(
+            f"get {self.url}/{key}", path, size=size,
+            want=crc32c if crc32c is not None else crc_of_head(h),
+            part=self.config.part_size, attempts=self.config.digest_attempts,
+            range_into=functools.partial(range_into_file,
+                                         functools.partial(self._get_range, key, etag)),
+            parallel=self._parallel)
+        self._reads.add(size)
+        return ObjectInfo(key=key, size=size, crc32c=got)
 
     # -- listing and deletion -----------------------------------------------------------
     def list(self, prefix: str = "") -> list[ObjectInfo]:

@@ -10,7 +10,6 @@ do not match the stored CRC32C (up to ``digest_attempts``); botocore retries the
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from tierckpt.tier2.storage.base import (
     ObjectNotFoundError,
     validate_key,
 )
+from tierckpt.tier2.storage.pool import run_bounded
 from tierckpt.tier2.storage.s3client import (
     DIGEST_CODES,
     NOT_FOUND_CODES,
@@ -108,21 +108,8 @@ class S3Base:
             return None
 
     def _parallel(self, items: list[Any], fn: Callable[[Any], T]) -> list[T]:
-        """Run ``fn`` over ``items`` on a bounded pool; the first failure cancels the rest
-        and is raised after every started call has returned."""
-        if len(items) <= 1:
-            return [fn(i) for i in items]
-        with cf.ThreadPoolExecutor(min(self.config.max_concurrency, len(items)),
-                                   thread_name_prefix="tierckpt-s3") as ex:
-            futs = [ex.submit(fn, i) for i in items]
-            _done, pending = cf.wait(futs, return_when=cf.FIRST_EXCEPTION)
-            for f in pending:
-                f.cancel()
-            for f in futs:
-                if f.done() and not f.cancelled() and f.exception() is not None:
-                    cf.wait(futs)
-                    raise f.exception()  # type: ignore[misc]
-            return [f.result() for f in futs]
+        """:func:`~tierckpt.tier2.storage.pool.run_bounded` on ``max_concurrency`` threads."""
+        return run_bounded(items, fn, workers=self.config.max_concurrency, name="tierckpt-s3")
 
     def _head_raw(self, key: str) -> dict[str, Any] | None:
         try:

@@ -66,7 +66,8 @@ def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
     local.pin(step, UPLOAD_HOLDER)
     t0, since = time.monotonic(), throttling(remote.storage)
     try:
-        return _StepUpload(local, remote, step, log, t0, committed).run(progress, stop)
+        upload = _StepUpload(local, remote, step, log, committed, t0=t0, since=since)
+        return upload.run(progress, stop)
     except UploadStopped:
         return UploadResult(step, "stopped", seconds=time.monotonic() - t0)
     except (CheckpointError, OSError) as e:
@@ -98,14 +99,14 @@ def throttled_since(storage: Storage, since: tuple[int, float]) -> dict[str, Any
 
 
 class _StepUpload:
-    """One pinned step's upload; raises on failure (see :func:`upload_step`)."""
+    """One pinned step's upload; raises on failure (see :func:`upload_step`). ``t0`` and
+    ``since``: the call's start (monotonic seconds) and :func:`throttling` then."""
 
     def __init__(self, local: Tier1Catalog, remote: Tier2Catalog, step: int,
-                 log: events.EventLog, t0: float, committed: Callable[[], object] | None
-                 ) -> None:
-        self.local, self.remote, self.step, self.log, self.t0 = local, remote, step, log, t0
-        self.committed = committed
-        self.since = throttling(remote.storage)
+                 log: events.EventLog, committed: Callable[[], object] | None, *,
+                 t0: float, since: tuple[int, float]) -> None:
+        self.local, self.remote, self.step, self.log = local, remote, step, log
+        self.committed, self.t0, self.since = committed, t0, since
         self.ckpt = local.step_dir(step)
         self.base: dict[str, Any] = {"tier2": remote.storage.url,
                                      "integrity": remote.storage.integrity}
