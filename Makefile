@@ -36,21 +36,28 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m tierckpt.cli.demo
 
-# Everything, slow tests included (what CI runs), in two pytests side by side: the tests
-# marked `beside` (tests/conftest.py BESIDE: the scheduler tests, tier 2 against its servers,
-# notices, watchdogs — they mostly wait on timers and servers) and the CPU-bound rest. The
-# second lane's log (build/test-beside.log) is printed after the first one's, and either
-# lane failing fails the target. pytest's default options (pyproject addopts) print the 25
-# slowest tests of each lane.
+# Everything, slow tests included (what CI runs), in three pytests side by side: the tests
+# marked `timers` (tests/conftest.py TIMERS: the scheduler tests, waiting on slurmctld), those
+# marked `beside` (BESIDE: tier 2 against its servers, notices, watchdogs — they mostly wait
+# on timers and servers) and the CPU-bound rest. The other lanes' logs (build/test-*.log)
+# are printed after the first one's, and any lane failing fails the target. pytest's default
+# options (pyproject addopts) print the 25 slowest tests of each lane; every test's time is
+# in build/test-{main,beside,timers}.xml (JUnit XML), for rebalancing the lanes.
+PYTEST_LANE = $(BIN)/python -m pytest -q -p no:cacheprovider
 test: $(STAMP)
 	@mkdir -p build
-	@$(BIN)/python -m pytest -q -p no:cacheprovider -m beside > build/test-beside.log 2>&1 & \
-	lane=$$!; trap 'kill $$lane 2>/dev/null' INT TERM; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not beside"; main=$$?; \
-	wait $$lane; beside=$$?; \
+	@$(PYTEST_LANE) -m timers --junitxml=build/test-timers.xml > build/test-timers.log 2>&1 & \
+	timers=$$!; \
+	$(PYTEST_LANE) -m "beside and not timers" --junitxml=build/test-beside.xml \
+		> build/test-beside.log 2>&1 & \
+	beside=$$!; trap 'kill $$timers $$beside 2>/dev/null' INT TERM; \
+	$(PYTEST_LANE) -m "not beside and not timers" --junitxml=build/test-main.xml; main=$$?; \
+	wait $$beside; beside=$$?; wait $$timers; timers=$$?; \
 	echo "==== the tests marked beside, run beside the rest (build/test-beside.log) ===="; \
 	cat build/test-beside.log; \
-	test $$main -eq 0 && test $$beside -eq 0
+	echo "==== the tests marked timers, run beside the rest (build/test-timers.log) ===="; \
+	cat build/test-timers.log; \
+	test $$main -eq 0 && test $$beside -eq 0 && test $$timers -eq 0
 
 # The edit-test loop: everything but the tests marked `slow`.
 test-fast: $(STAMP)

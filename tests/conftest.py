@@ -19,13 +19,11 @@ pytest_plugins = ["s3server", "azureserver", "gcsserver"]
 
 BESIDE = (
     # `make test` runs these in a second pytest beside the rest (marker `beside`): they spend
-    # most of their wall time waiting — on slurmctld's timers, on the object-store servers
-    # and the fault proxy, on timeouts and watchdogs — so the CPU-bound lane keeps its cores.
-    # Measured per file (CPU seconds of the test and its children ÷ wall seconds): the
-    # scheduler tests ~0.1, the tier-2 tests 0.05-0.5, the notices, watchdogs and requeues
-    # 0.01-0.65. test_manager_dist.py and tier0/test_nodes.py (CPU-bound) come along because
+    # most of their wall time waiting — on the object-store servers and the fault proxy, on
+    # timeouts and watchdogs — so the CPU-bound lane keeps its cores. Measured per file (CPU
+    # seconds of the test and its children ÷ wall seconds): the tier-2 tests 0.05-0.5, the
+    # notices, watchdogs and requeues 0.01-0.65. test_manager_dist.py and tier0/test_nodes.py (CPU-bound) come along because
     # they share the session's FSDP reference run, which each lane would otherwise repeat.
-    "tests/slurm/",
     "tests/tier2/",
     "tests/test_tier2_gcs.py", "tests/test_tier2_azure.py", "tests/cli/test_object_stores.py",
     "tests/test_manager.py", "tests/test_manager_interval.py", "tests/test_manager_tier2.py",
@@ -46,14 +44,27 @@ BESIDE = (
     "tests/test_multinode.py", "tests/faults/test_fault_kill_sweep.py",
     "tests/faults/test_fault_restore_kill.py", "tests/test_bench_share.py",
     "tests/test_bench_tier0.py",
+    # With the scheduler tests in a lane of their own (TIMERS, ~5 min of waiting), the
+    # preemption and heal drills (~2.5 min of the CPU-bound lane) come here to balance.
+    "tests/test_drill_preempt.py", "tests/test_drill_heal.py",
+)
+
+
+TIMERS = (
+    # `make test` runs these in a third pytest (marker `timers`): the scheduler tests wait on
+    # slurmctld's timers (a 1-minute time limit, requeues, KillWait) at ~0.1 CPU ÷ wall, so
+    # their ~5 minutes of waiting need not lengthen either other lane.
+    "tests/slurm/",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of :data:`BESIDE` ``beside``."""
+    """Mark the tests of :data:`BESIDE` ``beside`` and those of :data:`TIMERS` ``timers``."""
     for item in items:
         if item.nodeid.startswith(BESIDE):
             item.add_marker(pytest.mark.beside)
+        if item.nodeid.startswith(TIMERS):
+            item.add_marker(pytest.mark.timers)
 
 
 @pytest.fixture
