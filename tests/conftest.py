@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from tests._references import FsdpReference
 
-pytest_plugins = ["s3server", "azureserver", "gcsserver"]
+pytest_plugins = ["s3server", "azureserver", "gcsserver", "etcdserver"]
 
 BESIDE = (
     # `make test` runs these in a second pytest beside the rest (marker `beside`): they spend
