@@ -2,8 +2,8 @@
 
 The server is Debian's ``etcd-server`` (etcd 3.4; ``.ci/run`` installs it). We start the
 binary ourselves, without systemd: each member on 127.0.0.1 with its own free client and peer
-ports and a data directory under the test's tmp, with fast raft timers (10 ms heartbeat,
-100 ms election) so that a cluster that lost its leader elects another within a few hundred
+ports and a data directory under the test's tmp, with fast raft timers (25 ms heartbeat,
+250 ms election) so that a cluster that lost its leader elects another within a few hundred
 milliseconds.
 
 Fixtures (registered from tests/conftest.py):
@@ -110,7 +110,7 @@ class EtcdCluster:
                  "--listen-peer-urls", m.peer_url, "--initial-advertise-peer-urls", m.peer_url,
                  "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
                  "--initial-cluster-token", "tierckpt-test",
-                 "--heartbeat-interval", "10", "--election-timeout", "100",
+                 "--heartbeat-interval", "25", "--election-timeout", "250",
                  "--logger", "zap", "--log-level", "warn"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)

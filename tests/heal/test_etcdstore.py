@@ -346,7 +346,8 @@ def test_a_3_member_cluster_loses_its_leader_and_the_store_goes_on(
         s.set("later", "x")
         t.join(10)
         assert waiter == {"v": b"x"} and s.get("k") == b"v"
-        assert recovered < 3, recovered  # about one request timeout (1 s) and an election
+        # about one request timeout (1 s) and an election: well inside the store's timeout
+        assert recovered < 6, recovered
 
 
 # -- torch.distributed over it -------------------------------------------------------------
