@@ -4,20 +4,16 @@ the weaker mode catches on a server that verifies nothing (moto behind the fault
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from s3server import S3Env, _env_for
-from torch import nn
 
-import tierckpt
+from tests._tinyjob import resume_from_tier2_alone
 from tierckpt.errors import BadDigestError, StorageError
-from tierckpt.format import checksum, layout
-from tierckpt.runtime import events
+from tierckpt.format import checksum
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
@@ -25,48 +21,18 @@ from tierckpt.tier2.storage import open_storage
 MiB = 1024 * 1024
 
 
-def _state(seed: int = 0) -> tierckpt.TrainState:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(512, 512), nn.Dropout(0.1), nn.Linear(512, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return tierckpt.TrainState(model=model, optimizer=opt, extra={"seen": 0})
-
-
-def _train(st: tierckpt.TrainState, steps: range) -> list[float]:
-    out = []
-    for step in steps:
-        g = torch.Generator().manual_seed(step)
-        x = torch.randn(32, 512, generator=g)
-        loss = st.model(x).pow(2).mean()
-        st.optimizer.zero_grad()
-        loss.backward()
-        st.optimizer.step()
-        st.extra["seen"] += 32
-        out.append(loss.item())
-    return out
-
-
 @pytest.mark.slow
 def test_resume_from_tier2_only_on_each_server(tmp_path: Path, any_s3_env: S3Env) -> None:
     """The whole round trip through the job: probe, uploader process in the server's mode,
     drain on close, fetch from tier 2 verified against the manifest."""
     root = tmp_path / "t1"
-    ref_state = _state()
-    reference = _train(ref_state, range(0, 12))
-    st = _state()
-    with tierckpt.CheckpointManager(tier1=root, tier2=any_s3_env.url, keep_last=2) as ck:
-        losses = _train(st, range(0, 6))
-        ck.save(5, st).wait()  # close() drains the upload
-    assert losses == reference[:6]
     mode = {"seaweedfs": "crc32c", "moto": "md5"}[any_s3_env.server.kind]
-    assert Tier1Catalog(root).uploads.upload_record(5)["integrity"] == mode  # type: ignore[index]
-    shutil.rmtree(root)  # the node is gone: tier 2 alone
-    st2 = _state(seed=99)
-    with tierckpt.CheckpointManager(tier1=root, tier2=any_s3_env.url) as ck:
-        info = ck.restore(st2)
-        assert info is not None and info.step == 5 and info.source == "tier2"
-        assert _train(st2, range(6, 12)) == reference[6:]  # bit-identical
-    assert any(e["event"] == events.RESTORE_DONE for e in events.read_events(root / layout.EVENTS))
+
+    def uploaded() -> None:
+        assert Tier1Catalog(root).uploads.upload_record(5)["integrity"] == mode  # type: ignore[index]
+
+    resume_from_tier2_alone(root, any_s3_env.url, saved=5, end=12, width=512, batch=32,
+                            uploaded=uploaded)
 
 
 @pytest.fixture
