@@ -22,8 +22,9 @@ BESIDE = (
     # most of their wall time waiting — on the object-store servers and the fault proxy, on
     # timeouts and watchdogs — so the CPU-bound lane keeps its cores. Measured per file (CPU
     # seconds of the test and its children ÷ wall seconds): the tier-2 tests 0.05-0.5, the
-    # notices, watchdogs and requeues 0.01-0.65. test_manager_dist.py and tier0/test_nodes.py (CPU-bound) come along because
-    # they share the session's FSDP reference run, which each lane would otherwise repeat.
+    # notices, watchdogs and requeues 0.01-0.65. test_manager_dist.py and tier0/test_nodes.py
+    # (CPU-bound) come along because they share the session's FSDP reference run, which each
+    # lane would otherwise repeat.
     "tests/tier2/",
     "tests/test_tier2_gcs.py", "tests/test_tier2_azure.py", "tests/cli/test_object_stores.py",
     "tests/test_manager.py", "tests/test_manager_interval.py", "tests/test_manager_tier2.py",
