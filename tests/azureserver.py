@@ -183,13 +183,14 @@ def azure_env(azurite_server: AzuriteServer, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture
 def azure_fault_proxy(azure_env: AzureEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A :class:`faultproxy.FaultProxy` in front of Azurite, the connection string (and
-    ``azure_env.env``) pointing at it for this test, so storage opened afterwards goes
-    through the proxy; ``azure_env.keys()`` still asks Azurite directly."""
+    """A :class:`faultproxy.FaultProxy` in front of Azurite (its errors worded as Azure's),
+    the connection string (and ``azure_env.env``) pointing at it for this test, so storage
+    opened afterwards goes through the proxy; ``azure_env.keys()`` still asks Azurite
+    directly."""
     from faultproxy import FaultProxy
 
     host, port = azure_env.server.endpoint.removeprefix("http://").rsplit(":", 1)
-    with FaultProxy(host, int(port)) as proxy:
+    with FaultProxy(host, int(port), dialect="azure") as proxy:
         azure_env.env.update(azure_env.server.env(proxy.endpoint))
         for k, v in azure_env.env.items():
             monkeypatch.setenv(k, v)

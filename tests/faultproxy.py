@@ -10,7 +10,10 @@ Rules match on method, a path substring and query substrings; the first rule tha
 and still has shots left fires. Actions:
 
 ====================  ===================================================================
-``status``            answer ``status`` with an S3 XML error ``code`` (500, 503 SlowDown)
+``status``            answer ``status`` with an error ``code`` (500, 503 SlowDown) in the
+                      store's dialect (``dialect``: S3's XML, GCS's JSON, or Azure's XML
+                      with ``x-ms-error-code``), with ``Retry-After`` when the rule or the
+                      proxy (``retry_after_s``) gives one
 ``reset``             read ``after_bytes`` of the request body, then reset the connection
 ``reset_after_store`` forward the whole request, drop the response, reset the connection
                       (the server stored it; the client saw an error)
@@ -146,10 +149,14 @@ def _flip(body: bytes, offset: int | None) -> bytes:
 class FaultProxy:
     """The proxy. ``start()`` binds a free loopback port; use as a context manager."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, *,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, *, host: str = "127.0.0.1",
+                 dialect: str = "s3", retry_after_s: int | None = None) -> None:
+        if dialect not in _ERROR_BODIES:
+            raise ValueError(f"dialect {dialect!r}: one of {sorted(_ERROR_BODIES)}")
         self.upstream = (upstream_host, upstream_port)
         self._host = host
+        self.dialect = dialect
+        self.retry_after_s = retry_after_s  # for a status rule that names none
         self._rules: list[Rule] = []
         self.hits: list[Hit] = []
         self._lock = threading.Lock()
@@ -323,15 +330,32 @@ class FaultProxy:
                 rbody = _flip(rbody, rule.offset)
             client.sendall(out_head + rbody)
 
-    @staticmethod
-    def _send_error(client: socket.socket, rule: Rule) -> None:
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{rule.code}</Code>'
-                f"<Message>injected by faultproxy</Message></Error>").encode()
+    def _send_error(self, client: socket.socket, rule: Rule) -> None:
+        ctype, body = _ERROR_BODIES[self.dialect](rule)
         reason = _REASONS.get(rule.status, "Error")
-        after = "" if rule.retry_after_s is None else f"Retry-After: {rule.retry_after_s}\r\n"
+        wait = rule.retry_after_s if rule.retry_after_s is not None else self.retry_after_s
+        after = "" if wait is None else f"Retry-After: {wait}\r\n"
+        azure = f"x-ms-error-code: {rule.code}\r\n" if self.dialect == "azure" else ""
         client.sendall(
-            f"HTTP/1.1 {rule.status} {reason}\r\nContent-Type: application/xml\r\n{after}"
+            f"HTTP/1.1 {rule.status} {reason}\r\nContent-Type: {ctype}\r\n{after}{azure}"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+
+
+def _xml_error(rule: Rule) -> tuple[str, bytes]:
+    return "application/xml", (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>'
+                               f"{rule.code}</Code><Message>injected by faultproxy</Message>"
+                               "</Error>").encode()
+
+
+def _json_error(rule: Rule) -> tuple[str, bytes]:
+    return "application/json", (f'{{"error": {{"code": {rule.status}, "message": "injected '
+                                f'by faultproxy", "errors": [{{"reason": "{rule.code}"}}]}}}}'
+                                ).encode()
+
+
+_ERROR_BODIES = {"s3": _xml_error, "azure": _xml_error, "gcs": _json_error}
+"""How each store words an error: S3 and Azure in XML (Azure also names the code in its
+``x-ms-error-code`` header), GCS in JSON with the code as the ``reason``."""
 
 
 class _TokenBucket:

@@ -8,14 +8,15 @@ blocks left behind. The contract every backend passes is test_conformance.py."""
 from __future__ import annotations
 
 import os
-import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.exceptions import HttpResponseError
 from azureserver import ACCOUNT_KEY, AzureEnv, connection_string
-from faultproxy import FaultProxy, Rule
+from faultproxy import FaultProxy
 
 from tierckpt.errors import ConfigError, StorageError
 from tierckpt.format import checksum
@@ -23,6 +24,7 @@ from tierckpt.tier2.capabilities import IntegrityMode, MarkerMode, UploadMode
 from tierckpt.tier2.probe import probe_url, server_identity
 from tierckpt.tier2.storage import BadDigestError, open_storage
 from tierckpt.tier2.storage.azure import AzureConfig, AzureStorage
+from tierckpt.tier2.storage.azureclient import READ_PIECE, error_code, open_range
 
 MiB = 1024 * 1024
 OPTIONS: dict[str, Any] = {"block_size": MiB, "single_put_threshold": 4 * MiB,
@@ -116,31 +118,18 @@ def test_a_missing_container_is_a_config_error(azure_env: AzureEnv) -> None:
 
 
 # -- faults ---------------------------------------------------------------------------------
-class RetryAfterProxy(FaultProxy):
-    """The fault proxy, answering its ``status`` faults the way Azure throttles: with the
-    error code in ``x-ms-error-code`` and a ``Retry-After`` of :attr:`retry_after` s."""
-
-    retry_after = 1
-
-    def _send_error(self, client: socket.socket, rule: Rule) -> None:  # type: ignore[override]
-        body = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{rule.code}</Code>'
-                "<Message>injected by faultproxy</Message></Error>").encode()
-        client.sendall(
-            f"HTTP/1.1 {rule.status} Throttled\r\nContent-Type: application/xml\r\n"
-            f"x-ms-error-code: {rule.code}\r\nRetry-After: {self.retry_after}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+RETRY_AFTER_S = 1
+"""The ``Retry-After`` the proxy's throttling answers carry, as Azure's do."""
 
 
 @pytest.fixture
-def proxy(azure_env: AzureEnv, monkeypatch: pytest.MonkeyPatch) -> Any:
-    host, port = azure_env.server.endpoint.removeprefix("http://").rsplit(":", 1)
-    with RetryAfterProxy(host, int(port)) as p:
-        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection_string(p.endpoint))
-        yield p
+def proxy(azure_fault_proxy: FaultProxy) -> FaultProxy:
+    azure_fault_proxy.retry_after_s = RETRY_AFTER_S
+    return azure_fault_proxy
 
 
 @pytest.fixture
-def store(azure_env: AzureEnv, proxy: RetryAfterProxy) -> Any:
+def store(azure_env: AzureEnv, proxy: FaultProxy) -> Any:
     with open_storage(azure_env.url, **OPTIONS) as st:
         assert isinstance(st, AzureStorage)
         yield st
@@ -182,9 +171,9 @@ def test_block_upload_survives(store: AzureStorage, azure_env: AzureEnv, proxy: 
     info = store.put_file("step-00000001/__0_0.distcp", src, crc32c=crc, size=len(data))
     assert rule.fired == rule.times, proxy.hits
     if fault["action"] == "status":  # the server's Retry-After was waited, every time
-        assert time.monotonic() - t0 >= RetryAfterProxy.retry_after * rule.fired
+        assert time.monotonic() - t0 >= RETRY_AFTER_S * rule.fired
         refused, waited = store.throttled.snapshot()  # and counted, for `tierckpt report`
-        assert refused == rule.fired and waited >= RetryAfterProxy.retry_after * rule.fired
+        assert refused == rule.fired and waited >= RETRY_AFTER_S * rule.fired
     assert (info.size, info.crc32c) == (len(data), crc)
     assert_stored(azure_env, "step-00000001/__0_0.distcp", data, crc)
 
@@ -208,9 +197,9 @@ def test_persistent_put_corruption_fails_without_the_marker(
 
 
 def test_persistent_throttling_gives_up_after_max_attempts(
-        store: AzureStorage, azure_env: AzureEnv, proxy: RetryAfterProxy,
+        store: AzureStorage, azure_env: AzureEnv, proxy: FaultProxy,
         tmp_path: Path) -> None:
-    proxy.retry_after = 0
+    proxy.retry_after_s = 0
     src, data, crc = make_file(tmp_path, 6 * MiB)
     rule = proxy.add_rule("status", status=503, code="ServerBusy", times=None, **PUT_BLOCK)
     with pytest.raises(StorageError, match=r"ServerBusy \(HTTP 503\)"):
@@ -256,3 +245,47 @@ def test_downloads_are_verified_and_retried(store: AzureStorage, azure_env: Azur
     with pytest.raises(BadDigestError):
         store.get_file("obj", tmp_path / "dl2")
     assert not (tmp_path / "dl2").exists()
+
+
+# -- ranged reads: the direct path and the public one, pinned to the ETag -----------------
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "download_blob"])
+def test_open_range_reads_the_range_pinned_to_the_etag(azure_env: AzureEnv,
+                                                       direct: bool) -> None:
+    data = os.urandom(READ_PIECE + 3 * MiB + 5)
+    blob = azure_env.server.container_client().get_blob_client(f"{azure_env.prefix}/obj")
+    blob.upload_blob(data)
+    etag = blob.get_blob_properties().etag
+    sent, body = open_range(blob, 10, READ_PIECE + MiB, etag, direct=direct)
+    pieces = list(body)
+    assert sent == READ_PIECE + MiB and b"".join(pieces) == data[10:10 + READ_PIECE + MiB]
+    assert all(len(p) <= READ_PIECE for p in pieces) or not direct
+    sent, body = open_range(blob, len(data) - 5, 100, None, direct=direct)  # ends past the end
+    body.close()  # not read: the connection is dropped, not reused half-read
+    assert sent == 5
+    blob.upload_blob(b"replaced", overwrite=True)
+    with pytest.raises(HttpResponseError) as ei:  # the old version is gone: refused
+        sent, body = open_range(blob, 0, MiB, etag, direct=direct)
+        list(body)
+    assert (ei.value.status_code, error_code(ei.value)) == (412, "ConditionNotMet")
+
+
+def test_a_blob_replaced_mid_download_fails_instead_of_mixing(
+        store: AzureStorage, azure_env: AzureEnv, proxy: FaultProxy, tmp_path: Path) -> None:
+    src, data, crc = make_file(tmp_path, 3 * MiB)  # 3 ranges of 1 MiB, 2 at a time
+    store.put_file("obj", src, crc32c=crc, size=len(data))
+    rule = proxy.add_rule("delay", hang_s=1.0, skip=1, times=None, **GET_BLOB)
+    blob = azure_env.server.container_client().get_blob_client(f"{azure_env.prefix}/obj")
+
+    def replace_while_delayed() -> None:
+        while rule.fired == 0:
+            time.sleep(0.01)
+        blob.upload_blob(os.urandom(len(data)), overwrite=True)  # straight to Azurite
+
+    t = threading.Thread(target=replace_while_delayed)
+    t.start()
+    try:
+        with pytest.raises(StorageError, match=r"ConditionNotMet \(HTTP 412\)"):
+            store.get_file("obj", tmp_path / "dl", crc32c=crc)
+    finally:
+        t.join(10)
+    assert not (tmp_path / "dl").exists() and list(tmp_path.glob("*tierckpt-tmp*")) == []

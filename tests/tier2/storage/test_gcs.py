@@ -13,14 +13,13 @@ that the reported-CRC32C check after every upload catches what the server let th
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from faultproxy import FaultProxy, Rule
+from faultproxy import FaultProxy
 from gcsserver import GCSEnv, env_without_gcs_credentials
 
 from tierckpt.errors import ConfigError, StorageError
@@ -38,27 +37,12 @@ CREATE_ONLY: dict[str, Any] = {**UPLOAD, "query": "ifGenerationMatch=0"}
 DOWNLOAD: dict[str, Any] = {"method": "GET", "path": "/download/storage/v1/"}
 
 
-class GCSFaultProxy(FaultProxy):
-    """The fault proxy, answering its ``status`` faults as GCS does: a JSON error and a
-    ``Retry-After`` header (seconds, :attr:`retry_after`)."""
-
-    retry_after = "0"
-
-    def _send_error(self, client: socket.socket, rule: Rule) -> None:  # type: ignore[override]
-        body = (f'{{"error": {{"code": {rule.status}, "message": "injected by faultproxy", '
-                f'"errors": [{{"reason": "{rule.code}"}}]}}}}').encode()
-        client.sendall(
-            f"HTTP/1.1 {rule.status} Injected\r\nContent-Type: application/json\r\n"
-            f"Retry-After: {self.retry_after}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n".encode() + body)
-
-
 @pytest.fixture
-def proxy(gcs_env: GCSEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[GCSFaultProxy]:
+def proxy(gcs_env: GCSEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     """The proxy in front of the emulator; storage opened afterwards goes through it
     (``gcs_env`` still reads the emulator directly)."""
     host, port = gcs_env.server.endpoint.removeprefix("http://").rsplit(":", 1)
-    with GCSFaultProxy(host, int(port)) as p:
+    with FaultProxy(host, int(port), dialect="gcs", retry_after_s=0) as p:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", p.endpoint)
         yield p
 
@@ -132,7 +116,7 @@ def test_probe_answers_on_the_emulator(gcs_env: GCSEnv) -> None:
 @pytest.mark.parametrize("integrity", ["md5", "crc32c"])
 @pytest.mark.parametrize("size", [300_000, 6 * MiB + 5])
 def test_one_corrupted_upload_is_caught_and_sent_again(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy, tmp_path: Path, integrity: str,
+        gcs_env: GCSEnv, proxy: FaultProxy, tmp_path: Path, integrity: str,
         size: int) -> None:
     src, data, crc = _file(tmp_path, size)
     rule = proxy.add_rule("corrupt", skip=1 if size > MiB else 0, **UPLOAD)
@@ -146,7 +130,7 @@ def test_one_corrupted_upload_is_caught_and_sent_again(
 @pytest.mark.parametrize("integrity", ["md5", "crc32c"])
 @pytest.mark.parametrize("size", [300_000, 6 * MiB + 5])
 def test_persistent_corruption_fails_loudly_and_leaves_nothing(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy, tmp_path: Path, integrity: str,
+        gcs_env: GCSEnv, proxy: FaultProxy, tmp_path: Path, integrity: str,
         size: int) -> None:
     src, _, crc = _file(tmp_path, size)
     proxy.add_rule("corrupt", times=None, **UPLOAD)
@@ -157,7 +141,7 @@ def test_persistent_corruption_fails_loudly_and_leaves_nothing(
 
 @pytest.mark.parametrize("integrity", ["md5", "crc32c"])
 def test_corrupted_create_only_marker_leaves_no_marker(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy, integrity: str) -> None:
+        gcs_env: GCSEnv, proxy: FaultProxy, integrity: str) -> None:
     proxy.add_rule("corrupt", times=None, **CREATE_ONLY)
     with _store(gcs_env, integrity) as st, pytest.raises(BadDigestError):
         st.put_bytes("step-00000001/COMPLETE", b"marker body " * 400, if_none_match=True)
@@ -165,7 +149,7 @@ def test_corrupted_create_only_marker_leaves_no_marker(
 
 
 def test_corrupted_download_is_fetched_again_or_refused(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy, tmp_path: Path) -> None:
+        gcs_env: GCSEnv, proxy: FaultProxy, tmp_path: Path) -> None:
     src, data, crc = _file(tmp_path, 5 * MiB)
     with _store(gcs_env, "md5") as st:
         st.put_file("obj", src, crc32c=crc, size=len(data))
@@ -179,8 +163,8 @@ def test_corrupted_download_is_fetched_again_or_refused(
 
 
 # -- throttling and lost responses -----------------------------------------------------------
-def test_429_with_retry_after_is_waited_out(gcs_env: GCSEnv, proxy: GCSFaultProxy) -> None:
-    proxy.retry_after = "1"
+def test_429_with_retry_after_is_waited_out(gcs_env: GCSEnv, proxy: FaultProxy) -> None:
+    proxy.retry_after_s = 1
     rule = proxy.add_rule("status", status=429, code="rateLimitExceeded", **UPLOAD)
     with _store(gcs_env, "crc32c") as st:
         t0 = time.monotonic()
@@ -192,7 +176,7 @@ def test_429_with_retry_after_is_waited_out(gcs_env: GCSEnv, proxy: GCSFaultProx
     assert _stored(gcs_env, "k/manifest.json") == b"{}"
 
 
-def test_503s_on_ranged_downloads_are_retried(gcs_env: GCSEnv, proxy: GCSFaultProxy,
+def test_503s_on_ranged_downloads_are_retried(gcs_env: GCSEnv, proxy: FaultProxy,
                                               tmp_path: Path) -> None:
     src, data, crc = _file(tmp_path, 5 * MiB)
     with _store(gcs_env, "crc32c") as st:
@@ -203,7 +187,7 @@ def test_503s_on_ranged_downloads_are_retried(gcs_env: GCSEnv, proxy: GCSFaultPr
 
 
 def test_persistent_503_fails_after_bounded_attempts_without_secrets(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy, tmp_path: Path) -> None:
+        gcs_env: GCSEnv, proxy: FaultProxy, tmp_path: Path) -> None:
     src, _, crc = _file(tmp_path, 300_000)
     rule = proxy.add_rule("status", status=503, code="backendError", times=None, **UPLOAD)
     with _store(gcs_env, "crc32c") as st, pytest.raises(StorageError, match=r"HTTP 503") as ei:
@@ -214,7 +198,7 @@ def test_persistent_503_fails_after_bounded_attempts_without_secrets(
 
 
 def test_create_only_put_stored_but_response_lost_is_success(
-        gcs_env: GCSEnv, proxy: GCSFaultProxy) -> None:
+        gcs_env: GCSEnv, proxy: FaultProxy) -> None:
     rule = proxy.add_rule("reset_after_store", **CREATE_ONLY)
     with _store(gcs_env, "crc32c") as st:
         st.put_bytes("step-00000001/COMPLETE", b"marker", if_none_match=True)
