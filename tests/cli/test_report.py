@@ -107,8 +107,28 @@ def test_the_uploads_line_shows_what_throttling_cost(tmp_path: Path) -> None:
     (root / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*_run(), *uploads]))
     doc = invoke_json("report", "--tier1", str(root))
     assert doc["tier2_uploads"] == {"verified": 2, "failed": 1, "bytes": 6_000_000_000,
-                                    "throttled_requests": 42, "throttled_s": 13.0}
+                                    "referenced": 6_000_000_000, "throttled_requests": 42,
+                                    "throttled_s": 13.0}
     assert doc["wall_s"] == 79.0  # the uploader's events do not change the run's accounting
     text = " ".join(invoke("report", "--tier1", str(root)).stdout.split())
     assert ("tier 2: 2 upload(s) verified (6.0 GB), 1 failed attempt(s); throttled: 42 "
             "request(s) refused for their rate, 13.0 s waiting to send them again") in text
+
+
+def test_the_uploads_line_shows_what_tier_2_already_held(tmp_path: Path) -> None:
+    """Content-addressed tier 2: the second step sent only what changed; the line says how
+    much of what the steps refer to was already there."""
+    root = tmp_path / "t1"
+    root.mkdir()
+    uploads = [
+        {"event": "upload_verified", "t": 41.0, "step": 10, "bytes": 3_000_000_000,
+         "referenced": 3_000_000_000, "source": "uploader"},
+        {"event": "upload_verified", "t": 60.0, "step": 20, "bytes": 40_000_000,
+         "referenced": 3_000_000_000, "source": "uploader"}]
+    (root / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*_run(), *uploads]))
+    doc = invoke_json("report", "--tier1", str(root))
+    assert (doc["tier2_uploads"]["bytes"], doc["tier2_uploads"]["referenced"]) == (
+        3_040_000_000, 6_000_000_000)
+    text = " ".join(invoke("report", "--tier1", str(root)).stdout.split())
+    assert ("tier 2: 2 upload(s) verified (3.0 GB sent of 6.0 GB referenced: 3.0 GB already "
+            "on tier 2), 0 failed attempt(s); never throttled") in text

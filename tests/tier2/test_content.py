@@ -17,6 +17,7 @@ from tierckpt.errors import BadDigestError
 from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
 from tierckpt.ops.check import check_tier2
+from tierckpt.policy import uploads
 from tierckpt.runtime import events
 from tierckpt.tier1 import fs
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -95,6 +96,9 @@ def test_shared_files_upload_once_and_both_steps_restore_file(tmp_path: Path) ->
     assert first == sum(s for s, _ in BASE.values()) and second == BASE["__0_1.distcp"][0]
     assert len(counting.puts) == len(set(counting.puts)) == len(BASE) + 1
     assert sum(remote.content().values()) == first + second
+    summary = uploads.summarize(events.read_events(t1 / layout.EVENTS))  # what report shows
+    assert (summary.verified, summary.bytes, summary.referenced) == (
+        2, first + second, 2 * sum(s for s, _ in BASE.values()))
     shutil.rmtree(t1)
     for step in (1, 2):
         _restores_from_tier2_alone(remote, keep, tmp_path / "fresh", step)

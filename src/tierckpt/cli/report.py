@@ -105,10 +105,14 @@ def render(g: goodput.Goodput, title: str) -> None:
 
 
 def tier2_line(up: uploads.Tier2Uploads) -> str:
-    """One line on the uploads: steps verified on tier 2, failed attempts, bytes, and what
+    """One line on the uploads: steps verified on tier 2, failed attempts, bytes sent (and,
+    when tier 2 already held some of what the steps refer to, how much), and what
     throttling cost (requests refused for their rate, seconds waited before resending)."""
-    line = (f"tier 2: {up.verified} upload(s) verified ({format_bytes(up.bytes)}), "
-            f"{up.failed} failed attempt(s); ")
+    sent = format_bytes(up.bytes)
+    if up.referenced > up.bytes:
+        sent += (f" sent of {format_bytes(up.referenced)} referenced: "
+                 f"{format_bytes(up.referenced - up.bytes)} already on tier 2")
+    line = f"tier 2: {up.verified} upload(s) verified ({sent}), {up.failed} failed attempt(s); "
     if not up.throttled_requests:
         return line + "never throttled"
     return line + (f"throttled: {up.throttled_requests} request(s) refused for their rate, "

@@ -110,6 +110,8 @@ class _StepUpload:
         self.ckpt = local.step_dir(step)
         self.base: dict[str, Any] = {"tier2": remote.storage.url,
                                      "integrity": remote.storage.integrity}
+        self.referenced = 0
+        """Bytes of the step's files this root uploads (sent, or already on tier 2)."""
 
     def key(self, name: str) -> str:
         return self.remote.key(self.step, name)
@@ -128,7 +130,7 @@ class _StepUpload:
             return self._already_there(remote_marker == marker)
 
         own = self._own_files(m)
-        total = sum(f.size for f in own)
+        total = self.referenced = sum(f.size for f in own)
         self.local.uploads.write_upload_record(step, status="uploading", bytes=total, **self.base)
         self.log.emit(events.UPLOAD_STARTED, step=step, bytes=total, source="uploader")
         entries = content.hash_files(self.ckpt, own, stop)
@@ -197,7 +199,8 @@ class _StepUpload:
         if self.committed is not None:
             self.committed()
         self.log.emit(events.UPLOAD_VERIFIED, step=step, bytes=sent, seconds=r.seconds,
-                      source="uploader", **throttled_since(st, self.since))
+                      referenced=self.referenced, source="uploader",
+                      **throttled_since(st, self.since))
         return r
 
     def _record(self, status: str, sent: int) -> UploadResult:
