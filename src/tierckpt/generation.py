@@ -105,6 +105,9 @@ class Generation:
     def _open_save_path(self, cfg: ManagerConfig, log: events.EventLog) -> None:
         """The stager, gate, in-flight slot, step marks, cadence and saver."""
         self.stager = HostStager()
+        self.incremental = cfg.writes.incremental
+        self.full_every = cfg.writes.full_every
+        self._incremental_saves = 0  # every full_every-th copies and writes the frozen too
         self.gate = StagingGate(log)
         self.inflight = InFlight(cfg.failures, log)
         self.steps = StepMarks(log, SaveCostMeter(log))
@@ -143,8 +146,12 @@ class Generation:
         t0 = time.monotonic()
         state.step = step
         self.gate.watch(state.optimizer)  # waits for overlapped copies; marks steps
-        staged = self.stager.stage(state.state_dict(),
-                                   defer=state.overlap_filter() if overlap else None)
+        keep = state.frozen_filter() if self.incremental else None
+        if keep is not None:
+            self._incremental_saves += 1
+        staged = self.stager.stage(
+            state.state_dict(), defer=state.overlap_filter() if overlap else None, keep=keep,
+            refresh=(self._incremental_saves - 1) % self.full_every == 0)
         staged_at, nbytes = time.monotonic(), staged.nbytes
         handle = SaveHandle(step=step, staged=Future(), durable=Future())
         self.gate.begin(step=step, blocked_s=staged_at - t0, nbytes=nbytes,
@@ -159,7 +166,8 @@ class Generation:
         self.saver.submit(SaveJob(step=step, staged=staged.tree, nbytes=nbytes,
                                   save_id=f"{self.run_id}-{step}", started=t0,
                                   staged_at=staged_at, to_tier1=to_tier1,
-                                  ready=staged.ready), handle)
+                                  ready=staged.ready, frozen=staged.frozen, kept=staged.kept,
+                                  kept_bytes=staged.kept_bytes), handle)
         self.steps.saving(step, t0)
         if self.cadence is not None:
             self.cadence.saved(step)

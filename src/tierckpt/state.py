@@ -138,6 +138,16 @@ class TrainState:
         live.discard(0)
         return lambda path, t: _storage_ptr(t) in live
 
+    def frozen_filter(self) -> Callable[[tuple[Any, ...], torch.Tensor], bool] | None:
+        """Which tensors of :meth:`state_dict` are frozen parameters: those whose storage
+        is a model parameter's with ``requires_grad=False`` (for ``Writes(incremental=
+        True)``). None when the model has none."""
+        frozen = {_storage_ptr(p) for p in self.model.parameters() if not p.requires_grad}
+        frozen.discard(0)
+        if not frozen:
+            return None
+        return lambda path, t: _storage_ptr(t) in frozen
+
     def _model_optim(self) -> dict[str, Any]:
         model_sd, optim_sd = self.model_state.state_dicts()
         out: dict[str, Any] = {"model": model_sd}

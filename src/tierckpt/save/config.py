@@ -61,6 +61,18 @@ class Writes:
     """Permissions of created files (never world-writable)."""
     dir_mode: int = 0o750
     """Permissions of created directories (never world-writable)."""
+    incremental: bool = False
+    """Save frozen parameters once (tier 1; docs/saving.md, "Incremental saves"): each rank
+    writes its frozen parameters (``requires_grad=False``) in a file of their own; a save
+    in which none of them changed — same storage, same autograd version counter — neither
+    copies them to host memory nor writes them again: the step hard-links the previous
+    step's file. Off by default: a write through ``.data`` (``p.data.mul_(...)``, e.g. an
+    EMA teacher) bypasses the version counter and would go unseen until the next full
+    save."""
+    full_every: int = 10
+    """With ``incremental``: every ``full_every``-th save writes the frozen file afresh, so
+    at most that many steps share one (a damaged copy is caught by every restore's CRC32C;
+    tier 2 holds the content separately)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "staging", check_enum("Writes.staging", Staging, self.staging))
@@ -72,6 +84,8 @@ class Writes:
             raise ConfigError(f"Writes.background_nice must be an int in [0, 19], got {nice!r}")
         check_mode("Writes.file_mode", self.file_mode)
         check_mode("Writes.dir_mode", self.dir_mode)
+        check_bool("Writes.incremental", self.incremental)
+        check_count("Writes.full_every", self.full_every)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

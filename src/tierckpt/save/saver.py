@@ -37,7 +37,7 @@ from tierckpt.save import coordinate
 from tierckpt.save.committer import Committer
 from tierckpt.save.config import Writes
 from tierckpt.save.diskfull import disk_full
-from tierckpt.save.writer import ShardWriter
+from tierckpt.save.writer import FrozenFile, FrozenPlan, ShardWriter
 from tierckpt.tier0.config import Tier0
 from tierckpt.tier0.recycle import reserve
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
@@ -125,6 +125,11 @@ class SaveJob:
     ready: Future[float] | None = None
     """Resolves when the background part of staging landed (``staging="overlap"``); the
     writer waits for it, and its error (a tensor changed while copied) fails the save."""
+    frozen: frozenset[str] = frozenset()
+    """``Writes(incremental=True)``: the DCP keys of the frozen parameters staged."""
+    kept: frozenset[str] = frozenset()
+    """Those the stager did not copy: unchanged since the previous save."""
+    kept_bytes: int = 0
 
 
 class AsyncSaver:
@@ -151,6 +156,7 @@ class AsyncSaver:
         self._unreserved: dict[str, int] = {}  # shard files a tier-0 save had to allocate
         self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
+        self._frozen: FrozenFile | None = None  # the last committed save's frozen file
         self.committer = Committer(comm, domains, file_mode=writes.file_mode)  # collective
         """The commit protocol, with the ``.metadata`` this owner last committed."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="tierckpt-saver",
@@ -181,6 +187,7 @@ class AsyncSaver:
                     f"{type(e).__name__}: {e}"))
                 err.__cause__ = e if err is not e else e.__cause__
                 self._plans.sent = b""  # the next save sends its write results whole
+                self._frozen = None  # the next save writes its frozen file
                 self.log.emit(events.SAVE_FAILED, step=job.step, error=str(err))
                 self._discard(job)
                 handle.durable.set_exception(err)
@@ -246,7 +253,7 @@ class AsyncSaver:
         root = self.tier0.path if self.tier0 is not None else self.tier1
         tmp = root / layout.tmp_dirname(job.step, job.save_id)
         final = root / layout.step_dirname(job.step)
-        writer = self._writer(tmp, in_ram=in_ram)
+        writer = self._writer(tmp, in_ram=in_ram, frozen=self._frozen_plan(job, in_ram))
         written = coordinate.save(job.staged, writer, self.comm, self._plans,
                                   self.committer.held_digest)
         durable_at = time.monotonic()
@@ -255,10 +262,13 @@ class AsyncSaver:
         if in_ram and writer.recycled < len(shards):
             self._unreserved = shards
         if written.error is None:
+            extra = {"kept": job.kept_bytes, "linked": writer.linked} if job.frozen else {}
             self.log.emit(events.SAVE_DURABLE, step=job.step,
                           seconds=durable_at - staged_at, bytes=my_bytes,
-                          tier="tier0" if in_ram else "tier1")
+                          tier="tier0" if in_ram else "tier1", **extra)
         done = self.committer.commit(job.step, job.save_id, writer, written, tmp, final)
+        f = writer.frozen_file
+        self._frozen = None if f is None or in_ram else dataclasses.replace(f, directory=final)
         tier = "tier1"
         if self.tier0 is not None:
             final, tier = self._after_tier0(job, done.committed, final, my_bytes, staged_at)
@@ -280,7 +290,18 @@ class AsyncSaver:
         job.ready.result()  # copies still running end before the next optimizer step
         return time.monotonic() if waited else job.staged_at
 
-    def _writer(self, tmp: Path, *, in_ram: bool) -> ShardWriter:
+    def _frozen_plan(self, job: SaveJob, in_ram: bool) -> FrozenPlan | None:
+        """``Writes(incremental=True)``: the frozen tensors in a file of their own, linked
+        from the previous committed step when the stager kept every one (none changed, and
+        not a full save: those copy them all) — on tier 1 only (with tier 0 it is written)."""
+        if not (self.writes.incremental and job.frozen):
+            return None
+        previous = None if in_ram or self.tier0 is not None else self._frozen
+        return FrozenPlan(keys=job.frozen, unchanged=job.kept == job.frozen,
+                          previous=previous)
+
+    def _writer(self, tmp: Path, *, in_ram: bool,
+                frozen: FrozenPlan | None = None) -> ShardWriter:
         """The DCP writer into ``tmp`` (created; the ranks of one domain share it); in RAM
         (tier 0) without fsync or direct I/O."""
         w = self.writes
@@ -288,7 +309,8 @@ class AsyncSaver:
         free = self.tier0.free if in_ram and self.tier0 is not None else None
         return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                            fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram,
-                           recycle=free, io_threads=TIER0_IO_THREADS if in_ram else 1)
+                           recycle=free, io_threads=TIER0_IO_THREADS if in_ram else 1,
+                           frozen=frozen)
 
     def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
                      my_bytes: int, staged_at: float) -> tuple[Path, str]:

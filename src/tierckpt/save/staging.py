@@ -18,6 +18,14 @@ Two modes (``Writes(staging=...)``):
   counter is read when the copy is queued and again after it landed: an in-place change in
   between (a write outside ``optimizer.step()``) fails ``ready`` with
   :class:`StagingRaceError` instead of saving a torn tensor.
+
+Kept tensors (``stage(sd, keep=...)``, for ``Writes(incremental=True)``): a tensor ``keep``
+accepts (a frozen parameter) is copied at once, never deferred, and its signature — storage
+address, autograd version counter, shape, strides, dtype, device — is remembered once the
+copy landed. At the next ``stage`` a kept tensor with the same signature is not copied
+again: its buffer still holds those bytes (``refresh=True`` copies them all: a full save).
+:attr:`Staged.frozen` names every kept tensor by its DCP key, :attr:`Staged.kept` those not
+copied this time.
 """
 
 from __future__ import annotations
@@ -55,6 +63,11 @@ class Staged:
     nbytes: int
     deferred_bytes: int
     ready: Future[float]
+    frozen: frozenset[str] = frozenset()
+    """The DCP keys (``model.<fqn>``) of the tensors ``keep`` accepted."""
+    kept: frozenset[str] = frozenset()
+    """Those of :attr:`frozen` not copied this time: unchanged since their last copy."""
+    kept_bytes: int = 0
 
 
 def _page_aligned(shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor | None:
@@ -76,6 +89,7 @@ class HostStager:
     def __init__(self, *, pin_memory: bool | None = None, copy_threads: int | None = None) -> None:
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self._buffers: dict[Path, torch.Tensor] = {}
+        self._signatures: dict[Path, tuple[Any, ...]] = {}  # kept tensors' last copies
         self.allocations = 0  # buffers (re)allocated since construction; steady state: 0/save
         # Host-to-host copies run on our own threads (torch's copy releases the GIL), so C
         # reaches memory bandwidth even when the job runs torch with one thread per rank.
@@ -98,23 +112,30 @@ class HostStager:
         """Host bytes held in staging buffers."""
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
-    def stage(self, sd: Any, *, defer: Callable[[Path, torch.Tensor], bool] | None = None
-              ) -> Staged:
+    def stage(self, sd: Any, *, defer: Callable[[Path, torch.Tensor], bool] | None = None,
+              keep: Callable[[Path, torch.Tensor], bool] | None = None,
+              refresh: bool = False) -> Staged:
         """Copy ``sd`` into the host buffers. With ``defer``, tensors for which it returns
         True (given their path and the tensor; a DTensor's local shard) are copied in the
-        background; everything else before this returns."""
-        walk = _Walk(self, defer)
+        background; everything else before this returns. With ``keep``, a tensor it accepts
+        is copied only when it changed since its last copy, or with ``refresh`` (see the
+        module docstring)."""
+        walk = _Walk(self, defer, keep, refresh)
         tree = walk.visit(sd, ())
         for stale in set(self._buffers) - walk.seen:  # keys that disappeared: free them
             del self._buffers[stale]
+        for path in set(self._signatures) - walk.kept_paths:  # copied again (or gone)
+            del self._signatures[path]
         self._copy_now(walk.now, walk.now_cuda)
+        self._signatures.update(walk.signatures)  # those copies landed
         ready: Future[float]
         if walk.later or walk.later_cuda:
             ready = self._copy_later(walk.later, walk.later_cuda)
         else:
             ready = Future()
             ready.set_result(0.0)
-        return Staged(tree, walk.nbytes, walk.deferred_bytes, ready)
+        return Staged(tree, walk.nbytes, walk.deferred_bytes, ready, frozenset(walk.frozen),
+                      frozenset(walk.kept), walk.kept_bytes)
 
     # -- copies ---------------------------------------------------------------------------
     def buffer(self, path: Path, t: torch.Tensor) -> torch.Tensor:
@@ -213,11 +234,16 @@ class _Walk:
     """One pass over a state dict: the host-side structure, and the copies to run now or
     later, split by ``defer`` and by device."""
 
-    def __init__(self, stager: HostStager,
-                 defer: Callable[[Path, torch.Tensor], bool] | None) -> None:
-        self.stager, self.defer = stager, defer
+    def __init__(self, stager: HostStager, defer: Callable[[Path, torch.Tensor], bool] | None,
+                 keep: Callable[[Path, torch.Tensor], bool] | None = None,
+                 refresh: bool = False) -> None:
+        self.stager, self.defer, self.keep, self.refresh = stager, defer, keep, refresh
         self.seen: set[Path] = set()
-        self.nbytes = self.deferred_bytes = 0
+        self.nbytes = self.deferred_bytes = self.kept_bytes = 0
+        self.frozen: list[str] = []
+        self.kept: list[str] = []
+        self.kept_paths: set[Path] = set()  # kept tensors not copied this time
+        self.signatures: dict[Path, tuple[Any, ...]] = {}  # kept tensors copied this time
         self.now: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.now_cuda: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -249,6 +275,8 @@ class _Walk:
         buf = self.stager.buffer(path, t)
         size = buf.numel() * buf.element_size()
         self.nbytes += size
+        if self.keep is not None and self.keep(path, t):
+            return self._kept(t, path, buf, size)
         later = self.defer is not None and self.defer(path, t)
         if later:
             self.deferred_bytes += size
@@ -256,3 +284,33 @@ class _Walk:
             (self.now_cuda if t.is_cuda else self.now)
         queue.append((buf, t))
         return buf
+
+    def _kept(self, t: torch.Tensor, path: Path, buf: torch.Tensor, size: int) -> torch.Tensor:
+        """A tensor ``keep`` accepted: not copied when unchanged since its last copy, else
+        copied now (its signature remembered once the copy landed)."""
+        self.frozen.append(_dcp_key(path))
+        sig = _signature(t)
+        if sig is not None and not self.refresh and self.stager._signatures.get(path) == sig:
+            self.kept.append(_dcp_key(path))
+            self.kept_paths.add(path)
+            self.kept_bytes += size
+            return buf
+        if sig is not None:
+            self.signatures[path] = sig
+        (self.now_cuda if t.is_cuda else self.now).append((buf, t))
+        return buf
+
+
+def _signature(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """What an in-place write (other than through ``.data``) or a new tensor changes: the
+    storage address, the version counter, the layout; None for a tensor without a version
+    counter (an inference tensor: always copied)."""
+    version = tensor_version(t)
+    if version is None:
+        return None
+    return (t.data_ptr(), version, tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def _dcp_key(path: Path) -> str:
+    """The key DCP flattens ``path`` to (``("model", "0.weight")`` → ``model.0.weight``)."""
+    return ".".join(str(p) for p in path)

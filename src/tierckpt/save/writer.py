@@ -10,6 +10,13 @@ item's record also gets its own CRC32C (a manifest :class:`~tierckpt.format.mani
 from the same pass, kept in the rank's ``__{rank}.records``: :meth:`write_rank_records`), so
 a reader that fetches one tensor's byte range can verify just that range.
 
+Frozen tensors (``frozen``: a :class:`FrozenPlan`, for ``Writes(incremental=True)``) go
+to a file of their own, ``__{rank}_{threads}.distcp``. When every one of them is unchanged
+since the previous save and that save's frozen file held exactly these items, the file is
+hard-linked from the previous step's directory instead of written (its size checked), and
+its entry and write results are the previous ones: the same bytes at the same offsets, so
+the step's ``.metadata`` and manifest read as if it had been written.
+
 DCP's call order (per its ``StorageWriter`` docstring): ``reset`` →
 ``set_up_storage_writer`` → ``prepare_local_plan`` (every rank) → ``prepare_global_plan``
 (coordinator) → ``write_data`` (every rank) → ``finish`` (coordinator, with every rank's
@@ -30,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import (
     SavePlan,
     SavePlanner,
@@ -121,6 +128,29 @@ def _tensor_item_bytes(item: WriteItem) -> int:
     return n * item.tensor_data.properties.dtype.itemsize
 
 
+@dataclasses.dataclass(frozen=True)
+class FrozenFile:
+    """A rank's file of frozen tensors as a save left it: the directory holding it (the
+    committed step's), its manifest entry (with its records' CRC32Cs), its write results
+    and its items."""
+
+    directory: Path
+    entry: FileEntry
+    results: tuple[WriteResult, ...]
+    items: frozenset[MetadataIndex]
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenPlan:
+    """How this save treats frozen tensors: their DCP keys, whether none changed since the
+    previous save (every one kept by the stager), and the previous save's frozen file to
+    link when none did (None: write it)."""
+
+    keys: frozenset[str]
+    unchanged: bool
+    previous: FrozenFile | None = None
+
+
 class ShardWriter(StorageWriter):
     """Writes into ``path`` (which must be this save's fresh tmp directory).
 
@@ -129,13 +159,16 @@ class ShardWriter(StorageWriter):
     coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
     With ``recycle`` (tier 0's ``free/`` directory), a shard file found there under its
     name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`);
-    ``io_threads`` copies per file run at once (:class:`DirectFile`).
+    ``io_threads`` copies per file run at once (:class:`DirectFile`). ``frozen``: see the
+    module docstring; after ``write_data``, :attr:`frozen_file` is this save's frozen file
+    (written or linked; its ``directory`` is ``path``) and :attr:`linked` its bytes when
+    it was linked.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
                  file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
                  direct_io: bool = True, recycle: Path | None = None,
-                 io_threads: int = 1) -> None:
+                 io_threads: int = 1, frozen: FrozenPlan | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.thread_count = max(1, thread_count)
@@ -152,6 +185,9 @@ class ShardWriter(StorageWriter):
         self.metadata_bytes: bytes | None = None
         self.zero_copied = 0
         """Bytes written straight from the staged tensors (no copy into I/O buffers)."""
+        self.frozen = frozen
+        self.frozen_file: FrozenFile | None = None
+        self.linked = 0
         self._lock = threading.Lock()
 
     # -- StorageWriter protocol -----------------------------------------------------------
@@ -172,7 +208,12 @@ class ShardWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix: StoragePrefix = plan.storage_data
-        buckets = _balance(plan.items, self.thread_count)
+        keys = self.frozen.keys if self.frozen is not None else frozenset()
+        frozen = [i for i in plan.items
+                  if i.type != WriteItemType.BYTE_IO and i.index.fqn in keys]
+        taken = {id(i) for i in frozen}
+        rest = [i for i in plan.items if id(i) not in taken]
+        buckets = _balance(rest, self.thread_count)
         jobs = [(f"{prefix.prefix}{i}.distcp", items) for i, items in enumerate(buckets) if items]
         results: list[WriteResult] = []
         with _without_zip_crc32():
@@ -183,6 +224,9 @@ class ShardWriter(StorageWriter):
                 with ThreadPoolExecutor(len(jobs), thread_name_prefix="tierckpt-write") as pool:
                     for r in pool.map(lambda j: self._write_file(j[0], j[1], planner), jobs):
                         results += r
+            if frozen:
+                results += self._frozen(f"{prefix.prefix}{self.thread_count}.distcp", frozen,
+                                        planner)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -259,6 +303,38 @@ class ShardWriter(StorageWriter):
         return True
 
     # -- internals ------------------------------------------------------------------------
+    def _frozen(self, name: str, items: list[WriteItem],
+                planner: SavePlanner) -> list[WriteResult]:
+        """The frozen tensors' file: linked from the previous step when none changed and it
+        held exactly these items, else written."""
+        assert self.frozen is not None
+        held = frozenset(i.index for i in items)
+        prev = self.frozen.previous
+        if self.frozen.unchanged and prev is not None and prev.items == held \
+                and prev.entry.name == name and self._link(prev):
+            self.frozen_file = dataclasses.replace(prev, directory=self.path)
+            return list(prev.results)
+        out = self._write_file(name, items, planner)
+        with self._lock:
+            entry = next(f for f in self.files if f.name == name)
+        self.frozen_file = FrozenFile(self.path, entry, tuple(out), held)
+        return out
+
+    def _link(self, prev: FrozenFile) -> bool:
+        """Hard-link ``prev``'s file into this save (False when it is gone or not of its
+        recorded size: then it is written)."""
+        src, dst = prev.directory / prev.entry.name, self.path / prev.entry.name
+        try:
+            if src.stat().st_size != prev.entry.size:
+                return False
+            os.link(src, dst)
+        except OSError:
+            return False
+        with self._lock:
+            self.files.append(prev.entry)
+            self.linked += prev.entry.size
+        return True
+
     def _write_file(self, name: str, items: list[WriteItem],
                     planner: SavePlanner) -> list[WriteResult]:
         path = self.path / layout.safe_member_name(name)
