@@ -185,6 +185,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep checkpoints in node RAM: a tmpfs directory or 'auto'")
     p.add_argument("--tier1-every", type=int, default=1,
                    help="with --tier0: every N-th save also goes to tier 1")
+    p.add_argument("--freeze-embeddings", action="store_true",
+                   help="train with the token and position embeddings frozen")
+    p.add_argument("--incremental", action="store_true",
+                   help="Writes(incremental=True): frozen parameters are saved once")
     p.add_argument("--parallel", default="fsdp2", choices=["fsdp2", "ddp"],
                    help="how the model is spread over the ranks")
     p.add_argument("--step-sleep", type=float, default=0.0,
@@ -211,6 +215,9 @@ def build(args: argparse.Namespace, info: tierckpt.DistInfo) -> tuple[
     torch.manual_seed(args.seed)  # same initial weights everywhere; fully_shard shards them
     model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads, args.dropout)
     model.to(info.device)
+    if args.freeze_embeddings:  # a fine-tune of a pre-trained base: these never change
+        model.tok.weight.requires_grad_(False)
+        model.pos.requires_grad_(False)
     if args.parallel == "fsdp2":
         for block in model.blocks:
             fully_shard(block)
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         with tierckpt.CheckpointManager(
                 tier1=args.tier1, keep_last=args.keep_last, verify=args.verify, tier2=tier2,
                 tier0=tier0, failures=tierckpt.Failures(collective_timeout_s=args.timeout),
+                writes=tierckpt.Writes(incremental=args.incremental),
         ) as ckpt:
             restored = ckpt.restore(state)
             start = restored.step + 1 if restored else 0
