@@ -17,6 +17,7 @@ JSON layout (all seconds, bytes, decimal GB/s)::
     tier0    {...} | {"skipped": reason}   (bench/tier0.py; absent in older results)
     preempt  {...} | {"skipped": reason}   (bench/preempt.py; absent in older results)
     tier2_servers {...} | {"skipped": reason} (bench/tier2_servers.py; absent in older results)
+    incremental {...} | {"skipped": reason} (bench/incremental.py; absent in older results)
     targets  [{goal, text, world, subject, ratio, op, threshold, met, vs_dcp, note}]
 
 ``render_markdown`` only reads that dict, so a results file can be re-rendered later.
@@ -199,6 +200,10 @@ def render_markdown(r: dict[str, Any]) -> str:
         from bench.tier0 import markdown as tier0_markdown
 
         body += tier0_markdown(r["tier0"])
+    if "incremental" in r:  # likewise: frozen weights staged, written and uploaded once
+        from bench.incremental import markdown as incremental_markdown
+
+        body += incremental_markdown(r["incremental"])
     if "preempt" in r:  # likewise: notice → stop → durable, and the watcher's cost
         from bench.preempt import markdown as preempt_markdown
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.config import BenchConfig, make_config
 from bench.dcp_peers import PeerJob, measure_dcp
+from bench.incremental import measure_incremental
 from bench.limits import measure_limits
 from bench.machine import fsync_probe, machine_facts
 from bench.model_state import measure_model_state
@@ -72,6 +73,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "fetch on SeaweedFS, moto, fake-gcs-server and Azurite, tierckpt "
                         "against each store's SDK and obstore); on by default, off with "
                         "--quick")
+    p.add_argument("--incremental", action=argparse.BooleanOptionalAction, default=None,
+                   help="the incremental saves' section (bench/incremental.py: a LoRA and a "
+                        "frozen-embedding state, bytes staged, written and uploaded and the "
+                        "durable time per save with Writes(incremental=True), without it and "
+                        "with plain DCP); on by default, off with --quick")
     p.add_argument("--sweep", action="store_true",
                    help="only the cost curves (bench/sweep.py): C, durable, restore and RAM "
                         "over --sizes × --world (default 64MiB,256MiB,1GiB,4GiB × 1,2,4), "
@@ -110,13 +116,14 @@ def _section(name: str, fn: Callable[[], dict[str, Any]], errors: list[str]) -> 
 
 
 def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = None,
-        preempt: bool | None = None, tier2_servers: bool | None = None
-        ) -> tuple[dict[str, Any], list[str]]:
+        preempt: bool | None = None, tier2_servers: bool | None = None,
+        incremental: bool | None = None) -> tuple[dict[str, Any], list[str]]:
     """Every measurement of one run; the results dict (see ``report``) and section errors.
 
     ``share``: run the sharing readers' section (None: unless ``cfg.quick``); ``tier0``:
     the tier-0 section, likewise; ``preempt``: the preemption section, likewise;
-    ``tier2_servers``: the tier-2 clients' section, likewise.
+    ``tier2_servers``: the tier-2 clients' section, likewise; ``incremental``: the
+    incremental saves' section, likewise.
     """
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter()
     workdir = cfg.target_dir / f"bench-{os.getpid()}"
@@ -168,6 +175,13 @@ def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = Non
         else:
             preempt_section = {"skipped": "off (--quick or --no-preempt); pass --preempt to "
                                           "include it"}
+        if (not cfg.quick) if incremental is None else incremental:
+            incremental_section = _section("incremental", partial(
+                measure_incremental, workdir / "incremental", cfg.size_bytes,
+                repeats=cfg.repeats), errors)
+        else:
+            incremental_section = {"skipped": "off (--quick or --no-incremental); pass "
+                                              "--incremental to include it"}
         # Every store's test server, ours vs the other clients (bench/tier2_servers.py):
         # its own size (one file per store), not the state's; on unless --quick.
         if (not cfg.quick) if tier2_servers is None else tier2_servers:
@@ -194,6 +208,7 @@ def run(cfg: BenchConfig, *, share: bool | None = None, tier0: bool | None = Non
         "machine": facts, "limits": limits, "worlds": worlds, "transfer": transfer,
         "share": shared, "tier0": tier0_section, "preempt": preempt_section,
         "model_state": model_state, "tier2_servers": servers,
+        "incremental": incremental_section,
         "targets": [t.to_json() for t in targets], "errors": errors,
     }
     return results, errors
@@ -226,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     results, errors = run(cfg, share=args.share, tier0=args.tier0, preempt=args.preempt,
-                          tier2_servers=args.tier2_servers)
+                          tier2_servers=args.tier2_servers, incremental=args.incremental)
     stamp = results["started"].replace(":", "")
     json_path, md_path = write_results(results, cfg.out_dir, stamp)
     for t in results["targets"]:

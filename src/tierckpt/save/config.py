@@ -62,7 +62,7 @@ class Writes:
     dir_mode: int = 0o750
     """Permissions of created directories (never world-writable)."""
     incremental: bool = False
-    """Save frozen parameters once (tier 1; docs/saving.md, "Incremental saves"): each rank
+    """Save frozen parameters once (tier 1; docs/staging.md, "Incremental saves"): each rank
     writes its frozen parameters (``requires_grad=False``) in a file of their own; a save
     in which none of them changed — same storage, same autograd version counter — neither
     copies them to host memory nor writes them again: the step hard-links the previous
