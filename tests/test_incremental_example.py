@@ -21,13 +21,14 @@ from tierckpt.runtime import events
 FROZEN = ("--freeze-embeddings", "--incremental", "--keep-last", "10")
 
 
-def _train(tmp: Path, name: str, *extra: str, restarts: int = 0) -> list[dict[str, Any]]:
+def _train(tmp: Path, name: str, *extra: str, restarts: int = 0,
+           nproc: int = 2) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1")
     losses = tmp / f"{name}.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
          "--max-restarts", str(restarts), "--monitor-interval", "0.1", str(EXAMPLE),
          "--tier1", str(tmp / name), "--losses", str(losses), *EXAMPLE_SMALL, *FROZEN, *extra],
         env=env, capture_output=True, text=True, timeout=240)
@@ -66,3 +67,8 @@ def test_a_killed_incremental_run_resumes_bit_identically_and_uploads_the_base_o
                  for r in (0, 1))
     for e in later:  # the frozen shards are on tier 2 already: never sent again
         assert e["bytes"] <= e["referenced"] - frozen, e
+
+    # the linked steps reshard as any other: one rank resumes the 2-rank step 23
+    more = _train(tmp_path, "kill", "--steps", "26", nproc=1)
+    resumed = [r for r in more if r["world_size"] == 1]
+    assert [r["step"] for r in resumed] == [24, 25]
