@@ -18,9 +18,11 @@ visible; the CRC32C is stored as blob metadata, which HEAD reports and every dow
 verified against before the file appears under its name.
 
 Downloads use parallel ranged GETs pinned to the blob's ETag (a blob replaced mid-download
-fails, it is never mixed). Retries: transient failures per request in the SDK's pipeline
-(:class:`~tierckpt.tier2.storage.azureclient.AzureConfig`); on top, a range whose body broke
-off mid-stream, and bytes that fail their checksum (``digest_attempts``).
+fails, it is never mixed), each body streamed into the file piece by piece as it arrives,
+its CRC32C taken on the way (:func:`~tierckpt.tier2.storage.azureclient.open_range`).
+Retries: transient failures per request in the SDK's pipeline
+(:class:`~tierckpt.tier2.storage.azureclient.AzureConfig`); on top, a range whose body
+broke off mid-stream, and bytes that fail their checksum (``digest_attempts``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable
 
-from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, HttpResponseError
 
 from tierckpt.errors import ConfigError, StorageError
@@ -40,6 +40,7 @@ from tierckpt.tier2.storage.azureclient import (
     crc_of_metadata,
     http_status,
     make_service_client,
+    open_range,
 )
 from tierckpt.tier2.storage.azurewrites import AzureWrites
 from tierckpt.tier2.storage.base import (
@@ -52,7 +53,12 @@ from tierckpt.tier2.storage.base import (
     validate_key,
     validate_prefix,
 )
-from tierckpt.tier2.storage.ranged import get_file_verified, range_into_file, read_ranges
+from tierckpt.tier2.storage.ranged import (
+    Sink,
+    get_file_verified,
+    range_into_file,
+    read_ranges,
+)
 
 __all__ = ["AzureConfig", "AzureStorage"]
 
@@ -89,23 +95,25 @@ class AzureStorage(AzureWrites):
 
     # -- gets ---------------------------------------------------------------------------
     def _get_range(self, key: str, etag: str | None, offset: int, length: int,
-                   sink: Callable[[int, bytes], None]) -> None:
+                   sink: Sink) -> None:
         """Hand bytes [offset, offset+length) of ``key`` to ``sink(position, data)`` in
-        pieces, asking again when the body breaks off mid-stream; with ``etag`` the blob
-        must still be that version. A range past the end is a :class:`StorageError`."""
+        pieces as they arrive, asking again when the body breaks off mid-stream; with
+        ``etag`` the blob must still be that version. A range past the end is a
+        :class:`StorageError`."""
         blob = self._blob(key)
         for _attempt in range(self.config.max_attempts):
             pos = offset
             try:
-                dl = blob.download_blob(
-                    offset=offset, length=length, max_concurrency=1, etag=etag,
-                    match_condition=MatchConditions.IfNotModified) if etag else \
-                    blob.download_blob(offset=offset, length=length, max_concurrency=1)
-                for chunk in dl.chunks():
-                    if pos + len(chunk) > offset + length:
-                        break
-                    sink(pos, chunk)
-                    pos += len(chunk)
+                sent, body = open_range(blob, offset, length, etag)
+                with contextlib.closing(body):
+                    if sent < length:
+                        raise StorageError(f"get {self.url}/{key}: range {offset}+{length} "
+                                           "ends past the end of the object")
+                    for piece in body:
+                        if pos + len(piece) > offset + length:
+                            break
+                        sink(pos, piece)
+                        pos += len(piece)
             except AzureError as e:
                 if isinstance(e, HttpResponseError) and http_status(e):
                     if http_status(e) == 416:
@@ -115,9 +123,6 @@ class AzureStorage(AzureWrites):
                 continue  # the body broke off: ask again
             if pos == offset + length:
                 return
-            if dl.size < length:
-                raise StorageError(f"get {self.url}/{key}: range {offset}+{length} ends past "
-                                   "the end of the object")
         raise StorageError(f"get {self.url}/{key}: range at {offset} broke off "
                            f"{self.config.max_attempts} times")
 
