@@ -32,6 +32,7 @@ each save is on tier 2 before the next step), each against the full save's. Tier
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -199,6 +200,7 @@ def measure_incremental(work: Path, total: int, repeats: int = 2,
                                           incremental=mode == "incremental",
                                           saves=repeats + 1)
                 modes[mode] = _summary(rows)
+                shutil.rmtree(root, ignore_errors=True)  # bounded disk: one mode's saves
             st = build(shape, total)
             shapes[shape] = {"frozen_bytes": _param_bytes(st, frozen=True),
                              "trainable_bytes": _param_bytes(st, frozen=False),
