@@ -48,6 +48,8 @@ BESIDE = (
     # With the scheduler tests in a lane of their own (TIMERS, ~5 min of waiting), the
     # preemption and heal drills (~2.5 min of the CPU-bound lane) come here to balance.
     "tests/test_drill_preempt.py", "tests/test_drill_heal.py",
+    # the incremental saves' bench section waits on its SeaweedFS uploads, save by save
+    "tests/test_bench_incremental.py",
 )
 
 
