@@ -4,6 +4,7 @@ damaged shared object is caught on every read, and steps of the old layout still
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -24,6 +25,7 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
 from tierckpt.tier2.storage import LocalStorage, ObjectInfo, Storage, open_storage
+from tierckpt.tier2.uploader import content
 from tierckpt.tier2.uploader.transfer import upload_step
 
 KiB = 1024
@@ -32,8 +34,10 @@ BASE = {".metadata": (300, None), "__0_0.distcp": (96 * KiB, 0),
 """A frozen base (``__0_0``: most bytes), adapters (``__0_1``) and small files."""
 
 
-def derive(root: Path, src: int, step: int, changed: set[str]) -> mf.Manifest:
-    """A committed checkpoint ``step`` with ``src``'s files, ``changed`` ones rewritten."""
+def derive(root: Path, src: int, step: int, changed: set[str],
+           linked: frozenset[str] = frozenset()) -> mf.Manifest:
+    """A committed checkpoint ``step`` with ``src``'s files, ``changed`` ones rewritten,
+    ``linked`` ones hard-linked (as incremental saves link a frozen file)."""
     rng, d = random.Random(step), root / layout.step_dirname(step)
     d.mkdir()
     entries = []
@@ -43,7 +47,10 @@ def derive(root: Path, src: int, step: int, changed: set[str]) -> mf.Manifest:
         data = (root / layout.step_dirname(src) / f.name).read_bytes()
         if f.name in changed:
             data = rng.randbytes(len(data))
-        fs.write_durably(d / f.name, data)
+        if f.name in linked:
+            os.link(root / layout.step_dirname(src) / f.name, d / f.name)
+        else:
+            fs.write_durably(d / f.name, data)
         entries.append(mf.FileEntry(name=f.name, size=len(data), rank=f.rank,
                                     crc32c=checksum.extend(0, data)))
     m = mf.Manifest(step=step, world_size=1, save_id=f"save{step}", files=tuple(entries))
@@ -176,3 +183,35 @@ def test_a_step_of_the_old_layout_still_reads(tmp_path: Path) -> None:
     assert where.objmap is None and where.key("__0_0.distcp") == "step-00000003/__0_0.distcp"
     assert check_tier2(st, 3).ok
     _restores_from_tier2_alone(remote, t1, tmp_path / "fresh", 3)
+
+
+def test_a_hard_linked_file_is_hashed_once(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Incremental saves link the frozen file into every step: the uploader reads it for
+    its SHA-256 once; a file written anew (a new inode) or in place (a new mtime) is read."""
+    t1, t2 = tmp_path / "t1", tmp_path / "t2"
+    t2.mkdir()
+    make_checkpoint(t1, 1, BASE)
+    derive(t1, 1, 2, changed={"__0_1.distcp"}, linked=frozenset({"__0_0.distcp"}))
+    read: list[str] = []
+    real = content.sha256_of
+
+    def counting(path: Path, stop: Any = None) -> str:
+        read.append(f"{path.parent.name}/{path.name}")
+        return real(path, stop)
+
+    monkeypatch.setattr(content, "sha256_of", counting)
+    remote = Tier2Catalog(LocalStorage(t2))
+    _upload(t1, remote, 1)
+    _upload(t1, remote, 2)
+    assert "step-00000001/__0_0.distcp" in read
+    assert "step-00000002/__0_0.distcp" not in read  # the same inode: not read again
+    assert "step-00000002/__0_1.distcp" in read and "step-00000002/.metadata" in read
+    derive(t1, 2, 3, changed=set(), linked=frozenset({"__0_0.distcp"}))
+    frozen = t1 / layout.step_dirname(3) / "__0_0.distcp"
+    st = frozen.stat()
+    os.utime(frozen, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # as a write would
+    _upload(t1, remote, 3)
+    assert "step-00000003/__0_0.distcp" in read  # the mtime moved: read again
+    shutil.rmtree(t1 / layout.step_dirname(1))
+    _restores_from_tier2_alone(remote, t1, tmp_path / "fresh", 2)

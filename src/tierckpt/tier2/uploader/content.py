@@ -3,7 +3,9 @@
 :func:`upload_step` (``transfer.py``) calls these in order, per root (one node's files):
 
 1. :func:`hash_files` — the SHA-256 of each own file, one read each (``hashlib`` releases
-   the GIL; the saver does not record it yet, so the uploader computes it);
+   the GIL; the saver does not record it yet, so the uploader computes it) — except a file
+   this process already hashed: the same inode, size, mtime and manifest CRC32C (a frozen
+   file that incremental saves hard-link into every step is read once, not per step);
 2. the root's map part is written (its intent, before any skip decision);
 3. :func:`send` — per distinct object: HEAD its key; an object of the manifest's size and
    CRC32C is there → skipped (frozen weights, unchanged buffers, a step fetched back and
@@ -20,7 +22,8 @@ against the manifest's CRC32C.
 
 Granularity: a *file* is the unit. DCP writes one shard file per rank holding all of its
 tensors, so a frozen tensor saves upload only when it sits in a file whose bytes did not
-change (writing frozen tensors to files of their own is the saver's part of issue 41).
+change: ``Writes(incremental=True)`` writes each rank's frozen parameters to a file of their
+own (docs/staging.md).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from tierckpt.tier2.storage import ObjectInfo, Storage
 
 CHUNK = 8 << 20
 Progress = Callable[[int, int], None]
+_HASHED: dict[tuple[int, ...], str] = {}
+"""(device, inode, size, mtime, manifest CRC32C) → SHA-256 of files this process hashed."""
+_HASHED_MAX = 4096
 
 
 def _stop(stop: threading.Event | None) -> None:
@@ -56,9 +62,24 @@ def sha256_of(path: Path, stop: threading.Event | None = None) -> str:
 
 def hash_files(ckpt: Path, own: Iterable[mf.FileEntry],
                stop: threading.Event | None = None) -> list[objmap.MapEntry]:
-    """Map entries of ``own`` files of the tier-1 directory ``ckpt``."""
+    """Map entries of ``own`` files of the tier-1 directory ``ckpt``. A file whose inode,
+    size and mtime this process hashed before, under the same manifest CRC32C, is not read
+    again (a hard link shares the inode; a write in place moves the mtime; bytes damaged
+    at rest would still fail the store's CRC32C check when sent)."""
     return [objmap.MapEntry(name=f.name, size=f.size, crc32c=f.crc32c,
-                            sha256=sha256_of(ckpt / f.name, stop)) for f in own]
+                            sha256=_sha256_once(ckpt / f.name, f.crc32c, stop)) for f in own]
+
+
+def _sha256_once(path: Path, crc32c: int, stop: threading.Event | None) -> str:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, crc32c)
+    digest = _HASHED.get(key)
+    if digest is None:
+        digest = sha256_of(path, stop)
+        if len(_HASHED) >= _HASHED_MAX:
+            _HASHED.pop(next(iter(_HASHED)))
+        _HASHED[key] = digest
+    return digest
 
 
 def part_tag(own: Iterable[mf.FileEntry]) -> str:
