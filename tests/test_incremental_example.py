@@ -29,8 +29,10 @@ def _train(tmp: Path, name: str, *extra: str, restarts: int = 0,
     losses = tmp / f"{name}.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         "--nproc-per-node", str(nproc), "--max-restarts", str(restarts), "--monitor-interval", "0.1", str(EXAMPLE),
-         "--tier1", str(tmp / name), "--losses", str(losses), *EXAMPLE_SMALL, *FROZEN, *extra],
+         "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
+         "--monitor-interval", "0.1", str(EXAMPLE),
+         "--tier1", str(tmp / name), "--losses", str(losses), *EXAMPLE_SMALL, *FROZEN,
+         *extra],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return [json.loads(line) for line in losses.read_text().splitlines()]
