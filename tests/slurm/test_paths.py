@@ -75,9 +75,9 @@ class Run:
 
 def submit(slurm: SlurmCluster, d: Path, *, steps: int = STEPS, lead: int = 30,
            sbatch: tuple[str, ...] = (), train: tuple[str, ...] = (),
-           env: dict[str, str] | None = None) -> Run:
-    """Write the script with ``tierckpt launch slurm`` and submit it to ``low`` (``env``:
-    more of the job's environment)."""
+           launch: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Run:
+    """Write the script with ``tierckpt launch slurm`` (``launch``: more of its flags) and
+    submit it to ``low`` (``env``: more of the job's environment)."""
     d.mkdir(parents=True, exist_ok=True)
     (port,) = _free_ports(1)
     gen = subprocess.run(
@@ -85,7 +85,8 @@ def submit(slurm: SlurmCluster, d: Path, *, steps: int = STEPS, lead: int = 30,
          "sys.argv[0] = 'tierckpt'; main()", "launch", "slurm",
          "--tier1", str(d / "t1"), "--nproc-per-node", "2", "--lead", f"{lead}s",
          "--port", str(port), "--max-restarts", "2", "--sbatch=--cpus-per-task=2",
-         f"--sbatch=--output={d / 'job.out'}", *(f"--sbatch={o}" for o in sbatch), "--",
+         f"--sbatch=--output={d / 'job.out'}", *(f"--sbatch={o}" for o in sbatch), *launch,
+         "--",
          sys.executable, str(TRAIN), "--tier1", "$TIERCKPT_TIER1", "--steps", str(steps),
          "--save-every", "10", "--losses", str(d / "losses.jsonl"), "--timeout", "60",
          *train], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -108,12 +109,13 @@ def wait_steps(slurm: SlurmCluster, run: Run, n: int) -> None:
     raise TimeoutError(f"job {run.job} did not reach {n} steps\n{run.log()}")
 
 
-def finish(slurm: SlurmCluster, run: Run, states: set[str]) -> dict[str, str]:
-    """Wait for one of ``states`` (pulling requeued starts forward); the job's record. With
-    ``TIERCKPT_SLURM_PATHS=FILE`` one JSON line per job goes there too (the closing table:
-    state, requeues, resumes, lost steps, wall time)."""
+def finish(slurm: SlurmCluster, run: Run, states: set[str],
+           wait_s: float = WAIT_S) -> dict[str, str]:
+    """Wait up to ``wait_s`` for one of ``states`` (pulling requeued starts forward); the
+    job's record. With ``TIERCKPT_SLURM_PATHS=FILE`` one JSON line per job goes there too
+    (the closing table: state, requeues, resumes, lost steps, wall time)."""
     try:
-        info = slurm.wait_job(run.job, states, WAIT_S)
+        info = slurm.wait_job(run.job, states, wait_s)
     except TimeoutError as e:
         raise AssertionError(f"{e}\n--- job.out\n{run.log()}") from None
     if table := os.environ.get("TIERCKPT_SLURM_PATHS"):
@@ -205,6 +207,7 @@ def test_preempted_is_requeued_and_resumes_from_the_emergency_save(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # up to 16 one-minute allocations; ~2 min on an idle machine
 def test_time_limit_with_signal_is_requeued_and_resumes(
         slurm: SlurmCluster, tmp_path: Path, reference: dict[str, Any]) -> None:
     """A 1-minute limit and a 20 s lead: USR1 comes 20-50 s before the limit (slurmctld
@@ -212,10 +215,12 @@ def test_time_limit_with_signal_is_requeued_and_resumes(
     resumes, until all are done. 0.2 s per step makes the work (48 s) longer than one
     allocation trains on any machine (at most 40 s before its USR1: a fast one once
     finished 600 plain steps); on a loaded one a run may train only a few seconds after
-    its start-up, so the job may requeue up to 12 times (TIERCKPT_MAX_REQUEUES)."""
+    its start-up (26 steps a run once, with two other lanes of tests beside it), so the job
+    may requeue up to 16 times (``--max-requeues``: the script exports it as
+    TIERCKPT_MAX_REQUEUES, over anything in the submitting environment)."""
     run = submit(slurm, tmp_path, steps=240, lead=20, sbatch=("--time=1",),
-                 train=("--step-sleep", "0.2"), env={"TIERCKPT_MAX_REQUEUES": "12"})
-    info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+                 train=("--step-sleep", "0.2"), launch=("--max-requeues", "16"))
+    info = finish(slurm, run, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, wait_s=840)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, run.log()
     assert "time limit ahead (--signal); emergency save" in run.log(None)
     assert all(e["source"] == "signal:SIGUSR1" for e in run.events(ev.PREEMPT_NOTICE))
