@@ -50,10 +50,26 @@ def test_concurrent_processes_never_get_the_same_port(own_tmp: Path) -> None:
     assert len(got) == 240 and len(set(got)) == 240
 
 
+def _held_port_with_a_free_neighbour(held: socket.socket) -> int:
+    """Bind ``held`` to a port whose next port binds right now (the kernel's port 0 is in
+    the ephemeral range, where another process's connection may hold the neighbour: CI
+    once drew 40107 with 40108 in use by another lane)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            busy = probe.getsockname()[1]
+        if ports._binds(busy + 1):
+            try:
+                held.bind(("127.0.0.1", busy))
+            except OSError:
+                continue
+            return busy
+    raise AssertionError("no port with a free neighbour in 200 draws")
+
+
 def test_a_port_in_use_is_skipped(own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        busy = held.getsockname()[1]
+        busy = _held_port_with_a_free_neighbour(held)
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: busy + 2)
         monkeypatch.setattr(ports, "_SPAN", 2)  # draws from {busy, busy + 1}
         assert ports.reserve(1) == [busy + 1]
