@@ -83,7 +83,7 @@ class EtcdMember:
 @dataclasses.dataclass
 class EtcdCluster:
     """Members on loopback that form one etcd cluster. ``endpoints`` is what
-    :class:`tierckpt.heal.etcdstore.EtcdStore` takes: every client URL, comma-separated."""
+    :class:`tierckpt.runtime.etcdstore.EtcdStore` takes: every client URL, comma-separated."""
 
     members: list[EtcdMember]
     initial_cluster: str

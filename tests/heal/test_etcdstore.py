@@ -1,4 +1,4 @@
-"""tierckpt.heal.etcdstore: the job's store in etcd, against a real etcd (tests/etcdserver.py):
+"""tierckpt.runtime.etcdstore: the job's store in etcd, against a real etcd (tests/etcdserver.py):
 each operation, TCPStore's semantics side by side, a 2-rank gloo group formed over it, and
 the store across an etcd kill -9 and restart, a lost answer, and a lost cluster member."""
 
@@ -22,7 +22,7 @@ from tests._launch import spawn
 from tests.etcdserver import EtcdCluster, job_id
 from tests.faultproxy import FaultProxy
 from tierckpt.errors import ConfigError
-from tierckpt.heal.etcdstore import EtcdStore
+from tierckpt.runtime.etcdstore import EtcdStore
 
 S = datetime.timedelta(seconds=1)
 
@@ -249,7 +249,7 @@ def test_close_is_idempotent_and_the_store_reopens(store: EtcdStore) -> None:
 
 def test_the_transport_imports_without_torch() -> None:
     """A supervisor or `doctor` may reach the job's etcd before importing torch."""
-    code = "import sys, tierckpt.heal._etcd; assert 'torch' not in sys.modules, 'torch'"
+    code = "import sys, tierckpt.runtime._etcd; assert 'torch' not in sys.modules, 'torch'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -387,7 +387,7 @@ def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
 def _etcd_keys(cluster: EtcdCluster, prefix: bytes) -> list[bytes]:
     import base64
 
-    from tierckpt.heal._etcd import prefix_end
+    from tierckpt.runtime._etcd import prefix_end
     answer = _post(cluster.url, "/v3/kv/range", {
         "key": base64.b64encode(prefix).decode(),
         "range_end": base64.b64encode(prefix_end(prefix)).decode(), "keys_only": True})

@@ -10,6 +10,7 @@ import typer
 from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import config_errors
+from tierckpt.errors import ConfigError
 
 
 @command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -32,6 +33,20 @@ def run(
         help="Seconds a surviving worker may take to leave the failed step before it is "
              "replaced too (blocked in a collective that no error reaches).")] = 10.0,
     port: Annotated[int, typer.Option(help="The job's store port (0: any free one).")] = 0,
+    nnodes: Annotated[str | None, typer.Option(
+        help="MIN[:MAX] nodes: run this on every node; MIN run, the others wait as spare "
+             "nodes that take a lost node's ranks. Needs --rdzv-endpoint and --rdzv-id.",
+        show_default=False)] = None,
+    rdzv_endpoint: Annotated[str | None, typer.Option(
+        help="The job's store across nodes: etcd://host:port[,host:port...].",
+        show_default=False)] = None,
+    rdzv_id: Annotated[str | None, typer.Option(
+        help="The job's id in that store (fresh for every job).", show_default=False)] = None,
+    node_id: Annotated[str | None, typer.Option(
+        help="This node's name in the job (default: host name and pid).",
+        show_default=False)] = None,
+    node_timeout: Annotated[float, typer.Option(
+        help="Seconds without a node's heartbeat before it counts as lost.")] = 3.0,
 ) -> None:
     """Run a training command on this node's workers and heal a dead one in place.
 
@@ -41,9 +56,30 @@ def run(
     restarts every worker as torchrun would. Exit status: the job's."""
     with needs_torch("run"):
         from tierckpt.heal.launcher import HealLaunch, HealLauncher
+        from tierckpt.heal.nodes import (
+            NodeLaunch,
+            NodeSupervisor,
+            default_node_id,
+            parse_endpoint,
+            parse_nnodes,
+        )
     with config_errors():
         cfg = HealLaunch(nproc=nproc_per_node, heal=heal, max_heals=max_heals,
                          max_restarts=max_restarts, spares=spares, timeout_s=heal_timeout,
                          stuck_s=heal_stuck, port=port)
-        launcher = HealLauncher(list(command or []), cfg)
+        launcher: HealLauncher
+        if nnodes is None:
+            if rdzv_endpoint or rdzv_id or node_id:
+                raise ConfigError("--rdzv-endpoint, --rdzv-id and --node-id are for a "
+                                  "multi-node job: add --nnodes MIN[:MAX]")
+            launcher = HealLauncher(list(command or []), cfg)
+        else:
+            if not rdzv_endpoint or not rdzv_id:
+                raise ConfigError("--nnodes needs the job's store and id: add "
+                                  "--rdzv-endpoint etcd://host:port --rdzv-id JOB")
+            lo, hi = parse_nnodes(nnodes)
+            launcher = NodeSupervisor(list(command or []), NodeLaunch(
+                launch=cfg, min_nodes=lo, max_nodes=hi,
+                endpoints=parse_endpoint(rdzv_endpoint), job=rdzv_id,
+                node=node_id or default_node_id(), detect_s=node_timeout))
     raise typer.Exit(launcher.run())

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import FrameType
+from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.heal.spares import SparePool
@@ -109,17 +110,20 @@ class HealLauncher:
     lines (default: stderr)."""
 
     def __init__(self, command: Sequence[str], config: HealLaunch,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None, *, store: Any = None) -> None:
         if not command:
             raise ConfigError("tierckpt run: give the training command after --")
-        import torch.distributed as dist  # the store server: torch, as torchrun needs it
-
         self.command, self.config = list(command), config
         self._say = say or (lambda line: print(f"tierckpt run: {line}", file=sys.stderr,
                                                flush=True))
-        self.store = dist.TCPStore("127.0.0.1", config.port, is_master=True,
-                                   wait_for_workers=False, timeout=timedelta(minutes=5))
-        self.port = int(self.store.port)
+        if store is None:
+            import torch.distributed as dist  # the store server: torch, as torchrun needs
+
+            store = dist.TCPStore("127.0.0.1", config.port, is_master=True,
+                                  wait_for_workers=False, timeout=timedelta(minutes=5))
+        self.store = store
+        self.port = int(getattr(store, "port", 0))
+        self.world = config.nproc  # ranks in the job (every node's, across nodes)
         self.heals = 0
         self.restarts = 0
         self._signal: int | None = None
@@ -145,16 +149,35 @@ class HealLauncher:
 
     # -- one incarnation -------------------------------------------------------------------
     def _incarnation(self, restart: int) -> int:
+        inc = self._new_incarnation(restart)
+        for r in self._ranks():
+            inc.workers[r] = self._start(inc, r, spare=False)
+        return self._supervise(inc)
+
+    def _new_incarnation(self, restart: int) -> _Incarnation:
+        """A fresh start of the job, its generation 0 opened in the store."""
         inc = _Incarnation(id=uuid.uuid4().hex[:16], restart=restart)
         self.store.set(self._key(inc, "gen"), "0")
         self.store.set(self._key(inc, "dead/0"), "[]")
-        for r in range(self.config.nproc):
-            inc.workers[r] = self._start(inc, r, spare=False)
+        return inc
+
+    def _ranks(self) -> range:
+        """The global ranks this launcher's node runs."""
+        return range(self.config.nproc)
+
+    def _supervise(self, inc: _Incarnation) -> int:
+        """Watch ``inc``'s workers until it ends; every worker left is killed after."""
         self._spares.fill()  # one a heal took before a full restart: not waited for now
         try:
             return self._watch(inc)
         finally:
             self._stop(inc.workers.values())
+
+    def _cluster(self, inc: _Incarnation) -> int | None:
+        """The other nodes' say, polled with the workers: an exit status that ends ``inc``
+        now, or None. One node: none."""
+        del inc
+        return None
 
     def _watch(self, inc: _Incarnation) -> int:
         handled: set[int] = set()  # pids whose exit was acted on
@@ -163,6 +186,8 @@ class HealLauncher:
             if self._signal is not None:
                 self._forward(inc, self._signal)
                 return self._wait_all(inc)
+            if (status := self._cluster(inc)) is not None:
+                return status
             codes = {r: p.poll() for r, p in inc.workers.items()}
             if all(c == 0 for c in codes.values()):
                 return 0
@@ -182,7 +207,7 @@ class HealLauncher:
                               "falling back to a full restart")
                     return 1
                 self._replace_stuck(inc, handled)
-                if self._ready(inc, gen) >= self.config.nproc:
+                if self._ready(inc, gen) >= self.world:
                     self._say(f"generation {gen} healed in {time.monotonic() - opened:.2f} s")
                     inc.healing, inc.refill = None, (gen, time.monotonic())
                 elif time.monotonic() - opened > self.config.timeout_s:
@@ -235,11 +260,15 @@ class HealLauncher:
                 old.kill()
             old.wait()
             handled.add(old.pid)
-        dead = sorted({*json.loads(self.store.get(self._key(inc, f"dead/{gen}"))), *ranks})
-        self.store.set(self._key(inc, f"dead/{gen}"), json.dumps(dead))
+        self._add_dead(inc, gen, ranks)
         for r in ranks:
             inc.workers[r] = self._start(inc, r, spare=True)
         inc.replaced.update(ranks)
+
+    def _add_dead(self, inc: _Incarnation, gen: int, ranks: list[int]) -> None:
+        """Add ``ranks`` to ``dead/<gen>``."""
+        dead = sorted({*json.loads(self.store.get(self._key(inc, f"dead/{gen}"))), *ranks})
+        self.store.set(self._key(inc, f"dead/{gen}"), json.dumps(dead))
 
     def _refill(self, inc: _Incarnation) -> None:
         """Replace the spares a heal took once its generation has stepped (see the module
@@ -248,7 +277,7 @@ class HealLauncher:
             return
         gen, whole = inc.refill
         stepped = int(self.store.add(self._key(inc, f"stepped/{gen}"), 0))
-        if stepped >= self.config.nproc or time.monotonic() - whole > self.config.timeout_s:
+        if stepped >= self.world or time.monotonic() - whole > self.config.timeout_s:
             inc.refill = None
             self._spares.fill()
 
@@ -259,7 +288,7 @@ class HealLauncher:
             return f"{self.heals} heals done (max_heals)"
         if all(c is not None for c in codes.values()):
             return "no rank survived"
-        if self._ready(inc, inc.gen) < self.config.nproc:
+        if self._ready(inc, inc.gen) < self.world:
             return f"generation {inc.gen} never loaded its state on every rank"
         return None
 
@@ -272,15 +301,20 @@ class HealLauncher:
     def _open_generation(self, inc: _Incarnation, dead: list[int]) -> None:
         inc.gen += 1
         self.heals += 1
-        self.store.set(self._key(inc, f"dead/{inc.gen}"), json.dumps(dead))
-        self.store.set(self._key(inc, "gen"), str(inc.gen))  # last: survivors read dead/<g>
+        self._publish_generation(inc, dead)
         self._say(f"rank(s) {dead} died; healing: generation {inc.gen}")
         for r in dead:
             inc.workers[r] = self._start(inc, r, spare=True)
         inc.healing, inc.replaced = (inc.gen, time.monotonic()), set(dead)
 
+    def _publish_generation(self, inc: _Incarnation, dead: list[int]) -> None:
+        """Open generation ``inc.gen`` in the store, replacing ``dead``."""
+        self.store.set(self._key(inc, f"dead/{inc.gen}"), json.dumps(dead))
+        self.store.set(self._key(inc, "gen"), str(inc.gen))  # last: survivors read dead/<g>
+
     # -- workers ---------------------------------------------------------------------------
     def _env(self, inc: _Incarnation, rank: int) -> dict[str, str]:
+        """torchrun's environment for ``rank`` and the heal contract."""
         n = self.config.nproc
         return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
                 "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "ROLE_RANK": str(rank),

@@ -32,6 +32,11 @@ from tierckpt.errors import ConfigError
 ENV_ID = "TIERCKPT_HEAL_ID"
 ENV_GEN = "TIERCKPT_HEAL_GEN"
 ENV_TIMEOUT = "TIERCKPT_HEAL_TIMEOUT_S"
+ENV_STORE = "TIERCKPT_STORE"
+"""The job's store when it is not torchrun's: ``etcd://host:port[,host:port...]`` (set by a
+multi-node ``tierckpt run``, whose store must outlive any node)."""
+ENV_STORE_JOB = "TIERCKPT_STORE_JOB"
+"""The job's name in that store (its keys live under ``/tierckpt/<job>/``)."""
 DEFAULT_TIMEOUT_S = 60.0
 """How long a survivor waits for the launcher's next generation and for the group to form."""
 
@@ -52,6 +57,26 @@ class HealEnv:
     def pg_prefix(self, gen: int | None = None) -> str:
         """The store prefix of generation ``gen``'s process groups (this one's by default)."""
         return f"tierckpt/{self.id}/gen{self.gen if gen is None else gen}/"
+
+
+def store_url(endpoints: str) -> str:
+    """The :data:`ENV_STORE` value for etcd client URLs ``http://h:p,...`` or ``h:p,...``."""
+    hosts = [e.strip().removeprefix("http://") for e in endpoints.split(",") if e.strip()]
+    return "etcd://" + ",".join(hosts)
+
+
+def read_store(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The job's etcd store named in the environment, as (client URLs, job), or None when
+    the environment names none. ConfigError for a malformed value (it names the variable)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_STORE, "")
+    if not raw:
+        return None
+    job = env.get(ENV_STORE_JOB, "")
+    if not raw.startswith("etcd://") or not raw[len("etcd://"):] or not job:
+        raise ConfigError(f"{ENV_STORE}={raw!r} {ENV_STORE_JOB}={job!r}: need "
+                          "etcd://host:port[,host:port...] and a job name")
+    return ",".join(f"http://{h}" for h in raw[len("etcd://"):].split(",") if h), job
 
 
 def read(environ: Mapping[str, str] | None = None) -> HealEnv | None:

@@ -71,6 +71,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tierckpt.errors import CheckpointError
+from tierckpt.runtime import healenv
 
 _NAMESPACE = "tierckpt"
 _POLL_MIN_S = 0.005
@@ -83,7 +84,15 @@ def pg_prefix(incarnation: str) -> str:
 
 
 def base_store(env: dict[str, Any], timeout: timedelta) -> dist.Store:
-    """The job's store: torchrun's (agent-hosted or rank-0-hosted), or a private loopback one."""
+    """The job's store: the etcd store a multi-node ``tierckpt run`` names in the
+    environment (:data:`tierckpt.runtime.healenv.ENV_STORE`), torchrun's (agent-hosted or
+    rank-0-hosted), or a private loopback one."""
+    shared = healenv.read_store()
+    if shared is not None:
+        from tierckpt.runtime.etcdstore import EtcdStore  # only multi-node heal jobs
+
+        endpoints, job = shared
+        return EtcdStore(endpoints, job, timeout=timeout)
     if not env["launched"]:
         return dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
     store, _, _ = next(dist.rendezvous("env://", rank=env["rank"],

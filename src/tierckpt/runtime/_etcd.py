@@ -1,6 +1,6 @@
 """etcd v3 spoken through its JSON gateway (``POST /v3/kv/range``, ``/v3/kv/put``,
 ``/v3/kv/txn``, ``/v3/kv/deleterange``, ``/v3/watch``) with the standard library, across the
-client URLs of every member: the transport under :class:`tierckpt.heal.etcdstore.EtcdStore`.
+client URLs of every member: the transport under :class:`tierckpt.runtime.etcdstore.EtcdStore`.
 Torch-free, so that a supervisor or ``doctor`` can reach the job's etcd before (or without)
 importing torch.
 

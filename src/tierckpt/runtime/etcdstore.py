@@ -45,7 +45,7 @@ from typing import Any
 import torch.distributed as dist
 
 from tierckpt.errors import ConfigError
-from tierckpt.heal._etcd import MAX_TXN_OPS, EtcdClient, b64, prefix_end, unb64
+from tierckpt.runtime._etcd import MAX_TXN_OPS, EtcdClient, b64, prefix_end, unb64
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=300)
 """TCPStore's default: how long an operation waits for its keys or for etcd."""
