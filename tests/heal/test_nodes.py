@@ -1,0 +1,188 @@
+"""Heals across nodes for real (issue 43): simulated nodes on this machine, one
+``tierckpt run --heal --nnodes`` supervisor each (its own session, so that losing the node
+is ``killpg`` of its supervisor and workers), the job's store in etcd
+(``tests/etcdserver.py``), examples/train.py on gloo. A node lost mid-run is replaced by a
+spare node while the other nodes keep their processes, and the losses equal an
+uninterrupted run's bit for bit; with no spare node the job restarts in full and still
+resumes exactly."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.etcdserver import EtcdCluster, job_id
+from tests.heal.test_heal_jobs import (
+    EXAMPLE,
+    SMALL,
+    TIMEOUT_S,
+    _env,
+    _events,
+    _losses,
+    processes,
+    reference,
+    same_losses,
+)
+from tierckpt.runtime import events as ev
+from tierckpt.runtime.etcdstore import EtcdStore
+
+DETECT_S = 2.0
+
+
+class Node:
+    """One simulated node: a supervisor (session leader) and its workers."""
+
+    def __init__(self, tmp: Path, name: str, etcd: EtcdCluster, job: str, nnodes: str,
+                 nproc: int, *extra: str, spares: int = 0) -> None:
+        self.name, self.tmp = name, tmp
+        self.root, self.losses_path = tmp / "t1", tmp / "losses.jsonl"
+        self.err = tmp / f"{name}.err"
+        endpoint = "etcd://" + ",".join(m.url.removeprefix("http://") for m in etcd.members)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
+             "sys.argv[0] = 'tierckpt'; main()", "run", "--nnodes", nnodes,
+             "--nproc-per-node", str(nproc), "--rdzv-endpoint", endpoint, "--rdzv-id", job,
+             "--node-id", name, "--node-timeout", str(DETECT_S), "--spares", str(spares),
+             "--heal-timeout", "60", "--", sys.executable, str(EXAMPLE),
+             "--tier1", str(self.root), "--losses", str(self.losses_path), *SMALL, *extra],
+            env=_env(), stdout=subprocess.DEVNULL, stderr=open(self.err, "w"),  # noqa: SIM115
+            start_new_session=True)
+
+    def lines(self) -> str:
+        err = self.err.read_text(errors="replace")
+        return "\n".join(x for x in err.splitlines() if x.startswith("tierckpt run"))
+
+    def finish(self) -> str:
+        """Wait for the node; its supervisor's lines (asserting it exited 0)."""
+        self.proc.wait(timeout=TIMEOUT_S)
+        assert self.proc.returncode == 0, self.err.read_text(errors="replace")[-6000:]
+        return self.lines()
+
+    def kill(self) -> None:
+        """Lose the node: SIGKILL its supervisor and every worker at once."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+
+
+class Cluster:
+    """Nodes of one job sharing a tier-1 root (a shared file system) and one etcd."""
+
+    def __init__(self, tmp: Path, etcd: EtcdCluster, nnodes: str, nproc: int,
+                 *extra: str) -> None:
+        self.tmp, self.etcd, self.nnodes, self.nproc, self.extra = tmp, etcd, nnodes, nproc, \
+            extra
+        self.job = job_id()
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.nodes: dict[str, Node] = {}
+        self.store = EtcdStore(etcd.endpoints, self.job,
+                               timeout=datetime.timedelta(seconds=30))
+
+    def start(self, name: str, *, spares: int = 0) -> Node:
+        node = Node(self.tmp, name, self.etcd, self.job, self.nnodes, self.nproc,
+                    *self.extra, spares=spares)
+        self.nodes[name] = node
+        return node
+
+    def holder(self, slot: int) -> str:
+        k = f"nodes/slot/{slot}"
+        return self.store.get(k).decode() if self.store.check([k]) else ""
+
+    def wait_for(self, what: str, cond: Any, timeout: float = TIMEOUT_S) -> None:
+        end = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < end, f"timed out waiting for {what}: " + "\n".join(
+                n.lines() for n in self.nodes.values())
+            time.sleep(0.02)
+
+    def losses(self) -> list[dict[str, Any]]:
+        return _losses(self.tmp / "losses.jsonl")
+
+    def close(self) -> None:
+        for n in self.nodes.values():
+            n.stop()
+        self.store.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd_server: EtcdCluster) -> Any:
+    made: list[Cluster] = []
+
+    def make(nnodes: str, nproc: int, *extra: str) -> Cluster:
+        c = Cluster(tmp_path / "job", etcd_server, nnodes, nproc, *extra)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _start_in_order(c: Cluster, names: list[str], slots: int) -> None:
+    """Start the nodes one by one so that the first ``slots`` hold slots 0.. in order."""
+    for i, name in enumerate(names):
+        c.start(name)
+        if i < slots:
+            c.wait_for(f"{name} to hold slot {i}", lambda i=i, name=name: c.holder(i) == name,
+                       timeout=60)
+
+
+@pytest.mark.slow
+def test_a_lost_node_is_replaced_by_the_spare_node(tmp_path: Path, cluster: Any) -> None:
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    c.nodes["n1"].kill()
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "spare"))
+    assert "node n1 lost: slot 1, ranks [1] taken over here; healing: generation 1" in lines, \
+        lines
+    assert "full restart" not in lines, lines
+    same_losses(c.losses(), ref)
+    procs = processes(c.tmp / "t1")
+    assert [len(procs[r]) for r in (0, 1)] == [1, 2]  # rank 0 kept its process
+    done = _events(c.tmp / "t1", ev.HEAL_DONE)
+    assert [e["rank"] for e in done] == [0] and done[0]["dead"] == [1]
+    assert c.holder(1) == "spare"
+
+
+@pytest.mark.slow
+def test_the_first_node_lost_heals_the_same_way(tmp_path: Path, cluster: Any) -> None:
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    c.nodes["n0"].kill()  # rank 0: the loss log, and the node that started first
+    lines = "\n".join(c.nodes[n].finish() for n in ("n1", "spare"))
+    assert "node n0 lost: slot 0, ranks [0] taken over here" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(c.losses(), ref)
+    procs = processes(c.tmp / "t1")
+    assert [len(procs[r]) for r in (0, 1)] == [2, 1]  # rank 1 kept its process
+
+
+@pytest.mark.slow
+def test_without_a_spare_node_the_job_restarts_in_full(tmp_path: Path, cluster: Any) -> None:
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    c = cluster("2", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    c.nodes["n1"].kill()
+    c.wait_for("slot 1 freed", lambda: c.holder(1) == "")
+    c.start("n1-again")  # the scheduler brings a node back
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "n1-again"))
+    assert "node n1 (slot 1) lost and no spare node waits: full restart" in lines, lines
+    same_losses(c.losses(), ref)
+    procs = processes(c.tmp / "t1")
+    assert [len(procs[r]) for r in (0, 1)] == [2, 2]  # everyone started again
