@@ -186,3 +186,22 @@ def test_without_a_spare_node_the_job_restarts_in_full(tmp_path: Path, cluster: 
     same_losses(c.losses(), ref)
     procs = processes(c.tmp / "t1")
     assert [len(procs[r]) for r in (0, 1)] == [2, 2]  # everyone started again
+
+
+@pytest.mark.slow
+def test_a_node_seen_lost_that_comes_back_is_fenced_off(tmp_path: Path, cluster: Any) -> None:
+    # n1 stops (SIGSTOP: its heartbeat and its rank frozen) longer than the loss timeout:
+    # the spare node takes its slot; when n1 resumes it finds the slot taken, ends its
+    # worker and waits as a spare, so rank 1 never runs twice
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    n1 = c.nodes["n1"]
+    os.killpg(n1.proc.pid, signal.SIGSTOP)
+    c.wait_for("the spare node to take slot 1", lambda: c.holder(1) == "spare")
+    os.killpg(n1.proc.pid, signal.SIGCONT)
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "spare", "n1"))
+    assert "[n1]: slot 1 is held by another node now" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(c.losses(), ref)

@@ -61,6 +61,9 @@ def regroup() -> Regrouped:
         dist.destroy_process_group()  # every group of the old generation, ours included
     gen = _next_generation(j)
     dead = replaced(gen)
+    if j.rank in dead:  # replaced: its node was taken for lost, and another runs this rank
+        raise HealError(f"rank {j.rank} was replaced in generation {gen} (its node was seen "
+                        "lost or it was taken for stuck): this process must exit")
     t1 = time.monotonic()
     dist.init_process_group(backend=j.backend, store=dist.PrefixStore(heal.pg_prefix(gen),
                                                                        j.store),
