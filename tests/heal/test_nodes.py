@@ -9,10 +9,12 @@ resumes exactly."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,9 @@ from tests.heal.test_heal_jobs import (
     reference,
     same_losses,
 )
+from tierckpt.errors import ConfigError
+from tierckpt.heal.launcher import HealLaunch
+from tierckpt.heal.nodes import NodeLaunch, parse_endpoint, parse_nnodes
 from tierckpt.runtime import events as ev
 from tierckpt.runtime.etcdstore import EtcdStore
 
@@ -205,3 +210,75 @@ def test_a_node_seen_lost_that_comes_back_is_fenced_off(tmp_path: Path, cluster:
     assert "[n1]: slot 1 is held by another node now" in lines, lines
     assert "full restart" not in lines, lines
     same_losses(c.losses(), ref)
+
+
+# -- flags and the workers' environment (fast) ---------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["0", "3:2", "a", "1:2:3", ""])
+def test_bad_nnodes_say_what_to_give(text: str) -> None:
+    with pytest.raises(ConfigError, match="MIN or MIN:MAX"):
+        parse_nnodes(text)
+
+
+def test_nnodes_and_endpoints_parse() -> None:
+    assert parse_nnodes("2") == (2, 2) and parse_nnodes("2:4") == (2, 4)
+    assert parse_endpoint("etcd://a:1,b:2") == "http://a:1,http://b:2"
+    for bad in ("etcd://", "http://a:1", "etcd://host"):
+        with pytest.raises(ConfigError, match="etcd://host:port"):
+            parse_endpoint(bad)
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("min_nodes", 3, "1 <= MIN <= MAX"), ("job", "a/b", "--rdzv-id"),
+    ("node", "", "--node-id"), ("detect_s", 0, "detect_s")])
+def test_bad_node_settings_are_refused(field: str, value: object, match: str) -> None:
+    cfg: dict[str, Any] = {"launch": HealLaunch(nproc=1), "min_nodes": 2, "max_nodes": 2,
+                           "endpoints": "http://a:1", "job": "j", "node": "n", field: value}
+    with pytest.raises(ConfigError, match=match):
+        NodeLaunch(**cfg)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "import sys; from tierckpt.cli import main; "
+                           "sys.argv[0] = 'tierckpt'; main()", "run", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_refuses_half_a_multi_node_launch() -> None:
+    proc = _cli("--nnodes", "2", "--", sys.executable, "-c", "pass")
+    assert proc.returncode != 0 and "--rdzv-endpoint" in proc.stdout + proc.stderr
+    proc = _cli("--rdzv-id", "j", "--", sys.executable, "-c", "pass")
+    assert proc.returncode != 0 and "--nnodes MIN" in proc.stdout + proc.stderr
+
+
+def test_every_node_gives_its_workers_global_ranks_and_the_store(
+        tmp_path: Path, etcd_server: EtcdCluster) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent('''
+        import json, os, sys
+        keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "GROUP_WORLD_SIZE", "TIERCKPT_STORE", "TIERCKPT_STORE_JOB",
+                "TIERCKPT_HEAL_ID", "TIERCKPT_HEAL_GEN")
+        with open(sys.argv[1], "a") as f:
+            f.write(json.dumps({k: os.environ.get(k) for k in keys}) + "\\n")
+    '''))
+    job, host = job_id(), etcd_server.url.removeprefix("http://")
+    nodes = [subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tierckpt.cli import main; "
+         "sys.argv[0] = 'tierckpt'; main()", "run", "--nnodes", "2", "--nproc-per-node", "2",
+         "--spares", "0", "--rdzv-endpoint", f"etcd://{host}", "--rdzv-id", job,
+         "--node-id", f"n{i}", "--", sys.executable, str(script), str(tmp_path / "env.jsonl")],
+        stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in nodes:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    envs = sorted((json.loads(x) for x in (tmp_path / "env.jsonl").read_text().splitlines()),
+                  key=lambda e: int(e["RANK"]))
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [(e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [
+        ("0", "0"), ("1", "0"), ("0", "1"), ("1", "1")]
+    assert all(e["WORLD_SIZE"] == "4" and e["LOCAL_WORLD_SIZE"] == "2"
+               and e["GROUP_WORLD_SIZE"] == "2" and e["TIERCKPT_STORE"] == f"etcd://{host}"
+               and e["TIERCKPT_STORE_JOB"] == job and e["TIERCKPT_HEAL_ID"] == f"{job}.0"
+               and e["TIERCKPT_HEAL_GEN"] == "0" for e in envs)
