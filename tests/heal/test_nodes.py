@@ -282,3 +282,22 @@ def test_every_node_gives_its_workers_global_ranks_and_the_store(
                and e["GROUP_WORLD_SIZE"] == "2" and e["TIERCKPT_STORE"] == f"etcd://{host}"
                and e["TIERCKPT_STORE_JOB"] == job and e["TIERCKPT_HEAL_ID"] == f"{job}.0"
                and e["TIERCKPT_HEAL_GEN"] == "0" for e in envs)
+
+
+@pytest.mark.slow
+def test_three_nodes_of_two_ranks_fsdp2_lose_the_middle_node(
+        tmp_path: Path, cluster: Any) -> None:
+    ref = reference(tmp_path / "ref", 6)
+    c = cluster("3:4", 2, "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "n2", "spare"], 3)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    c.nodes["n1"].kill()
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "n2", "spare"))
+    assert "node n1 lost: slot 1, ranks [2, 3] taken over here" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(c.losses(), ref)
+    procs = processes(c.tmp / "t1")
+    assert [len(procs[r]) for r in range(6)] == [1, 1, 2, 2, 1, 1]
+    done = _events(c.tmp / "t1", ev.HEAL_DONE)
+    assert sorted(e["rank"] for e in done) == [0, 1, 4, 5]
+    assert all(e["dead"] == [2, 3] for e in done)
