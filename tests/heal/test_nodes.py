@@ -38,6 +38,8 @@ from tierckpt.heal.launcher import HealLaunch
 from tierckpt.heal.nodes import NodeLaunch, parse_endpoint, parse_nnodes
 from tierckpt.runtime import events as ev
 from tierckpt.runtime.etcdstore import EtcdStore
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import LocalStorage
 
 DETECT_S = 2.0
 
@@ -46,9 +48,9 @@ class Node:
     """One simulated node: a supervisor (session leader) and its workers."""
 
     def __init__(self, tmp: Path, name: str, etcd: EtcdCluster, job: str, nnodes: str,
-                 nproc: int, *extra: str, spares: int = 0) -> None:
+                 nproc: int, *extra: str, spares: int = 0, root: Path | None = None) -> None:
         self.name, self.tmp = name, tmp
-        self.root, self.losses_path = tmp / "t1", tmp / "losses.jsonl"
+        self.root, self.losses_path = root or tmp / "t1", tmp / "losses.jsonl"
         self.err = tmp / f"{name}.err"
         endpoint = "etcd://" + ",".join(m.url.removeprefix("http://") for m in etcd.members)
         self.proc = subprocess.Popen(
@@ -85,9 +87,10 @@ class Cluster:
     """Nodes of one job sharing a tier-1 root (a shared file system) and one etcd."""
 
     def __init__(self, tmp: Path, etcd: EtcdCluster, nnodes: str, nproc: int,
-                 *extra: str) -> None:
+                 *extra: str, own_roots: bool = False) -> None:
         self.tmp, self.etcd, self.nnodes, self.nproc, self.extra = tmp, etcd, nnodes, nproc, \
             extra
+        self.own_roots = own_roots  # each node its own tier-1 root (else one shared root)
         self.job = job_id()
         tmp.mkdir(parents=True, exist_ok=True)
         self.nodes: dict[str, Node] = {}
@@ -96,7 +99,8 @@ class Cluster:
 
     def start(self, name: str, *, spares: int = 0) -> Node:
         node = Node(self.tmp, name, self.etcd, self.job, self.nnodes, self.nproc,
-                    *self.extra, spares=spares)
+                    *self.extra, spares=spares,
+                    root=self.tmp / name / "t1" if self.own_roots else None)
         self.nodes[name] = node
         return node
 
@@ -124,8 +128,9 @@ class Cluster:
 def cluster(tmp_path: Path, etcd_server: EtcdCluster) -> Any:
     made: list[Cluster] = []
 
-    def make(nnodes: str, nproc: int, *extra: str) -> Cluster:
-        c = Cluster(tmp_path / "job", etcd_server, nnodes, nproc, *extra)
+    def make(nnodes: str, nproc: int, *extra: str, own_roots: bool = False) -> Cluster:
+        c = Cluster(tmp_path / "job", etcd_server, nnodes, nproc, *extra,
+                    own_roots=own_roots)
         made.append(c)
         return c
 
@@ -301,3 +306,27 @@ def test_three_nodes_of_two_ranks_fsdp2_lose_the_middle_node(
     done = _events(c.tmp / "t1", ev.HEAL_DONE)
     assert sorted(e["rank"] for e in done) == [0, 1, 4, 5]
     assert all(e["dead"] == [2, 3] for e in done)
+
+
+@pytest.mark.slow
+def test_the_spare_node_restores_from_tier2_with_an_empty_tier1(
+        tmp_path: Path, cluster: Any) -> None:
+    # every node its own tier-1 root, as on real nodes: the spare node's is empty, so its
+    # rank loads the newest complete checkpoint from tier 2, verified as every restore
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    (tmp_path / "t2").mkdir()
+    t2 = f"file://{tmp_path / 't2'}"
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.3", "--tier2", t2,
+                own_roots=True)
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    uploaded = Tier2Catalog(LocalStorage(tmp_path / "t2"))
+    c.wait_for("step 9 in tier 2 and step 12", lambda: 9 in uploaded.complete_steps()
+               and len(c.losses()) >= 13)  # the uploaders run at nice 19: slow here
+    c.nodes["n1"].kill()
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "spare"))
+    assert "node n1 lost: slot 1, ranks [1] taken over here" in lines, lines
+    assert "full restart" not in lines, lines
+    same_losses(c.losses(), ref)
+    assert len(processes(c.tmp / "n0" / "t1")[0]) == 1  # rank 0 kept its process
+    restored = [e for e in _events(c.tmp / "spare" / "t1", ev.RESTORE_DONE) if e["rank"] == 1]
+    assert restored and restored[-1]["bytes_by_source"]["tier2"] > 0, restored
