@@ -92,16 +92,20 @@ class Membership:
             self._ids.append(self.store.get(key(f"id/{k}")).decode())
         return list(self._ids)
 
-    def alive(self, node: str) -> bool:
-        """Whether ``node``'s heartbeat moved within ``detect_s`` (as this node saw it; a node
-        first seen now counts as alive for ``detect_s``)."""
+    def silent(self, node: str) -> float:
+        """Seconds since ``node``'s heartbeat last moved, as this node saw it (0 for a node
+        first seen now)."""
         beat = int(self.store.get(key(f"hb/{node}")))
         now = time.monotonic()
         last = self._seen.get(node)
         if last is None or last[0] != beat:
             self._seen[node] = (beat, now)
-            return True
-        return now - last[1] < self.detect_s
+            return 0.0
+        return now - last[1]
+
+    def alive(self, node: str) -> bool:
+        """Whether ``node``'s heartbeat moved within ``detect_s`` (see :meth:`silent`)."""
+        return self.silent(node) < self.detect_s
 
     def owner(self, slot: int) -> str:
         """The node that holds ``slot`` ('' when free)."""

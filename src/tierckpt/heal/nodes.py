@@ -18,12 +18,14 @@ own workers:
   it, each replacing its own dead ranks, merged into ``dead/<g>`` by ``compare_set``); the
   other nodes follow the store's ``gen`` and treat the heal as theirs (a death of their own
   during it is a full restart).
-- **A node is lost** (no heartbeat for ``detect_s``): a spare node takes its slot
-  (``compare_set(slot/<s>, lost, spare)``: one spare wins), opens generation g + 1 with that
-  slot's ranks dead and starts them; the survivors on every other node keep their
-  processes and heal. When generation g was not whole, or no spare node waits (``detect_s``
-  after the loss, or three times that with spares that do not take it), the slot is freed
-  and the job restarts in full, every node waiting until every slot is held again.
+- **A node is lost** (no heartbeat for ``detect_s``, or for ``suspect_s``, four heartbeats,
+  once survivors are leaving the generation: their collectives with it failed): a spare
+  node takes its slot (``compare_set(slot/<s>, lost, spare)``: one spare wins), opens
+  generation g + 1 with that slot's ranks dead and starts them; the survivors on every
+  other node keep their processes and heal. When generation g was not whole, or no spare
+  node waits (once the node is lost; or three times ``detect_s`` after, with spares that do
+  not take it), the slot is freed and the job restarts in full, every node waiting until
+  every slot is held again.
 - **A full restart** is ``compare_set(inc, n, n + 1)``; every supervisor sees it, kills its
   workers and starts incarnation n + 1 once every slot is held.
 - **A fenced node**: a supervisor that finds its slot held by another node (it was seen
@@ -50,7 +52,7 @@ from datetime import timedelta
 
 from tierckpt.errors import ConfigError
 from tierckpt.heal.launcher import _FORWARDED, HealLaunch, HealLauncher, _Incarnation
-from tierckpt.heal.membership import Membership
+from tierckpt.heal.membership import BEAT_S, Membership
 from tierckpt.heal.spares import SparePool
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import healenv
@@ -89,7 +91,8 @@ class NodeLaunch:
     """One node of a multi-node job: the per-node ``launch`` (its ``nproc`` workers, heals,
     restarts), ``min_nodes`` running nodes and up to ``max_nodes`` with the spare nodes,
     the job's etcd ``endpoints`` (client URLs) and ``job`` id, this ``node``'s id (unique in
-    the job), ``detect_s`` without a heartbeat before a node counts as lost, and
+    the job), ``detect_s`` without a heartbeat before a node counts as lost (sooner with
+    evidence: :attr:`suspect_s`), and
     ``join_timeout_s`` for every slot to be held before an incarnation starts."""
 
     launch: HealLaunch
@@ -100,6 +103,12 @@ class NodeLaunch:
     node: str
     detect_s: float = 3.0
     join_timeout_s: float = 600.0
+
+    @property
+    def suspect_s(self) -> float:
+        """Silence that is a loss once survivors are leaving their failed generation: four
+        heartbeats (a supervisor descheduled that long is fenced off, not wrong)."""
+        return min(self.detect_s, 4 * BEAT_S)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -257,7 +266,7 @@ class NodeSupervisor(HealLauncher):
         """A full restart when a node was lost and no spare node takes its slot in time."""
         for s in range(self.nodes.min_nodes):
             holder = self.members.owner(s)
-            if s == self.slot or not holder or self.members.alive(holder):
+            if s == self.slot or not holder or not self._lost(holder, inc.restart):
                 self._stale.pop(s, None)
                 continue
             first = self._stale.setdefault(s, now)
@@ -272,6 +281,22 @@ class NodeSupervisor(HealLauncher):
             self._stale.clear()
             return _RESTART
         return None
+
+    def _lost(self, holder: str, n: int | None = None) -> bool:
+        """Whether ``holder`` is lost: silent for ``detect_s``, or for ``suspect_s`` while
+        survivors of the job's generation are leaving it (their collectives failed: the
+        evidence that a peer is gone, so the wait for the full timeout is cut short)."""
+        silent = self.members.silent(holder)
+        if silent >= self.nodes.detect_s:
+            return True
+        if silent < self.nodes.suspect_s:
+            return False
+        inc = _Incarnation(id=self._inc_id(self.members.incarnation() if n is None else n),
+                           restart=0)
+        gen, leaving = self._key(inc, "gen"), ""
+        if self.store.check([gen]):
+            leaving = self._key(inc, f"leaving/{int(self.store.get(gen))}")
+        return bool(leaving) and self.store.check([leaving])
 
     # -- generations opened by several nodes -----------------------------------------------
     def _publish_generation(self, inc: _Incarnation, dead: list[int]) -> None:
@@ -328,7 +353,7 @@ class NodeSupervisor(HealLauncher):
                     if self.members.claim(s):
                         self.slot = s
                         return None
-                elif holder != self.nodes.node and not self.members.alive(holder) \
+                elif holder != self.nodes.node and self._lost(holder) \
                         and self.members.claim(s, holder):
                     self.slot = s
                     return self._take_over(holder)

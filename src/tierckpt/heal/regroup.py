@@ -111,6 +111,7 @@ def mark_left() -> None:
     j = healing()
     if j is not None and j.heal is not None:
         j.store.set(j.heal.key(f"left/{j.heal.gen}/{j.rank}"), "1")
+        j.store.add(j.heal.key(f"leaving/{j.heal.gen}"), 1)  # what a spare node reads
 
 
 def mark_stepped() -> None:

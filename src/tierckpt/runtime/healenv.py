@@ -16,6 +16,8 @@ Store keys, all under ``tierckpt/heal/<id>/``:
                     at ``world_size`` the generation is whole and a later death can be healed
 ``left/<g>/<r>``     set by survivor r when it leaves the failed generation g (its heal
                     began); one that has not, ``stuck_s`` after the heal opened, is replaced
+``leaving/<g>``     a counter: survivors that left generation g (across nodes: a node whose
+                    heartbeat paused while its peers' collectives failed is lost sooner)
 ``stepped/<g>``     a counter: ranks of generation g that completed a step (the launcher then
                     starts the spares the heal took)
 ==================  ==========================================================================
