@@ -330,3 +330,22 @@ def test_the_spare_node_restores_from_tier2_with_an_empty_tier1(
     assert len(processes(c.tmp / "n0" / "t1")[0]) == 1  # rank 0 kept its process
     restored = [e for e in _events(c.tmp / "spare" / "t1", ev.RESTORE_DONE) if e["rank"] == 1]
     assert restored and restored[-1]["bytes_by_source"]["tier2"] > 0, restored
+
+
+@pytest.mark.slow
+def test_two_nodes_lost_at_once_are_replaced_in_one_heal(
+        tmp_path: Path, cluster: Any) -> None:
+    ref = reference(tmp_path / "ref", 3, "--parallel", "ddp")
+    c = cluster("3:5", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "n2", "s1", "s2"], 3)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    for name in ("n1", "n2"):
+        c.nodes[name].kill()
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "s1", "s2"))
+    assert lines.count("taken over here; healing: generation 1") == 2, lines
+    assert "full restart" not in lines and "generation 2" not in lines, lines
+    same_losses(c.losses(), ref)
+    procs = processes(c.tmp / "t1")
+    assert [len(procs[r]) for r in range(3)] == [1, 2, 2]  # rank 0 kept its process
+    (done,) = _events(c.tmp / "t1", ev.HEAL_DONE)
+    assert done["rank"] == 0 and done["dead"] == [1, 2]

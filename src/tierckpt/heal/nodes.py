@@ -329,6 +329,17 @@ class NodeSupervisor(HealLauncher):
                 healenv.ENV_STORE: healenv.store_url(self.nodes.endpoints),
                 healenv.ENV_STORE_JOB: self.nodes.job}
 
+    def _joins_open_heal(self, inc: _Incarnation, ranks: list[int]) -> bool:
+        """Whether the lost node's ``ranks`` may join the heal open now (generation g, not
+        yet whole): the generation before it was whole and none of them left it (they died
+        with it, as nodes lost together do), so they take no part in forming g yet; as one
+        node adds a rank that died before leaving."""
+        g = inc.gen
+        if g == 0 or self._ready(inc, g - 1) < self.world:
+            return False
+        return not any(self.store.check([self._key(inc, f"left/{g - 1}/{r}")])
+                       for r in ranks)
+
     # -- a spare node ----------------------------------------------------------------------
     def _wait_as_spare(self) -> int | _Incarnation | None:
         """Wait for a slot: a free one (None: the next incarnation starts with it), a lost
@@ -368,13 +379,16 @@ class NodeSupervisor(HealLauncher):
         k = self._key(inc, "gen")
         inc.gen = int(self.store.get(k)) if self.store.check([k]) else 0
         ranks = list(self._ranks())
-        if self._ready(inc, inc.gen) < self.world or self.heals >= self.config.max_heals:
+        if self._ready(inc, inc.gen) >= self.world and self.heals < self.config.max_heals:
+            inc.gen += 1
+            self.heals += 1
+            self._publish_generation(inc, ranks)
+        elif self._joins_open_heal(inc, ranks):
+            self._add_dead(inc, inc.gen, ranks)
+        else:
             self._say(f"node {lost} lost before generation {inc.gen} was whole: full restart")
             self.members.restart(n)
             return None
-        inc.gen += 1
-        self.heals += 1
-        self._publish_generation(inc, ranks)
         self._say(f"node {lost} lost: slot {self.slot}, ranks {ranks} taken over here; "
                   f"healing: generation {inc.gen}")
         for r in ranks:
