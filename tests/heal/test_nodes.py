@@ -349,3 +349,25 @@ def test_two_nodes_lost_at_once_are_replaced_in_one_heal(
     assert [len(procs[r]) for r in range(3)] == [1, 2, 2]  # rank 0 kept its process
     (done,) = _events(c.tmp / "t1", ev.HEAL_DONE)
     assert done["rank"] == 0 and done["dead"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_node_with_an_etcd_member_lost_heals(tmp_path: Path, etcd_cluster: Any) -> None:
+    # a 3-member etcd, its first member "on" node n0: both killed at once; the store
+    # fails over to the other members (a new leader within about an election) and the
+    # spare node takes n0's ranks as for any node
+    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+    etcd = etcd_cluster(3)
+    c = Cluster(tmp_path / "job", etcd, "2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    try:
+        _start_in_order(c, ["n0", "n1", "spare"], 2)
+        c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+        etcd.kill(0)
+        c.nodes["n0"].kill()
+        lines = "\n".join(c.nodes[n].finish() for n in ("n1", "spare"))
+        assert "node n0 lost: slot 0, ranks [0] taken over here" in lines, lines
+        assert "full restart" not in lines, lines
+        same_losses(c.losses(), ref)
+        assert len(processes(c.tmp / "t1")[1]) == 1  # rank 1 kept its process
+    finally:
+        c.close()

@@ -55,6 +55,7 @@ class Membership:
                  beat_s: float = BEAT_S) -> None:
         self.store, self.node, self.detect_s, self.beat_s = store, node, detect_s, beat_s
         self._seen: dict[str, tuple[int, float]] = {}  # node -> (beat, when it last moved)
+        self._looked = time.monotonic()  # when this node last read a heartbeat
         self._ids: list[str] = []
         self._stop = threading.Event()
         store.add(key(f"hb/{node}"), 1)
@@ -94,9 +95,14 @@ class Membership:
 
     def silent(self, node: str) -> float:
         """Seconds since ``node``'s heartbeat last moved, as this node saw it (0 for a node
-        first seen now)."""
+        first seen now). A gap of more than four heartbeats in this node's own reads (the
+        store was out for everyone, or this node stalled) starts every count again, so
+        that an outage of the store is never taken for the loss of every node."""
         beat = int(self.store.get(key(f"hb/{node}")))
         now = time.monotonic()
+        if now - self._looked > 4 * self.beat_s:  # this node looked away (a store outage,
+            self._seen.clear()                   # or it was descheduled): judge afresh
+        self._looked = now
         last = self._seen.get(node)
         if last is None or last[0] != beat:
             self._seen[node] = (beat, now)
