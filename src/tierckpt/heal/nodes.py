@@ -234,7 +234,7 @@ class NodeSupervisor(HealLauncher):
     def _moved_on(self, n: int) -> int | None:
         """A status when the job left incarnation ``n`` or fenced this node off, else None."""
         done = self.members.done()
-        if done is not None and done != 0:
+        if done is not None and done not in (0, EXIT_PREEMPTED):  # those: ours end alike
             self._say(f"another node ended the job (exit {done})")
             return done
         if self.members.incarnation() != n:
