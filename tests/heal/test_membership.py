@@ -1,0 +1,75 @@
+"""tierckpt.heal.membership on a real etcd: registration and heartbeats, slots taken once
+with compare_set, a silent node seen lost, the job's incarnation and end."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+from tests.etcdserver import EtcdCluster, job_id
+from tierckpt.heal.membership import Membership
+from tierckpt.runtime.etcdstore import EtcdStore
+
+
+def _store(etcd: EtcdCluster, job: str) -> EtcdStore:
+    return EtcdStore(etcd.endpoints, job, timeout=datetime.timedelta(seconds=10))
+
+
+def test_slots_are_taken_once_and_from_a_lost_holder_only(etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "a", detect_s=1.0) as a, \
+            Membership(s, "b", detect_s=1.0) as b:
+        assert a.nodes() == ["a", "b"] and b.nodes() == ["a", "b"]
+        assert a.claim(0) and not b.claim(0) and a.claim(0)  # held: taking again is a no-op
+        assert b.owner(0) == "a" and b.owner(1) == ""
+        assert not b.claim(0, "c")  # not held by c
+        assert b.claim(0, "a") and a.owner(0) == "b"  # a was lost: b takes its slot
+        b.release(0, "a")  # a no longer holds it: nothing freed
+        assert a.owner(0) == "b"
+        b.release(0, "b")
+        assert a.owner(0) == ""
+
+
+def test_a_node_that_stops_beating_is_silent_and_then_not_alive(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "watcher", detect_s=0.6,
+                                                   beat_s=0.05) as w:
+        gone = Membership(s, "gone", detect_s=0.6, beat_s=0.05)
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:  # beating: never silent long
+            assert w.silent("gone") < 0.3
+            time.sleep(0.05)
+        gone.close()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        while w.alive("gone"):
+            time.sleep(0.05)
+            assert time.monotonic() - t0 < 3
+        assert 0.4 < time.monotonic() - t0 < 1.5
+        assert w.spares(0) == []  # only live nodes are spares (and never itself)
+
+
+def test_a_gap_in_the_watchers_own_reads_starts_the_count_again(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "w", detect_s=0.5, beat_s=0.05) as w:
+        quiet = Membership(s, "q", detect_s=0.5, beat_s=0.05)
+        quiet.close()
+        w.silent("q")
+        time.sleep(1.0)  # the watcher looked away (a store outage, a stall)
+        assert w.silent("q") == 0.0 and w.alive("q")
+
+
+def test_one_full_restart_per_incarnation_and_the_first_end_stays(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "a", detect_s=1.0) as a, \
+            Membership(s, "b", detect_s=1.0) as b:
+        assert a.incarnation() == 0 and b.incarnation() == 0
+        assert a.restart(0) == 1 and b.restart(0) == 1  # both asked: one restart
+        assert b.restart(1) == 2
+        assert a.done() is None
+        a.end(0)
+        b.end(1)
+        assert b.done() == 0
