@@ -136,8 +136,10 @@ class Membership:
 
     # -- the job's incarnation and end -----------------------------------------------------
     def incarnation(self) -> int:
-        """The job's incarnation number (0 until the first full restart)."""
-        self.store.compare_set(key("inc"), "", "0")
+        """The job's incarnation number (0 until the first full restart). A read, once
+        the key exists (the supervisors poll it)."""
+        if not self.store.check([key("inc")]):
+            self.store.compare_set(key("inc"), "", "0")
         return int(self.store.get(key("inc")))
 
     def restart(self, seen: int) -> int:
