@@ -139,6 +139,22 @@ def cluster(tmp_path: Path, etcd_server: EtcdCluster) -> Any:
         c.close()
 
 
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """The uninterrupted run of the 2-rank DDP job: step -> loss bits."""
+    return reference(tmp_path_factory.mktemp("ref2"), 2, "--parallel", "ddp")
+
+
+@pytest.fixture(scope="module")
+def ref3_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    return reference(tmp_path_factory.mktemp("ref3"), 3, "--parallel", "ddp")
+
+
+@pytest.fixture(scope="module")
+def ref6(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    return reference(tmp_path_factory.mktemp("ref6"), 6)
+
+
 def _start_in_order(c: Cluster, names: list[str], slots: int) -> None:
     """Start the nodes one by one so that the first ``slots`` hold slots 0.. in order."""
     for i, name in enumerate(names):
@@ -149,8 +165,8 @@ def _start_in_order(c: Cluster, names: list[str], slots: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_lost_node_is_replaced_by_the_spare_node(tmp_path: Path, cluster: Any) -> None:
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+def test_a_lost_node_is_replaced_by_the_spare_node(
+        cluster: Any, ref: dict[int, str]) -> None:
     c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "spare"], 2)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -168,8 +184,8 @@ def test_a_lost_node_is_replaced_by_the_spare_node(tmp_path: Path, cluster: Any)
 
 
 @pytest.mark.slow
-def test_the_first_node_lost_heals_the_same_way(tmp_path: Path, cluster: Any) -> None:
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+def test_the_first_node_lost_heals_the_same_way(
+        cluster: Any, ref: dict[int, str]) -> None:
     c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "spare"], 2)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -183,8 +199,8 @@ def test_the_first_node_lost_heals_the_same_way(tmp_path: Path, cluster: Any) ->
 
 
 @pytest.mark.slow
-def test_without_a_spare_node_the_job_restarts_in_full(tmp_path: Path, cluster: Any) -> None:
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
+def test_without_a_spare_node_the_job_restarts_in_full(
+        cluster: Any, ref: dict[int, str]) -> None:
     c = cluster("2", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1"], 2)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -199,11 +215,11 @@ def test_without_a_spare_node_the_job_restarts_in_full(tmp_path: Path, cluster: 
 
 
 @pytest.mark.slow
-def test_a_node_seen_lost_that_comes_back_is_fenced_off(tmp_path: Path, cluster: Any) -> None:
+def test_a_node_seen_lost_that_comes_back_is_fenced_off(
+        cluster: Any, ref: dict[int, str]) -> None:
     # n1 stops (SIGSTOP: its heartbeat and its rank frozen) longer than the loss timeout:
     # the spare node takes its slot; when n1 resumes it finds the slot taken, ends its
     # worker and waits as a spare, so rank 1 never runs twice
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
     c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "spare"], 2)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -291,8 +307,8 @@ def test_every_node_gives_its_workers_global_ranks_and_the_store(
 
 @pytest.mark.slow
 def test_three_nodes_of_two_ranks_fsdp2_lose_the_middle_node(
-        tmp_path: Path, cluster: Any) -> None:
-    ref = reference(tmp_path / "ref", 6)
+        cluster: Any, ref6: dict[int, str]) -> None:
+    ref = ref6
     c = cluster("3:4", 2, "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "n2", "spare"], 3)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -310,10 +326,9 @@ def test_three_nodes_of_two_ranks_fsdp2_lose_the_middle_node(
 
 @pytest.mark.slow
 def test_the_spare_node_restores_from_tier2_with_an_empty_tier1(
-        tmp_path: Path, cluster: Any) -> None:
+        tmp_path: Path, cluster: Any, ref: dict[int, str]) -> None:
     # every node its own tier-1 root, as on real nodes: the spare node's is empty, so its
     # rank loads the newest complete checkpoint from tier 2, verified as every restore
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
     (tmp_path / "t2").mkdir()
     t2 = f"file://{tmp_path / 't2'}"
     c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.3", "--tier2", t2,
@@ -334,8 +349,8 @@ def test_the_spare_node_restores_from_tier2_with_an_empty_tier1(
 
 @pytest.mark.slow
 def test_two_nodes_lost_at_once_are_replaced_in_one_heal(
-        tmp_path: Path, cluster: Any) -> None:
-    ref = reference(tmp_path / "ref", 3, "--parallel", "ddp")
+        cluster: Any, ref3_ddp: dict[int, str]) -> None:
+    ref = ref3_ddp
     c = cluster("3:5", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "n2", "s1", "s2"], 3)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
@@ -352,11 +367,11 @@ def test_two_nodes_lost_at_once_are_replaced_in_one_heal(
 
 
 @pytest.mark.slow
-def test_the_node_with_an_etcd_member_lost_heals(tmp_path: Path, etcd_cluster: Any) -> None:
+def test_the_node_with_an_etcd_member_lost_heals(
+        tmp_path: Path, etcd_cluster: Any, ref: dict[int, str]) -> None:
     # a 3-member etcd, its first member "on" node n0: both killed at once; the store
     # fails over to the other members (a new leader within about an election) and the
     # spare node takes n0's ranks as for any node
-    ref = reference(tmp_path / "ref", 2, "--parallel", "ddp")
     etcd = etcd_cluster(3)
     c = Cluster(tmp_path / "job", etcd, "2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     try:
