@@ -386,3 +386,12 @@ def test_the_node_with_an_etcd_member_lost_heals(
         assert len(processes(c.tmp / "t1")[1]) == 1  # rank 1 kept its process
     finally:
         c.close()
+
+
+def test_a_job_id_that_already_ended_is_refused(etcd_server: EtcdCluster) -> None:
+    job, host = job_id(), etcd_server.url.removeprefix("http://")
+    with EtcdStore(etcd_server.endpoints, job) as store:
+        store.set("nodes/done", "0")
+    proc = _cli("--nnodes", "1", "--rdzv-endpoint", f"etcd://{host}", "--rdzv-id", job,
+                "--", sys.executable, "-c", "pass")
+    assert proc.returncode != 0 and "already ended" in proc.stderr, proc.stderr

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from tierckpt.errors import ConfigError
+from tierckpt.heal import membership
 from tierckpt.heal.launcher import _FORWARDED, HealLaunch, HealLauncher, _Incarnation
 from tierckpt.heal.membership import BEAT_S, Membership
 from tierckpt.heal.spares import SparePool
@@ -147,6 +148,11 @@ class NodeSupervisor(HealLauncher):
         self.nodes = config
         self.world = config.min_nodes * config.launch.nproc
         self.slot: int | None = None
+        if store.check([membership.key("done")]):
+            store.close()
+            self._spares.close()
+            raise ConfigError(f"--rdzv-id {config.job!r}: a job under this id already ended "
+                              "(its keys are in the store); give every job a fresh id")
         self.members = Membership(store, node, detect_s=config.detect_s)
         self._next_poll = 0.0
         self._stale: dict[int, float] = {}  # slot -> when its holder was first seen lost
