@@ -395,3 +395,21 @@ def test_a_job_id_that_already_ended_is_refused(etcd_server: EtcdCluster) -> Non
     proc = _cli("--nnodes", "1", "--rdzv-endpoint", f"etcd://{host}", "--rdzv-id", job,
                 "--", sys.executable, "-c", "pass")
     assert proc.returncode != 0 and "already ended" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_node_whose_supervisor_alone_died_is_replaced(
+        cluster: Any, ref: dict[int, str]) -> None:
+    # only n1's supervisor is killed: its worker, an orphan now, kills itself at once
+    # (TIERCKPT_ORPHANS=kill) instead of training on beside its replacement
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    os.kill(c.nodes["n1"].proc.pid, signal.SIGKILL)
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "spare"))
+    assert "node n1 lost: slot 1, ranks [1] taken over here" in lines, lines
+    assert "did not leave" not in lines and "full restart" not in lines, lines
+    same_losses(c.losses(), ref)
+    assert [len(processes(c.tmp / "t1")[r]) for r in (0, 1)] == [1, 2]
+    assert [e["rank"] for e in _events(c.tmp / "t1", ev.LAUNCHER_LOST)] == [1]
+    assert not _events(c.tmp / "t1", ev.PREEMPT_NOTICE)

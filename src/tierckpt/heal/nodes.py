@@ -56,7 +56,7 @@ from tierckpt.heal.launcher import _FORWARDED, HealLaunch, HealLauncher, _Incarn
 from tierckpt.heal.membership import BEAT_S, Membership
 from tierckpt.heal.spares import SparePool
 from tierckpt.preempt.config import EXIT_PREEMPTED
-from tierckpt.runtime import healenv
+from tierckpt.runtime import healenv, orphan
 
 _RESTART = 1001  # internal statuses of one incarnation, never a worker's exit code
 _FENCED = 1002
@@ -332,6 +332,7 @@ class NodeSupervisor(HealLauncher):
                 "GROUP_RANK": str(self.slot), "GROUP_WORLD_SIZE": str(self.nodes.min_nodes),
                 "MASTER_ADDR": host, "MASTER_PORT": port,
                 "TORCHELASTIC_USE_AGENT_STORE": "False",
+                orphan.ENV: os.environ.get(orphan.ENV) or "kill",  # see runtime/orphan.py
                 healenv.ENV_STORE: healenv.store_url(self.nodes.endpoints),
                 healenv.ENV_STORE_JOB: self.nodes.job}
 

@@ -8,7 +8,10 @@ daemon thread that notices when the parent (the agent) is gone — the worker wa
 — logs ``launcher_lost`` and sends this process ``SIGTERM`` (a handler, e.g. a preemption
 save, still runs), then ``SIGKILL`` after ``grace_s`` if it is still alive.
 
-``TIERCKPT_ORPHANS=keep`` turns it off (a worker meant to outlive its launcher).
+``TIERCKPT_ORPHANS=keep`` turns it off (a worker meant to outlive its launcher);
+``TIERCKPT_ORPHANS=kill`` sends ``SIGKILL`` at once, no notice: what a multi-node
+``tierckpt run`` sets, since a spare node takes the ranks of a node whose supervisor is gone
+and an orphan must not run on beside its replacement (:mod:`tierckpt.heal.nodes`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def _watch(parent: int, log_path: str | os.PathLike[str] | None, poll_s: float,
                 log.emit(events.LAUNCHER_LOST, parent_pid=parent)
         except OSError:
             pass
+    if os.environ.get(ENV) == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(grace_s)
     os.kill(os.getpid(), signal.SIGKILL)
