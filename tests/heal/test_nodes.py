@@ -413,3 +413,19 @@ def test_a_node_whose_supervisor_alone_died_is_replaced(
     assert [len(processes(c.tmp / "t1")[r]) for r in (0, 1)] == [1, 2]
     assert [e["rank"] for e in _events(c.tmp / "t1", ev.LAUNCHER_LOST)] == [1]
     assert not _events(c.tmp / "t1", ev.PREEMPT_NOTICE)
+
+
+@pytest.mark.slow
+def test_the_spare_node_lost_while_it_heals_means_a_full_restart(
+        cluster: Any, ref: dict[int, str]) -> None:
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.05")
+    _start_in_order(c, ["n0", "n1", "spare"], 2)
+    c.wait_for("step 12", lambda: len(c.losses()) >= 13)
+    c.nodes["n1"].kill()
+    c.wait_for("the spare node to take slot 1", lambda: c.holder(1) == "spare")
+    c.nodes["spare"].kill()  # its rank 1 is loading: generation 1 is not whole
+    c.wait_for("slot 1 freed", lambda: c.holder(1) == "")
+    c.start("n1-again")
+    lines = "\n".join(c.nodes[n].finish() for n in ("n0", "n1-again"))
+    assert "node spare (slot 1) lost and no spare node waits: full restart" in lines, lines
+    same_losses(c.losses(), ref)
