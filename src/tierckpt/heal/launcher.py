@@ -124,6 +124,7 @@ class HealLauncher:
         self.store = store
         self.port = int(getattr(store, "port", 0))
         self.world = config.nproc  # ranks in the job (every node's, across nodes)
+        self._spare_wait_s = 0.0  # for a spare still importing, before starting one cold
         self.heals = 0
         self.restarts = 0
         self._signal: int | None = None
@@ -328,7 +329,7 @@ class HealLauncher:
 
     def _start(self, inc: _Incarnation, rank: int, *, spare: bool) -> subprocess.Popen[bytes]:
         env = self._env(inc, rank)
-        proc = self._spares.take(env) if spare else None
+        proc = self._spares.take(env, self._spare_wait_s) if spare else None
         if proc is None:
             proc = subprocess.Popen(self.command, env={**os.environ, **env})
         return proc

@@ -359,6 +359,7 @@ class NodeSupervisor(HealLauncher):
         self._say("every slot is held: waiting as a spare node")
         self._spares.close()
         self._spares = SparePool(self.command, max(self.config.spares, self.config.nproc))
+        self._spare_wait_s = 10.0  # a node's takeover: its warm workers beat cold ones
         while True:
             if self._signal is not None:
                 return 128 + self._signal

@@ -66,9 +66,12 @@ class SparePool:
         """Spares started and not taken (ready or still importing)."""
         return len(self._idle)
 
-    def take(self, env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    def take(self, env: dict[str, str], wait_s: float = 0.0) -> subprocess.Popen[bytes] | None:
         """A spare that has finished importing, told to run as the worker ``env`` describes;
-        None when none is ready (the launcher then starts a process cold)."""
+        None when none is ready (the launcher then starts a process cold) — after waiting up
+        to ``wait_s`` for one still importing (it is further along than a cold start)."""
+        if wait_s > 0 and self._idle:
+            select.select([r for _, r in self._idle], [], [], wait_s)
         for p, r in list(self._idle):
             ready, _, _ = select.select([r], [], [], 0)
             if p.poll() is not None or (ready and os.read(r, 16) != b"ready\n"):
