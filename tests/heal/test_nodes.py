@@ -49,7 +49,7 @@ class Node:
 
     def __init__(self, tmp: Path, name: str, etcd: EtcdCluster, job: str, nnodes: str,
                  nproc: int, *extra: str, spares: int = 0, root: Path | None = None) -> None:
-        self.name, self.tmp = name, tmp
+        self.name, self.tmp, self.killed = name, tmp, False
         self.root, self.losses_path = root or tmp / "t1", tmp / "losses.jsonl"
         self.err = tmp / f"{name}.err"
         endpoint = "etcd://" + ",".join(m.url.removeprefix("http://") for m in etcd.members)
@@ -75,6 +75,7 @@ class Node:
 
     def kill(self) -> None:
         """Lose the node: SIGKILL its supervisor and every worker at once."""
+        self.killed = True
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
@@ -109,8 +110,12 @@ class Cluster:
         return self.store.get(k).decode() if self.store.check([k]) else ""
 
     def wait_for(self, what: str, cond: Any, timeout: float = TIMEOUT_S) -> None:
+        """Poll ``cond`` until true; fail at ``timeout`` or once a node ended."""
         end = time.monotonic() + timeout
         while not cond():
+            ended = [n.name for n in self.nodes.values()
+                     if not n.killed and n.proc.poll() is not None]
+            assert not ended, f"node(s) {ended} ended before {what}"
             assert time.monotonic() < end, f"timed out waiting for {what}: " + "\n".join(
                 n.lines() for n in self.nodes.values())
             time.sleep(0.02)
@@ -331,7 +336,7 @@ def test_the_spare_node_restores_from_tier2_with_an_empty_tier1(
     # rank loads the newest complete checkpoint from tier 2, verified as every restore
     (tmp_path / "t2").mkdir()
     t2 = f"file://{tmp_path / 't2'}"
-    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.3", "--tier2", t2,
+    c = cluster("2:3", 1, "--parallel", "ddp", "--step-sleep", "0.5", "--tier2", t2,
                 own_roots=True)
     _start_in_order(c, ["n0", "n1", "spare"], 2)
     uploaded = Tier2Catalog(LocalStorage(tmp_path / "t2"))
@@ -354,8 +359,12 @@ def test_two_nodes_lost_at_once_are_replaced_in_one_heal(
     c = cluster("3:5", 1, "--parallel", "ddp", "--step-sleep", "0.05")
     _start_in_order(c, ["n0", "n1", "n2", "s1", "s2"], 3)
     c.wait_for("step 12", lambda: len(c.losses()) >= 13)
-    for name in ("n1", "n2"):
-        c.nodes[name].kill()
+    lost = [c.nodes[name] for name in ("n1", "n2")]
+    for n in lost:  # back to back: a rank of n2 must not begin the heal for n1 first
+        n.killed = True
+        os.killpg(n.proc.pid, signal.SIGKILL)
+    for n in lost:
+        n.proc.wait()
     lines = "\n".join(c.nodes[n].finish() for n in ("n0", "s1", "s2"))
     assert lines.count("taken over here; healing: generation 1") == 2, lines
     assert "full restart" not in lines and "generation 2" not in lines, lines
