@@ -58,6 +58,8 @@ TIMERS = (
     # slurmctld's timers (a 1-minute time limit, requeues, KillWait) at ~0.1 CPU ÷ wall, so
     # their ~5 minutes of waiting need not lengthen either other lane.
     "tests/slurm/",
+    # the node heals (~4.5 min) wait mostly on node timeouts and pre-warmed spare nodes
+    "tests/heal/test_nodes.py",
 )
 
 
