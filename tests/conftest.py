@@ -59,7 +59,7 @@ TIMERS = (
     # their ~5 minutes of waiting need not lengthen either other lane.
     "tests/slurm/",
     # the node heals (~4.5 min) wait mostly on node timeouts and pre-warmed spare nodes
-    "tests/heal/test_nodes.py",
+    "tests/heal/test_nodes.py", "tests/launch/test_heal_kit.py",
 )
 
 

@@ -35,9 +35,10 @@ from tests.heal.test_heal_jobs import (
 )
 from tierckpt.errors import ConfigError
 from tierckpt.heal.launcher import HealLaunch
-from tierckpt.heal.nodes import NodeLaunch, parse_endpoint, parse_nnodes
+from tierckpt.heal.nodes import NodeLaunch
 from tierckpt.runtime import events as ev
 from tierckpt.runtime.etcdstore import EtcdStore
+from tierckpt.runtime.nodespec import parse_endpoint, parse_nnodes
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import LocalStorage
 

@@ -38,8 +38,13 @@ Lead = Annotated[str | None, typer.Option(
 ToTier = Annotated[str, typer.Option(
     "--to", help="The tier the emergency save must reach within the lead: tier1 or tier2.")]
 Nodes = Annotated[int, typer.Option(help="Nodes that train.")]
-Spares = Annotated[int, typer.Option(help="Extra nodes that join torchrun's rendezvous "
-                                          "(--nnodes N:N+SPARES).")]
+Spares = Annotated[int, typer.Option(help="Extra nodes (--nnodes N:N+SPARES): they join "
+                                          "torchrun's rendezvous, or with --etcd wait as "
+                                          "spare nodes that take a lost node's ranks.")]
+Etcd = Annotated[str | None, typer.Option(
+    help="The job's etcd, etcd://host:port[,host:port]: every node runs tierckpt run, and "
+         "a lost node is healed by a spare node while the others keep their processes "
+         "(docs/heal.md).", show_default=False)]
 Nproc = Annotated[str, typer.Option(help="torchrun --nproc-per-node (gpu, or a number).")]
 MaxRestarts = Annotated[int, typer.Option(help="torchrun --max-restarts: ranks restarted "
                                                "inside the allocation.")]
@@ -95,6 +100,7 @@ def launch_slurm(
     command: Command = None,
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
     spares: Spares = 0, nproc_per_node: Nproc = "gpu", max_restarts: MaxRestarts = 3,
+    etcd: Etcd = None,
     max_requeues: Annotated[int, typer.Option(
         help="Requeue after an emergency save at most this many times.")] = 5,
     port: Port = 29500,
@@ -122,7 +128,7 @@ def launch_slurm(
             command=split(command or [], launcher="launch slurm"),
             lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
             nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-            max_requeues=max_requeues, port=port, job_name=job_name,
+            max_requeues=max_requeues, port=port, job_name=job_name, etcd=etcd,
             tier1=str(tier1) if tier1 else None, tier0=tier0, tier2=tier2,
             sbatch=tuple(sbatch or ()), gpus_per_node=gpus_per_node,
             cpus_per_node=cpus_per_node, memory=memory)
@@ -136,7 +142,7 @@ def launch_k8s(
     image: Annotated[str, typer.Option(
         help="The container image with the training code; required.")] = "",
     tier1: Tier1 = None, lead: Lead = None, to: ToTier = "tier1", nodes: Nodes = 1,
-    spares: Spares = 0, nproc_per_node: Nproc = "gpu",
+    spares: Spares = 0, nproc_per_node: Nproc = "gpu", etcd: Etcd = None,
     gpus_per_node: Annotated[int, typer.Option(help="nvidia.com/gpu per pod.")] = 0,
     cpus_per_node: Annotated[int, typer.Option(help="CPUs requested per pod.")] = 0,
     memory: Annotated[str | None, typer.Option(
@@ -176,7 +182,7 @@ def launch_k8s(
             lead=_lead(tier1, lead, to), nodes=nodes, spares=spares,
             nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node,
             cpus_per_node=cpus_per_node, memory=memory, max_restarts=max_restarts,
-            max_failures=max_failures, port=port, tier0_size=tier0_size,
+            max_failures=max_failures, port=port, etcd=etcd, tier0_size=tier0_size,
             tier1_host_path=tier1_host_path or (str(tier1) if tier1 else None),
             tier1_claim=tier1_claim, tier2=tier2, tier2_secret=tier2_secret)
         docs = [k8s.jobset(job)] + ([k8s.trainjob(job)] if trainjob else [])

@@ -18,7 +18,8 @@ def run(
     command: Annotated[list[str] | None, typer.Argument(
         metavar="-- COMMAND", help="The training command: python train.py ARGS.",
         show_default=False)] = None,
-    nproc_per_node: Annotated[int, typer.Option(help="Workers on this node.")] = 1,
+    nproc_per_node: Annotated[str, typer.Option(
+        help="Workers on this node: a number, or gpu (one per GPU torch sees).")] = "1",
     heal: Annotated[bool, typer.Option(
         "--heal/--no-heal", help="Replace a dead worker in place (default), or restart "
                                  "every worker as torchrun does.")] = True,
@@ -60,11 +61,10 @@ def run(
             NodeLaunch,
             NodeSupervisor,
             default_node_id,
-            parse_endpoint,
-            parse_nnodes,
         )
+        from tierckpt.runtime.nodespec import parse_endpoint, parse_nnodes
     with config_errors():
-        cfg = HealLaunch(nproc=nproc_per_node, heal=heal, max_heals=max_heals,
+        cfg = HealLaunch(nproc=_nproc(nproc_per_node), heal=heal, max_heals=max_heals,
                          max_restarts=max_restarts, spares=spares, timeout_s=heal_timeout,
                          stuck_s=heal_stuck, port=port)
         launcher: HealLauncher
@@ -83,3 +83,20 @@ def run(
                 endpoints=parse_endpoint(rdzv_endpoint), job=rdzv_id,
                 node=node_id or default_node_id(), detect_s=node_timeout))
     raise typer.Exit(launcher.run())
+
+
+def _nproc(text: str) -> int:
+    """``--nproc-per-node``: a number, or ``gpu`` (one worker per CUDA device torch sees,
+    as torchrun's ``gpu``)."""
+    if text == "gpu":
+        import torch
+
+        if (n := torch.cuda.device_count()) < 1:
+            raise ConfigError("--nproc-per-node gpu: torch sees no GPU on this node; give "
+                              "the number of workers")
+        return n
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--nproc-per-node {text!r}: give a number of workers, or gpu "
+                          "(one per GPU)") from None

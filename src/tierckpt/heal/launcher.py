@@ -53,9 +53,10 @@ from tierckpt.errors import ConfigError
 from tierckpt.heal.spares import SparePool
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime import healenv
+from tierckpt.runtime.nodespec import FORWARDED
 
 _POLL_S = 0.02
-_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_FORWARDED = tuple(signal.Signals[name] for name in FORWARDED)
 
 
 @dataclass(frozen=True, kw_only=True)

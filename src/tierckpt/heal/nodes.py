@@ -63,30 +63,6 @@ _FENCED = 1002
 _POLL_S = 0.1  # how often a node reads the store for the others' say
 
 
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """``MIN`` or ``MIN:MAX`` as (MIN, MAX); ConfigError for anything else."""
-    parts = text.split(":")
-    try:
-        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
-    except ValueError:
-        lo, hi = 0, -1
-    if lo < 1 or hi < lo:
-        raise ConfigError(f"--nnodes {text!r}: give MIN or MIN:MAX with 1 <= MIN <= MAX "
-                          "(nodes beyond MIN wait as spare nodes)")
-    return lo, hi
-
-
-def parse_endpoint(text: str) -> str:
-    """``etcd://host:port[,host:port]`` (or the bare ``host:port`` list) as etcd client URLs
-    ``http://host:port,...``; ConfigError for anything else."""
-    body = text.removeprefix("etcd://")
-    hosts = [h.strip() for h in body.split(",") if h.strip()]
-    if not hosts or "://" in body or any(":" not in h for h in hosts):
-        raise ConfigError(f"--rdzv-endpoint {text!r}: give the job's etcd as "
-                          "etcd://host:port[,host:port...] (every member's client URL)")
-    return ",".join(f"http://{h}" for h in hosts)
-
-
 @dataclass(frozen=True, kw_only=True)
 class NodeLaunch:
     """One node of a multi-node job: the per-node ``launch`` (its ``nproc`` workers, heals,

@@ -13,6 +13,11 @@ Where the facts come from, first found wins:
   and ``PreemptMode``);
 - Kubernetes: ``terminationGracePeriodSeconds`` in the manifest given.
 
+A job whose nodes run ``tierckpt run --nnodes`` with the job's store in etcd (``tierckpt
+launch --etcd``, docs/heal.md) is judged on that instead of torchrun: the supervisor passes
+the notice on, a spare node waits to take a lost node's ranks, and the job's etcd answers
+(asked from here: ``GET /health`` on every member, 3 s each).
+
 The requeue path a Slurm job needs (docs/schedulers.md): ``#SBATCH --requeue``, a loop that
 follows the contract (``should_save``/``should_stop``; not visible here), and notices that
 reach the workers. The job then requeues itself after its emergency save
@@ -24,19 +29,25 @@ or the time limit's notice never reaches torchrun.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
 import subprocess
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from tierckpt.errors import ConfigError
 from tierckpt.launch.timing import SaveTime
+from tierckpt.runtime.nodespec import FORWARDED, parse_endpoint, parse_nnodes
 from tierckpt.runtime.scheduler import parse_scontrol, sbatch_signal
 
 TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 TORCHRUN_DEFAULT_SHUTDOWN_S = 30.0
 _TORCHRUN = re.compile(r"(torchrun|torch\.distributed\.run)\b")
+_HEAL = re.compile(r"\btierckpt run\b")
+_ETCD_PROBE_S = 3.0
 _BATCH_ONLY = re.compile(r"--signal[=\s]+R?BR?:")
 
 
@@ -58,6 +69,12 @@ class Facts:
     """The batch script traps the lead's signal (to pass it to the step)."""
     grace_s: float | None = None
     grace_from: str | None = None
+    heal_from: str | None = None
+    """Where a ``tierckpt run`` (instead of torchrun) was found."""
+    heal_nnodes: str | None = None
+    heal_etcd: str | None = None
+    etcd_answers: bool | None = None
+    etcd_detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +110,38 @@ def parse_torchrun(text: str) -> tuple[tuple[str, ...], float] | None:
     return sigs, float(shut.group(1)) if shut else TORCHRUN_DEFAULT_SHUTDOWN_S
 
 
+def parse_heal(text: str) -> tuple[str | None, str | None] | None:
+    """``--nnodes`` and ``--rdzv-endpoint`` of a ``tierckpt run`` in a command line or
+    script (None each when absent; comment lines are not read); None when no ``tierckpt
+    run`` is found."""
+    text = "\n".join(x for x in text.splitlines() if not x.lstrip().startswith("#"))
+    if not _HEAL.search(text):
+        return None
+    nnodes = re.search(r"--nnodes[=\s]+[\"']?([0-9:]+)", text)
+    etcd = re.search(r"--rdzv[-_]endpoint[=\s]+[\"']?([^\s\"']+)", text)
+    return (nnodes.group(1) if nnodes else None), (etcd.group(1) if etcd else None)
+
+
+def probe_etcd(endpoint: str) -> tuple[bool, str]:
+    """Whether a majority of the etcd members in ``endpoint`` (``etcd://h:p[,h:p]``)
+    answer ``GET /health`` as healthy, and a line saying what each answered."""
+    try:
+        urls = parse_endpoint(endpoint).split(",")
+    except ConfigError as e:
+        return False, str(e)
+    said = []
+    for url in urls:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=_ETCD_PROBE_S) as r:
+                healthy = str(json.loads(r.read()).get("health")) == "true"
+            said.append((healthy, f"{url}: {'healthy' if healthy else 'unhealthy'}"))
+        except (OSError, ValueError) as e:
+            said.append((False, f"{url}: no answer ({getattr(e, 'reason', e)})"))
+    up = sum(ok for ok, _ in said)
+    return up > len(urls) // 2, (f"{up} of {len(urls)} member(s) healthy: "
+                                 + "; ".join(x for _, x in said))
+
+
 def forwards_signal(text: str, name: str) -> bool:
     """Whether a batch script traps signal ``name`` (``SIGUSR1``): a ``trap`` line naming
     it, as a script that passes the lead's signal to its step has."""
@@ -113,7 +162,8 @@ def parse_sbatch(text: str) -> tuple[str | None, float | None, bool | None]:
 
 
 def _ancestor_torchrun(pid: int) -> tuple[str, str] | None:
-    """(where, command line) of the nearest ancestor running torchrun."""
+    """(where, command line) of the nearest ancestor running torchrun or ``tierckpt
+    run``."""
     for _ in range(16):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
@@ -121,8 +171,9 @@ def _ancestor_torchrun(pid: int) -> tuple[str, str] | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError, IndexError):
             return None
-        if _TORCHRUN.search(cmd):
-            return f"the parent torchrun (pid {pid})", cmd
+        if _TORCHRUN.search(cmd) or _HEAL.search(cmd):
+            what = "torchrun" if _TORCHRUN.search(cmd) else "tierckpt run"
+            return f"the parent {what} (pid {pid})", cmd
         if pid <= 1:
             return None
     return None
@@ -153,6 +204,11 @@ def gather(env: Mapping[str, str] | None = None, *, script: Path | None = None) 
          f"{env['TORCHELASTIC_SIGNALS_TO_HANDLE']}" if "TORCHELASTIC_SIGNALS_TO_HANDLE" in env
          else None), found or (None, None), (str(script), text),
         (f"job {job}'s batch script", batch)) if where and txt]
+    heal = [(where, h) for where, txt in sources if (h := parse_heal(txt)) is not None]
+    if heal:
+        f["heal_from"], (f["heal_nnodes"], f["heal_etcd"]) = heal[0]
+        if f["heal_etcd"]:
+            f["etcd_answers"], f["etcd_detail"] = probe_etcd(str(f["heal_etcd"]))
     parsed = [(where, tr, "--shutdown" in txt) for where, txt in sources
               if (tr := parse_torchrun(txt)) is not None]
     if parsed:
@@ -191,7 +247,7 @@ def checks(f: Facts, save: SaveTime | None) -> list[Check]:
     need = save.seconds if save else None
     need_txt = (f"the measured emergency save ({need:.1f} s: {save.source})" if save
                 else "the emergency save (not measured yet: run once with this --tier1)")
-    out = _torchrun_checks(f, need, need_txt)
+    out = _heal_checks(f) if f.heal_from else _torchrun_checks(f, need, need_txt)
     if f.scheduler == "slurm":
         out += _slurm_checks(f, need, need_txt)
     if f.grace_s is not None:
@@ -223,6 +279,36 @@ def _torchrun_checks(f: Facts, need: float | None, need_txt: str) -> list[Check]
                   f"--shutdown-timeout {f.shutdown_s:g} s vs {need_txt}",
                   "" if ok2 is not False else f"raise torchrun's --shutdown-timeout "
                   f"to at least {need:.0f} s")]
+
+
+def _heal_checks(f: Facts) -> list[Check]:
+    """Does ``tierckpt run`` pass the notice on, does a spare node wait, does etcd
+    answer?"""
+    notice = f.slurm_signal or "SIGTERM"
+    ok = notice in FORWARDED
+    out = [Check("tierckpt run forwards the notice", ok,
+                 f"{notice} {'is' if ok else 'is not'} one of {','.join(FORWARDED)} "
+                 f"({f.heal_from})",
+                 "" if ok else "send the notice as SIGUSR1 or SIGTERM (#SBATCH "
+                 "--signal=B:USR1@LEAD; tierckpt launch slurm writes it)")]
+    try:
+        lo, hi = parse_nnodes(f.heal_nnodes or "")
+        spare, found = hi > lo, f"--nnodes {f.heal_nnodes}: {hi - lo} spare node(s)"
+    except ConfigError:
+        spare, found = False, f"--nnodes {f.heal_nnodes or '(none)'}: one node, no spare"
+    out.append(Check("a spare node waits to take a lost node's ranks", spare, found,
+                     "" if spare else "add a spare node (tierckpt launch --spares 1, i.e. "
+                     "--nnodes MIN:MIN+1): without one a lost node restarts every node"))
+    if f.heal_etcd is None:
+        out.append(Check("the job's etcd answers", False, "no --rdzv-endpoint",
+                         "give the job's etcd: tierckpt launch --etcd etcd://host:port"))
+    else:
+        out.append(Check("the job's etcd answers", f.etcd_answers,
+                         f"{f.heal_etcd}: {f.etcd_detail}",
+                         "" if f.etcd_answers else "start the job's etcd (docs/heal.md) "
+                         "or correct --etcd; run doctor where the nodes run: they must "
+                         "reach it"))
+    return out
 
 
 def _slurm_checks(f: Facts, need: float | None, need_txt: str) -> list[Check]:

@@ -45,11 +45,10 @@ from typing import Any
 
 from tierckpt.errors import ConfigError
 from tierckpt.launch._yaml import dump_all
-from tierckpt.launch.command import shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
 from tierckpt.launch.resources import k8s_memory, k8s_resources, parse_memory
 from tierckpt.launch.slurm import TIERCKPT_FN, WAIT_STEP
-from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
+from tierckpt.launch.torchrun import TorchrunJob, node_command
 from tierckpt.preempt.config import EXIT_PREEMPTED
 from tierckpt.runtime.scheduler import GRACE_ENV, JOB_ID_ENV, POD_ENV, RESTARTS_ENV
 from tierckpt.tier2.storage.url import CREDENTIAL_ENV, parse_url
@@ -132,9 +131,9 @@ def launcher(k: K8sLaunch, *, head: str) -> str:
     """PID 1's bash script: forward SIGTERM, run torchrun, exit with the verdict."""
     py = k.command.python or k.python
     torchrun = " \\\n    ".join([
-        f"{shlex.quote(py)} -m torch.distributed.run",
-        *torchrun_flags(k, host=head, rdzv_id=f"{k.name}-${{{RESTARTS_ENV}:-0}}"),
-        shell_line(k.command.argv)]) + " &"
+        *node_command(k, python=shlex.quote(py), host=head,
+                      rdzv_id=f"{k.name}-${{{RESTARTS_ENV}:-0}}", node_id=f"${POD_ENV}"),
+        ]) + " &"
     return "\n".join([
         f'fail() {{ echo "tierckpt launch: $*" >&2; exit {EXIT_CONFIG}; }}',
         '[ -n "${TIERCKPT_TIER1:-}" ] || fail "TIERCKPT_TIER1 is not set"',

@@ -39,11 +39,10 @@ import sys
 
 from tierckpt._version import __version__
 from tierckpt.errors import ConfigError
-from tierckpt.launch.command import shell_line
 from tierckpt.launch.outcome import EXIT_CONFIG
 from tierckpt.launch.resources import sbatch_lines
 from tierckpt.launch.torchrun import SIGNALS as SIGNALS  # where it was named first
-from tierckpt.launch.torchrun import TorchrunJob, torchrun_flags
+from tierckpt.launch.torchrun import TorchrunJob, node_command
 from tierckpt.runtime.scheduler import MAX_REQUEUES_ENV
 from tierckpt.tier2.storage.url import CREDENTIAL_ENV, parse_url
 
@@ -198,11 +197,12 @@ def _env(s: SlurmLaunch) -> list[str]:
 
 
 def _torchrun(s: SlurmLaunch) -> str:
-    flags = torchrun_flags(s, host="$head", rdzv_id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}")
-    py = '"$TIERCKPT_PYTHON"'  # the interpreter of every tierckpt call: never PATH's python
+    lines = node_command(
+        s, python='"$TIERCKPT_PYTHON"',  # the interpreter of every tierckpt call: never PATH's
+        host="$head", rdzv_id="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}",
+        node_id="$SLURMD_NODENAME")
     srun = "srun --ntasks-per-node=1 --kill-on-bad-exit=0" + (" --no-kill" if s.spares else "")
-    return (f"{srun} \\\n    {py} -m torch.distributed.run \\\n    "
-            + " \\\n    ".join(flags) + " \\\n    " + shell_line(s.command.argv) + " &")
+    return f"{srun} \\\n    " + " \\\n    ".join(lines) + " &"
 
 
 def sbatch_script(s: SlurmLaunch, argv: list[str]) -> str:

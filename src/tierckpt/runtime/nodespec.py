@@ -1,0 +1,37 @@
+"""How a multi-node job names its nodes and its store, checked once for ``tierckpt run``
+(:mod:`tierckpt.heal.nodes`), the launch kit (:mod:`tierckpt.launch`) and ``doctor``:
+``--nnodes MIN[:MAX]``, ``etcd://host:port[,host:port]`` and the signals a supervisor
+passes on. Torch-free and pure."""
+
+from __future__ import annotations
+
+from tierckpt.errors import ConfigError
+
+__all__ = ["FORWARDED", "parse_endpoint", "parse_nnodes"]
+
+FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
+"""The signals ``tierckpt run`` passes on to its workers (then waits for them to end)."""
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``MIN`` or ``MIN:MAX`` as (MIN, MAX); ConfigError for anything else."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, -1)
+    except ValueError:
+        lo, hi = 0, -1
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes {text!r}: give MIN or MIN:MAX with 1 <= MIN <= MAX "
+                          "(nodes beyond MIN wait as spare nodes)")
+    return lo, hi
+
+
+def parse_endpoint(text: str, *, flag: str = "--rdzv-endpoint") -> str:
+    """``etcd://host:port[,host:port]`` (or the bare ``host:port`` list) as etcd client URLs
+    ``http://host:port,...``; ConfigError naming ``flag`` for anything else."""
+    body = text.removeprefix("etcd://")
+    hosts = [h.strip() for h in body.split(",") if h.strip()]
+    if not hosts or "://" in body or any(":" not in h for h in hosts):
+        raise ConfigError(f"{flag} {text!r}: give the job's etcd as "
+                          "etcd://host:port[,host:port...] (every member's client URL)")
+    return ",".join(f"http://{h}" for h in hosts)
