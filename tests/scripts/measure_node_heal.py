@@ -1,15 +1,18 @@
 """One node-loss heal vs one full restart of the same multi-node job (issue 43), simulated
 nodes on this machine (tests/heal/test_nodes.py's Cluster), a private etcd.
 
-    PYTHONPATH=src:. python tests/scripts/measure_node_heal.py OUT_DIR [REPEATS] [2x1|3x2]
+    PYTHONPATH=src:. python tests/scripts/measure_node_heal.py OUT_DIR [REPEATS] [2x1|3x2] \
+        [TRAIN_ARGS]
 
-2x1: 2 nodes x 1 rank, DDP (+ 1 spare node for the heal); 3x2: 3 nodes x 2 ranks, FSDP2
-(+ 1 spare node). examples/train.py with 0.5 s steps; the node holding slot 1 is killed
-(killpg) at step >= 12, once the spare node had 20 s to pre-warm its workers. The full
-restart is the same job without a spare node, a node started again as soon as the slot is
-freed (as a scheduler with a node at hand would). Prints JSON: R = the kill -> the first
-loss row written after it, and the times of the parts after the kill (events of every
-rank; heal_done's leave/wait/form/open/restore per survivor)."""
+2x1: 2 nodes x 1 rank, DDP (+ 1 spare node for the heal); 3x2: 3 nodes x 2 ranks, FSDP2 (+
+1 spare node). TRAIN_ARGS: more examples/train.py arguments in one string, e.g. "--dim 672
+--layers 4" for ~250 MiB of state (12 bytes per parameter: weights and two Adam moments;
+~12·dim² parameters per layer). examples/train.py with 0.5 s steps; the node holding slot
+1 is killed (killpg) at step >= 12, once the spare node had 20 s to pre-warm its workers.
+The full restart is the same job without a spare node, a node started again as soon as the
+slot is freed (as a scheduler with a node at hand would). Prints JSON: R = the kill -> the
+first loss row written after it, and the times of the parts after the kill (events of
+every rank; heal_done's leave/wait/form/open/restore per survivor)."""
 
 from __future__ import annotations
 
@@ -70,19 +73,20 @@ def main() -> None:
     base = Path(sys.argv[1])
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     shape = sys.argv[3] if len(sys.argv) > 3 else "2x1"
+    more = tuple(sys.argv[4].split()) if len(sys.argv) > 4 else ()
     base.mkdir(parents=True, exist_ok=True)
     etcd = start_cluster(base / "etcd")
     res: dict[str, Any] = {}
     try:
         for i in range(repeats):
             if shape == "2x1":
-                extra: tuple[str, ...] = ("--parallel", "ddp", "--step-sleep", "0.5")
+                extra: tuple[str, ...] = ("--parallel", "ddp", "--step-sleep", "0.5", *more)
                 res[f"heal{i}"] = run(True, base / f"heal{i}", etcd, extra, "2:3", 1,
                                       ["n0", "n1", "spare"], "n1")
                 res[f"restart{i}"] = run(False, base / f"restart{i}", etcd, extra, "2", 1,
                                          ["n0", "n1"], "n1")
             else:
-                extra = ("--step-sleep", "0.5")
+                extra = ("--step-sleep", "0.5", *more)
                 res[f"heal{i}"] = run(True, base / f"heal{i}", etcd, extra, "3:4", 2,
                                       ["n0", "n1", "n2", "spare"], "n1")
                 res[f"restart{i}"] = run(False, base / f"restart{i}", etcd, extra, "3", 2,
