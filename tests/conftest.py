@@ -60,6 +60,7 @@ TIMERS = (
     "tests/slurm/",
     # the node heals (~4.5 min) wait mostly on node timeouts and pre-warmed spare nodes
     "tests/heal/test_nodes.py", "tests/launch/test_heal_kit.py",
+    "tests/test_drill_heal_nodes.py",
 )
 
 

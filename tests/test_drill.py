@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import tierckpt.cli.drill
@@ -364,9 +365,25 @@ def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
     assert flags("drill") == {"--nproc", "--nnodes", "--steps", "--seed", "--tier2", "--out",
                               "--rtol", "--json", "--chaos", "--tier0", "--preempt",
-                              "--preempt-rank", "--kinds", "--heal", "command"}
+                              "--preempt-rank", "--kinds", "--heal", "--etcd", "command"}
 
 
 def test_drill_without_a_command_is_a_usage_error() -> None:
     res = RUNNER.invoke(app, ["drill", "--steps", "10"])
     assert res.exit_code == 2
+
+
+def test_the_live_view_shows_any_stage_state_as_text() -> None:
+    # a state without a style once rendered as "[]done[/]", which rich refused (the heal
+    # drills report "done")
+    con = Console(record=True, width=120)
+    with tierckpt.cli.drill.live_progress(con, ("reference", "heal")) as progress:
+        progress("reference", "done", "exit 0 [1/2]")
+        progress("heal", "no such state", "")
+    text = con.export_text()
+    assert "done" in text and "exit 0 [1/2]" in text and "no such state" in text
+
+
+def test_etcd_belongs_to_the_node_drill_only() -> None:
+    res = RUNNER.invoke(app, ["drill", "--etcd", "etcd://h:1", "--", "python", "t.py"])
+    assert res.exit_code == 2 and "--etcd is for the node-loss heal drill" in res.output

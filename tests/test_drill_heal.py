@@ -1,6 +1,6 @@
-"""The heal drill end to end on examples/train.py: a rank killed mid-step heals, a
-replacement killed while it loads falls back to a full restart, the losses stay the
-reference's bit for bit; and its configuration errors."""
+"""The heal drill end to end on examples/train.py, through `tierckpt drill --heal`: a rank
+killed mid-step heals, a replacement killed while it loads falls back to a full restart,
+the losses stay the reference's bit for bit; and its configuration errors."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from tierckpt.drill.heal import HealDrillConfig, run_heal
+from tierckpt.cli._app import load_commands
+from tierckpt.drill.heal import HealDrillConfig
 from tierckpt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,10 +22,12 @@ COMMAND = (sys.executable, str(ROOT / "examples" / "train.py"), "--save-every", 
 
 @pytest.mark.slow
 def test_heal_drill_passes_on_the_reference_user(tmp_path: Path) -> None:
-    cfg = HealDrillConfig(command=COMMAND, out=tmp_path, nproc=3, steps=45, seed=1,
-                          faults=("mid_step", "replacement", "mid_heal"))
-    doc = run_heal(cfg)
-    assert doc["ok"], json.dumps(doc, indent=1)
+    res = CliRunner().invoke(load_commands(), [
+        "drill", "--heal", "--nproc", "3", "--steps", "45", "--seed", "1",
+        "--kinds", "mid_step,replacement,mid_heal", "--out", str(tmp_path), "--", *COMMAND])
+    doc = json.loads((tmp_path / "heal-report.json").read_text())
+    assert res.exit_code == 0 and doc["ok"], (res.output, json.dumps(doc, indent=1))
+    assert f"report: {tmp_path / 'heal-report.md'}" in " ".join(res.output.split())
     kinds = [(f["kind"], f["outcome"]) for f in doc["faults"]]
     assert kinds == [("mid_step", "heal"), ("replacement", "restart"),
                      ("mid_heal", "restart")]

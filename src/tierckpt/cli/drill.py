@@ -32,7 +32,7 @@ EXIT_FAILED = 1
 """Exit status when a drill's verdict fails."""
 
 _STATE_STYLE = {"waiting": "dim", "running": "bold yellow", "passed": "green",
-                "failed": "bold red", "skipped": "dim red"}
+                "done": "green", "failed": "bold red", "skipped": "dim red"}
 
 
 # drill's options, each with its help; the flag is the parameter's name (--preempt-rank).
@@ -43,7 +43,8 @@ _Nproc = Annotated[int | None, typer.Option(
     help="Ranks per node (default 2; with --chaos 1; with --heal 3).")]
 _Nnodes = Annotated[int | None, typer.Option(
     help="Simulated nodes (torchrun agents) on loopback (default 1; with --chaos 2, "
-         "with --chaos --heal 1).")]
+         "with --chaos --heal 1). With --heal and 2 or more: the node-loss heal drill "
+         "(docs/heal.md).")]
 _Steps = Annotated[int | None, typer.Option(
     help="Training steps per run (default 20; with --chaos 150 per cycle).")]
 _Seed = Annotated[int, typer.Option(
@@ -77,6 +78,9 @@ _Heal = Annotated[bool, typer.Option(
     "heal (or, when it must, a full restart) that changes no loss (docs/heal.md). With "
     "--chaos: the chaos job runs on one node under `tierckpt run` and heal_kill joins "
     "its catalogue (docs/drills.md).")]
+_Etcd = Annotated[str | None, typer.Option(
+    help="With --heal --nnodes N: the job's etcd, etcd://host:port (default: a private one "
+         "the drill starts from the etcd on PATH).", show_default=False)]
 _AsJson = Annotated[bool, typer.Option("--json", help="Print the report JSON.")]
 
 
@@ -96,6 +100,7 @@ def drill(
     preempt_rank: _PreemptRank = None,
     kinds: _Kinds = None,
     heal: _Heal = False,
+    etcd: _Etcd = None,
     as_json: _AsJson = False,
 ) -> None:
     """Kill a rank, check loss continuity, reshard, restore from tier 2 alone, report.
@@ -107,7 +112,11 @@ def drill(
     full restart where it must) and every loss is unchanged. Needs PyTorch."""
     f = _Flags(command=tuple(command), nproc=nproc, nnodes=nnodes, steps=steps, seed=seed,
                chaos=chaos, tier2=tier2, out=out, rtol=rtol, tier0=tier0, preempt=preempt,
-               preempt_rank=preempt_rank, kinds=kinds, heal=heal)
+               preempt_rank=preempt_rank, kinds=kinds, heal=heal, etcd=etcd)
+    if etcd is not None and not (heal and chaos is None and (nnodes or 1) >= 2):
+        with config_errors():
+            raise ConfigError("--etcd is for the node-loss heal drill: add --heal and "
+                              "--nnodes 2 (or more), without --chaos")
     pick = (_heal_drill if heal and chaos is None else _chaos_drill if chaos is not None
             else _preempt_drill if preempt else _resume_drills)
     with needs_torch("drill"):
@@ -133,6 +142,7 @@ class _Flags:
     preempt_rank: int | None
     kinds: str | None
     heal: bool
+    etcd: str | None
 
     def kind_list(self) -> tuple[str, ...] | None:
         """``--kinds`` split on commas (None: not given)."""
@@ -150,15 +160,40 @@ def _heal_drill(f: _Flags) -> _Mode:
     """``--heal`` (without ``--chaos``): rank deaths under ``tierckpt run --heal``."""
     from tierckpt.drill.heal import HEAL_FAULTS, HEAL_STAGES, HealDrillConfig, run_heal
 
+    if f.nnodes not in (None, 1):
+        return _heal_nodes_drill(f)
+
     def run(progress: Progress) -> dict[str, Any]:
-        if f.preempt or f.tier0 is not None or f.nnodes not in (None, 1):
-            raise ConfigError("--heal runs on one node: drop --preempt, --tier0 and --nnodes")
+        if f.preempt or f.tier0 is not None or f.etcd is not None:
+            raise ConfigError("--heal on one node: drop --preempt, --tier0 and --etcd (or "
+                              "give --nnodes 2 or more for the node-loss drill)")
         cfg = HealDrillConfig(command=f.command, nproc=3 if f.nproc is None else f.nproc,
                               steps=120 if f.steps is None else f.steps, seed=f.seed,
                               faults=tuple(HEAL_FAULTS) if (k := f.kind_list()) is None
                               else k, out=f.out)
         return run_heal(cfg, progress)
-    return run, (*HEAL_STAGES, "report"), heal_table, (("report", "md"),)
+    return run, (*HEAL_STAGES, "report"), heal_table, (("report", "report"),)
+
+
+def _heal_nodes_drill(f: _Flags) -> _Mode:
+    """``--heal --nnodes N`` (N >= 2): node losses under ``tierckpt run --nnodes``."""
+    from tierckpt.drill.heal_nodes import (
+        NODE_FAULTS,
+        NODE_STAGES,
+        NodeDrillConfig,
+        run_heal_nodes,
+    )
+
+    def run(progress: Progress) -> dict[str, Any]:
+        if f.preempt or f.tier0 is not None or f.rtol is not None:
+            raise ConfigError("--heal --nnodes: drop --preempt, --tier0 and --rtol")
+        cfg = NodeDrillConfig(command=f.command, nnodes=f.nnodes or 2,
+                              nproc=1 if f.nproc is None else f.nproc,
+                              steps=80 if f.steps is None else f.steps, seed=f.seed,
+                              faults=tuple(NODE_FAULTS) if (k := f.kind_list()) is None
+                              else k, etcd=f.etcd, tier2=f.tier2, out=f.out)
+        return run_heal_nodes(cfg, progress)
+    return run, (*NODE_STAGES, "report"), heal_table, (("report", "report"),)
 
 
 def _chaos_drill(f: _Flags) -> _Mode:
@@ -317,8 +352,9 @@ def _table(states: dict[str, tuple[str, str]]) -> Table:
     t.add_column("state")
     t.add_column("detail", overflow="fold")
     for name, (state, detail) in states.items():
-        style = _STATE_STYLE.get(state, "")
-        t.add_row(name, f"[{style}]{state}[/]", escape(detail))
+        style = _STATE_STYLE.get(state)
+        t.add_row(name, f"[{style}]{escape(state)}[/]" if style else escape(state),
+                  escape(detail))
     return t
 
 

@@ -29,18 +29,16 @@ or the time limit's notice never reaches torchrun.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
 import subprocess
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
 from tierckpt.errors import ConfigError
 from tierckpt.launch.timing import SaveTime
-from tierckpt.runtime.nodespec import FORWARDED, parse_endpoint, parse_nnodes
+from tierckpt.runtime.nodespec import FORWARDED, member_health, parse_endpoint, parse_nnodes
 from tierckpt.runtime.scheduler import parse_scontrol, sbatch_signal
 
 TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -131,12 +129,8 @@ def probe_etcd(endpoint: str) -> tuple[bool, str]:
         return False, str(e)
     said = []
     for url in urls:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=_ETCD_PROBE_S) as r:
-                healthy = str(json.loads(r.read()).get("health")) == "true"
-            said.append((healthy, f"{url}: {'healthy' if healthy else 'unhealthy'}"))
-        except (OSError, ValueError) as e:
-            said.append((False, f"{url}: no answer ({getattr(e, 'reason', e)})"))
+        why = member_health(url, _ETCD_PROBE_S)
+        said.append((why is None, f"{url}: {why or 'healthy'}"))
     up = sum(ok for ok, _ in said)
     return up > len(urls) // 2, (f"{up} of {len(urls)} member(s) healthy: "
                                  + "; ".join(x for _, x in said))

@@ -1,13 +1,17 @@
 """How a multi-node job names its nodes and its store, checked once for ``tierckpt run``
 (:mod:`tierckpt.heal.nodes`), the launch kit (:mod:`tierckpt.launch`) and ``doctor``:
 ``--nnodes MIN[:MAX]``, ``etcd://host:port[,host:port]`` and the signals a supervisor
-passes on. Torch-free and pure."""
+passes on; and :func:`member_health`, one ``GET /health`` to an etcd member (for ``doctor``
+and a drill's own etcd). Torch-free."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 from tierckpt.errors import ConfigError
 
-__all__ = ["FORWARDED", "parse_endpoint", "parse_nnodes"]
+__all__ = ["FORWARDED", "member_health", "parse_endpoint", "parse_nnodes"]
 
 FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
 """The signals ``tierckpt run`` passes on to its workers (then waits for them to end)."""
@@ -35,3 +39,14 @@ def parse_endpoint(text: str, *, flag: str = "--rdzv-endpoint") -> str:
         raise ConfigError(f"{flag} {text!r}: give the job's etcd as "
                           "etcd://host:port[,host:port...] (every member's client URL)")
     return ",".join(f"http://{h}" for h in hosts)
+
+
+def member_health(url: str, timeout: float) -> str | None:
+    """None when the etcd member at ``url`` (``http://host:port``) answers ``GET /health``
+    as healthy within ``timeout`` seconds; else what it answered, or why it did not."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            said = json.loads(r.read())
+    except (OSError, ValueError) as e:
+        return f"no answer ({getattr(e, 'reason', e)})"
+    return None if str(said.get("health")) == "true" else f"unhealthy ({said})"
