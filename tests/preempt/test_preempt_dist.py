@@ -97,6 +97,7 @@ def _check(root: Path, losses: Path, ref: dict[int, str], notice_step: int) -> i
 PHASES = ("rank0", "rank1", "usr1", "in_save", "agent")
 
 
+@pytest.mark.timeout(900)  # four jobs of ~25 s; a CI with a load of 12 took over 300 s
 @settings(max_examples=4, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(phase=st.sampled_from(PHASES), at=st.integers(2, 15))
