@@ -12,6 +12,21 @@ from tierckpt.cli._extras import needs_torch
 from tierckpt.cli._render import config_errors
 from tierckpt.errors import ConfigError
 
+# the multi-node options (docs/heal.md, "Across nodes")
+_Nnodes = Annotated[str | None, typer.Option(
+    help="MIN[:MAX] nodes: run this on every node; MIN run, the others wait as spare "
+         "nodes that take a lost node's ranks. Needs --rdzv-endpoint and --rdzv-id.",
+    show_default=False)]
+_RdzvEndpoint = Annotated[str | None, typer.Option(
+    help="The job's store across nodes: etcd://host:port[,host:port...].",
+    show_default=False)]
+_RdzvId = Annotated[str | None, typer.Option(
+    help="The job's id in that store (fresh for every job).", show_default=False)]
+_NodeId = Annotated[str | None, typer.Option(
+    help="This node's name in the job (default: host name and pid).", show_default=False)]
+_NodeTimeout = Annotated[float, typer.Option(
+    help="Seconds without a node's heartbeat before it counts as lost.")]
+
 
 @command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
@@ -34,20 +49,8 @@ def run(
         help="Seconds a surviving worker may take to leave the failed step before it is "
              "replaced too (blocked in a collective that no error reaches).")] = 10.0,
     port: Annotated[int, typer.Option(help="The job's store port (0: any free one).")] = 0,
-    nnodes: Annotated[str | None, typer.Option(
-        help="MIN[:MAX] nodes: run this on every node; MIN run, the others wait as spare "
-             "nodes that take a lost node's ranks. Needs --rdzv-endpoint and --rdzv-id.",
-        show_default=False)] = None,
-    rdzv_endpoint: Annotated[str | None, typer.Option(
-        help="The job's store across nodes: etcd://host:port[,host:port...].",
-        show_default=False)] = None,
-    rdzv_id: Annotated[str | None, typer.Option(
-        help="The job's id in that store (fresh for every job).", show_default=False)] = None,
-    node_id: Annotated[str | None, typer.Option(
-        help="This node's name in the job (default: host name and pid).",
-        show_default=False)] = None,
-    node_timeout: Annotated[float, typer.Option(
-        help="Seconds without a node's heartbeat before it counts as lost.")] = 3.0,
+    nnodes: _Nnodes = None, rdzv_endpoint: _RdzvEndpoint = None, rdzv_id: _RdzvId = None,
+    node_id: _NodeId = None, node_timeout: _NodeTimeout = 3.0,
 ) -> None:
     """Run a training command on this node's workers and heal a dead one in place.
 
@@ -57,11 +60,7 @@ def run(
     restarts every worker as torchrun would. Exit status: the job's."""
     with needs_torch("run"):
         from tierckpt.heal.launcher import HealLaunch, HealLauncher
-        from tierckpt.heal.nodes import (
-            NodeLaunch,
-            NodeSupervisor,
-            default_node_id,
-        )
+        from tierckpt.heal.nodes import NodeLaunch, NodeSupervisor, default_node_id
         from tierckpt.runtime.nodespec import parse_endpoint, parse_nnodes
     with config_errors():
         cfg = HealLaunch(nproc=_nproc(nproc_per_node), heal=heal, max_heals=max_heals,
