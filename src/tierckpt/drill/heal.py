@@ -105,6 +105,7 @@ def run_heal(cfg: HealDrillConfig, progress: Progress = lambda *a: None) -> dict
     doc = _report(cfg, ref, run, faults)
     files = write_report_files(doc, out, "heal-report", _markdown, record=False)
     doc["files"] = {"report": files["md"]}
+    progress("report", "done", files["md"])
     return doc
 
 

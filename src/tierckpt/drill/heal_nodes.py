@@ -147,6 +147,7 @@ def run_heal_nodes(cfg: NodeDrillConfig, progress: Progress = lambda *a: None
     doc = _report(cfg, ref, run, faults)
     files = write_report_files(doc, out, "heal-nodes-report", _markdown, record=False)
     doc["files"] = {"report": files["md"]}
+    progress("report", "done", files["md"])
     return doc
 
 
