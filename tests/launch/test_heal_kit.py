@@ -11,7 +11,6 @@ import datetime
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +20,8 @@ import pytest
 import yaml
 
 from tests.etcdserver import EtcdCluster, job_id
-from tests.heal.test_heal_jobs import EXAMPLE, SMALL, TIMEOUT_S, _env, reference, same_losses
-from tests.heal.test_nodes import Cluster
+from tests.heal.test_heal_jobs import EXAMPLE, SMALL, _env, reference, same_losses
+from tests.heal.test_nodes import Cluster, Node
 from tierckpt.errors import ConfigError
 from tierckpt.launch import k8s, slurm
 from tierckpt.launch.command import TrainCommand, split
@@ -105,8 +104,9 @@ def _step(script: str) -> str:
     return body.removesuffix(" &")
 
 
-class KitNode:
-    """One simulated node running the generated step, as ``srun`` starts it there."""
+class KitNode(Node):
+    """One simulated node running the generated step, as ``srun`` starts it there (its
+    lines, finish, kill and stop are test_nodes.Node's)."""
 
     def __init__(self, tmp: Path, name: str, step: str, env: dict[str, str]) -> None:
         self.name, self.killed = name, False
@@ -115,24 +115,6 @@ class KitNode:
             ["bash", "-c", step], env={**env, "SLURMD_NODENAME": name},
             stdout=subprocess.DEVNULL, stderr=open(self.err, "w"),  # noqa: SIM115
             start_new_session=True)
-
-    def lines(self) -> str:
-        err = self.err.read_text(errors="replace")
-        return "\n".join(x for x in err.splitlines() if x.startswith("tierckpt run"))
-
-    def finish(self) -> str:
-        self.proc.wait(timeout=TIMEOUT_S)
-        assert self.proc.returncode == 0, self.err.read_text(errors="replace")[-6000:]
-        return self.lines()
-
-    def kill(self) -> None:
-        self.killed = True
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
 
 
 @pytest.mark.slow
@@ -159,7 +141,7 @@ def test_the_generated_step_heals_a_lost_node(tmp_path: Path,
     try:
         step = _step(script.read_text())
         for i, name in enumerate(["n0", "n1", "spare"]):
-            c.nodes[name] = KitNode(tmp_path, name, step, env)  # type: ignore[assignment]
+            c.nodes[name] = KitNode(tmp_path, name, step, env)
             if i < 2:
                 c.wait_for(f"{name} to hold slot {i}",
                            lambda i=i, name=name: c.holder(i) == name, timeout=60)

@@ -45,7 +45,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.runtime import events as ev
 
-__all__ = ["HEAL_FAULTS", "HEAL_STAGES", "HealDrillConfig", "run_heal"]
+__all__ = ["HEAL_FAULTS", "HEAL_STAGES", "HealDrillConfig", "judge", "run_heal"]
 
 HEAL_STAGES = ("reference", "heal")
 HEAL_FAULTS = {"mid_step": "heal", "two_at_once": "heal", "mid_save": "heal",
@@ -209,10 +209,27 @@ def _report(cfg: HealDrillConfig, ref: RunResult, run: _HealRun,
             faults: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [json.loads(x) for x in run.losses.read_text().splitlines() if x.strip()] \
         if run.losses.is_file() else []
+    per_fault, verdicts = judge(ref, rows, run._events(), faults, steps=cfg.steps,
+                                world=cfg.nproc, expected=HEAL_FAULTS,
+                                planned=len(cfg.faults), rc=run.rc)
+    return {"drill": "heal", "config": {**dataclasses.asdict(cfg), "out": str(cfg.out)},
+            "faults": per_fault, "verdicts": verdicts,
+            "ok": all(v["ok"] for v in verdicts.values())}
+
+
+def judge(ref: RunResult, rows: list[dict[str, Any]], events: list[dict[str, Any]],
+          faults: list[dict[str, Any]], *, steps: int, world: int,
+          expected: dict[str, str], planned: int, rc: int | None
+          ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """A heal drill's verdicts (this one's and the node drill's): each fault's outcome in
+    the events between its kill and the next (``restart`` when all ``world`` ranks
+    started again, ``heal`` when a ``heal_done`` came, else ``none``) against
+    ``expected``, with R (the kill → the next loss row), the heal's seconds and the
+    restored step; and ``continuity``, ``outcomes`` (``planned`` faults, each as
+    expected) and ``finished`` (``rc`` 0)."""
     want = {r["step"]: r.get("loss_hex", r["loss"]) for r in ref.rows}
     wrong = [r["step"] for r in rows if r.get("loss_hex", r["loss"]) != want.get(r["step"])]
-    covered = sorted({r["step"] for r in rows}) == list(range(cfg.steps))
-    events = run._events()
+    covered = sorted({r["step"] for r in rows}) == list(range(steps))
     per_fault = []
     for i, f in enumerate(faults):
         if f["kind"] == "error":
@@ -223,11 +240,11 @@ def _report(cfg: HealDrillConfig, ref: RunResult, run: _HealRun,
             else float("inf")
         window = [e for e in events if t0 <= float(e["t"]) < t1]
         healed = [e for e in window if e["event"] == ev.HEAL_DONE]
-        restarted = sorted({e["rank"] for e in window if e["event"] == ev.PROCESS_START})
-        outcome = "restart" if len(restarted) == cfg.nproc else "heal" if healed else "none"
+        restarted = {e["rank"] for e in window if e["event"] == ev.PROCESS_START}
+        outcome = "restart" if len(restarted) == world else "heal" if healed else "none"
         after = [float(r["t"]) for r in rows if float(r["t"]) > t0]
         per_fault.append({
-            **f, "outcome": outcome, "ok": outcome == HEAL_FAULTS[f["kind"]],
+            **f, "outcome": outcome, "ok": outcome == expected[f["kind"]],
             "R_s": (after[0] - t0) if after else None,
             "heal_s": max((e["seconds"] for e in healed), default=None),
             "restored_step": healed[0]["step"] if healed else None})
@@ -235,14 +252,12 @@ def _report(cfg: HealDrillConfig, ref: RunResult, run: _HealRun,
         "continuity": {"ok": covered and not wrong and ref.rc == 0,
                        "detail": f"{len(rows)} steps logged, {len(wrong)} differ from the "
                                  f"reference" + ("" if covered else "; steps missing")},
-        "outcomes": {"ok": len(per_fault) == len(cfg.faults) and all(
+        "outcomes": {"ok": len(per_fault) == planned and all(
             p["ok"] for p in per_fault), "detail": ", ".join(
             f"{p['kind']}: {p['outcome']}" for p in per_fault)},
-        "finished": {"ok": run.rc == 0, "detail": f"exit {run.rc}"},
+        "finished": {"ok": rc == 0, "detail": f"exit {rc}"},
     }
-    return {"drill": "heal", "config": {**dataclasses.asdict(cfg), "out": str(cfg.out)},
-            "faults": per_fault, "verdicts": verdicts,
-            "ok": all(v["ok"] for v in verdicts.values())}
+    return per_fault, verdicts
 
 
 def _markdown(doc: dict[str, Any]) -> str:

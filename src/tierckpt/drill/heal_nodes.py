@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.drill.etcd import private_etcd
+from tierckpt.drill.heal import judge
 from tierckpt.drill.launch import JobSpec, training_argv
 from tierckpt.drill.reportfile import write_report_files
 from tierckpt.drill.runs import RunResult, run_job
@@ -308,39 +309,9 @@ class _NodesRun:
 
 def _report(cfg: NodeDrillConfig, ref: RunResult, run: _NodesRun,
             faults: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = run.rows()
-    want = {r["step"]: r.get("loss_hex", r["loss"]) for r in ref.rows}
-    wrong = [r["step"] for r in rows if r.get("loss_hex", r["loss"]) != want.get(r["step"])]
-    covered = sorted({r["step"] for r in rows}) == list(range(cfg.steps))
-    events = run.events()
-    world = cfg.nnodes * cfg.nproc
-    per_fault = []
-    for i, f in enumerate(faults):
-        if f["kind"] == "error":
-            per_fault.append({**f, "outcome": "error", "ok": False})
-            continue
-        t0 = f["t_kill"]
-        t1 = faults[i + 1]["t_kill"] if i + 1 < len(faults) and "t_kill" in faults[i + 1] \
-            else float("inf")
-        window = [e for e in events if t0 <= float(e["t"]) < t1]
-        healed = [e for e in window if e["event"] == ev.HEAL_DONE]
-        started = {e["rank"] for e in window if e["event"] == ev.PROCESS_START}
-        outcome = "restart" if len(started) == world else "heal" if healed else "none"
-        after = [float(r["t"]) for r in rows if float(r["t"]) > t0]
-        per_fault.append({
-            **f, "outcome": outcome, "ok": outcome == NODE_FAULTS[f["kind"]],
-            "R_s": (after[0] - t0) if after else None,
-            "heal_s": max((e["seconds"] for e in healed), default=None),
-            "restored_step": healed[0]["step"] if healed else None})
-    verdicts = {
-        "continuity": {"ok": covered and not wrong and ref.rc == 0,
-                       "detail": f"{len(rows)} steps logged, {len(wrong)} differ from the "
-                                 f"reference" + ("" if covered else "; steps missing")},
-        "outcomes": {"ok": len(per_fault) == len(cfg.faults) and all(
-            p["ok"] for p in per_fault), "detail": ", ".join(
-            f"{p['kind']}: {p['outcome']}" for p in per_fault)},
-        "finished": {"ok": run.rc == 0, "detail": f"exit {run.rc}"},
-    }
+    per_fault, verdicts = judge(ref, run.rows(), run.events(), faults, steps=cfg.steps,
+                                world=cfg.nnodes * cfg.nproc, expected=NODE_FAULTS,
+                                planned=len(cfg.faults), rc=run.rc)
     return {"drill": "heal-nodes",
             "config": {**dataclasses.asdict(cfg), "out": str(cfg.out)},
             "faults": per_fault, "verdicts": verdicts,
