@@ -202,6 +202,7 @@ def test_a_trigger_file_is_a_notice_and_one_left_from_before_is_not(tmp_path: Pa
     assert stopped is not None and stopped >= 3
     [notice] = _kinds(tmp_path / "t1", "preempt_notice")
     assert notice["source"] == f"file:{trigger}"
+    assert 2 <= notice["step"] <= stopped  # where the loop was when the watcher saw the file
     assert abs(notice["deadline_unix"] - trigger.stat().st_mtime - 12) < 1e-3
 
 

@@ -144,11 +144,12 @@ class NoticeRunner(StartRunner):
         resumed = after["step"] if after else None
         if at_rest:  # the restart's step is the resume invariant's to judge
             resumed, first = step, None
+        arrived = pv.arrival_step(events)
         lost = pv.lost_work_verdict(stop_step=step, seen=int(fact["seen"]),
                                     logged_max=last_step(start.losses), resumed_from=resumed,
-                                    first_resumed=first)
+                                    first_resumed=first, arrived=arrived)
         timings = pv.notice_timings(events, t_sent=float(fact["t_sent"]), step=step)
-        fact.update(stop_step=step, stopped_s=timings["stopped_s"],
+        fact.update(stop_step=step, arrived=arrived, stopped_s=timings["stopped_s"],
                     reached=timings["reached"], abandoned=timings["abandoned"])
         parts = [stop, saved, lost]
         facts: dict[str, Any] = {v.name: v.facts for v in parts}

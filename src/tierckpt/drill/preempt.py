@@ -213,7 +213,8 @@ def _after_restart(cfg: PreemptConfig, ref: RunResult, pre: RunResult, again: Ru
     first = min((int(r["step"]) for r in again.rows), default=None)
     logged_max = max((int(r["step"]) for r in pre.rows), default=-1)
     out = [pv.lost_work_verdict(stop_step=step, seen=notice.seen, logged_max=logged_max,
-                                resumed_from=resumed_from, first_resumed=first)]
+                                resumed_from=resumed_from, first_resumed=first,
+                                arrived=pv.arrival_step(pre.events))]
     rtol = cfg.rtol if cfg.rtol is not None else (vd.GPU_RTOL if _on_gpu(again) else 0.0)
     rows = [*({**r, "attempt": 0} for r in pre.rows), *({**r, "attempt": 1} for r in again.rows)]
     cont = vd.continuity(ref.rows, rows, rtol=rtol, resumed_from=resumed_from)

@@ -113,14 +113,29 @@ def saved_verdict(events: Iterable[Event], *, step: int | None, world_size: int,
                    f"{exit_code}", facts)
 
 
+def arrival_step(events: Iterable[Event]) -> int | None:
+    """The step the first rank to learn of the notice had reached then (the
+    ``preempt_notice`` received first; its ``step``), or None when no rank logged one."""
+    notices = [e for e in _of(events, ev.PREEMPT_NOTICE)
+               if isinstance(e.get("step"), int) and e["step"] >= 0
+               and isinstance(e.get("received_unix"), (int, float))]
+    first = min(notices, key=lambda e: float(e["received_unix"]), default=None)
+    return None if first is None else int(first["step"])
+
+
 def lost_work_verdict(*, stop_step: int | None, seen: int, logged_max: int,
-                      resumed_from: int | None, first_resumed: int | None) -> Verdict:
+                      resumed_from: int | None, first_resumed: int | None,
+                      arrived: int | None = None) -> Verdict:
     """The work a notice cost is at most the step in progress when it came: the agreed
     step ``stop_step`` is at or after ``seen`` (the newest step logged when the notice was
-    sent), no step after it was trained (``logged_max``, the newest step logged before the
-    restart), the restart resumed from it (``resumed_from``), and its first step is the next
-    one (``first_resumed``; None: not known, not checked)."""
-    facts: dict[str, Any] = {"seen_at_notice": seen, "stop_step": stop_step,
+    sent) and at most ``arrived + 2`` (``arrived``: the step the first rank to learn of it
+    had reached, :func:`arrival_step`; lockstep ranks are one step apart, so the slowest
+    finishes the step in progress and the fastest one more; None: not checked), no step
+    after it was trained (``logged_max``, the newest step logged before the restart), the
+    restart resumed from it (``resumed_from``), and its first step is the next one
+    (``first_resumed``; None: not known, not checked)."""
+    facts: dict[str, Any] = {"seen_at_notice": seen, "arrived_step": arrived,
+                             "stop_step": stop_step,
                              "logged_max": logged_max, "resumed_from": resumed_from,
                              "first_resumed": first_resumed,
                              "steps_after_notice": None if stop_step is None
@@ -134,6 +149,9 @@ def lost_work_verdict(*, stop_step: int | None, seen: int, logged_max: int,
         if stop_step < seen:
             bad.append(f"stopped at step {stop_step}, before step {seen} that was logged "
                        "when the notice was sent")
+        if arrived is not None and stop_step > arrived + 2:
+            bad.append(f"stopped at step {stop_step}, more than one step after step "
+                       f"{arrived + 1} that was in progress when the notice came")
         if logged_max != stop_step:
             bad.append(f"step {logged_max} was trained though the ranks agreed on "
                        f"{stop_step}")

@@ -254,7 +254,9 @@ class StopWatch:
 
     def _emit(self, notice: Notice) -> None:
         if self.log is not None:
-            self.log.emit(events.PREEMPT_NOTICE, **notice.to_json())
+            # step: where this rank's loop was when it learned of the notice (the drills
+            # bound the agreed step by it; the sender's view of the log lags under load)
+            self.log.emit(events.PREEMPT_NOTICE, **notice.to_json(), step=self.progress)
         what = ("stopping after this step and saving it" if self.world_size == 1 else
                 "agreeing with the other ranks on a step to stop at and save")
         _log.warning("termination notice (%s): %.1f s before the expected kill; %s",

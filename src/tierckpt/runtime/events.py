@@ -53,7 +53,8 @@ tier0_replication_failed  step, error (the save stands; the replica is missing)
 tier0_disabled      reason (tier0=Tier0() and it does not fit; the job runs without it)
 launcher_lost       parent_pid (the torchrun agent died; this worker stops itself)
 preempt_notice      source, received_unix, deadline_unix, detail (a termination notice this
-                    rank received itself, or first saw through the job's store: source rank:<r>)
+                    rank received itself, or first saw through the job's store: source rank:<r>),
+                    step (the newest step this rank's loop had reached a check at then; -1: none)
 preempt_stop        step (the step every rank agreed to stop after), source, notice_s
                     (this rank's notice → the agreed step's end), deadline_unix
 preempt_saved       step, reached (tiers that hold the emergency save, fastest first),
