@@ -132,6 +132,11 @@ def server_missing(kind: str) -> str | None:
 
 
 def _time(fn: tc.Transfer, key: str, path: Path) -> float:
+    """Seconds of one transfer, started on a clean page cache: the dirty pages the
+    transfers before it left (the servers' files, the last download) are written out
+    first, untimed, so no client pays for another's writeback (a download's fsync, or the
+    kernel's dirty-page throttling, would; it scattered single fetches 2-10x)."""
+    os.sync()
     t0 = time.perf_counter()
     fn(key, path)
     return time.perf_counter() - t0
