@@ -139,3 +139,40 @@ def test_a_record_that_cannot_be_located_takes_dcp_path(tmp_path: Path,
     for k, v in want.items():
         assert torch.equal(out["model"][k], v), k
     assert r.direct_items == len(want) - 1 and len(r.verified_files) == 1
+
+
+def test_ram_runs_are_taken_by_whichever_thread_is_free(tmp_path: Path) -> None:
+    # run_bytes (a restore from RAM): the reads are cut into many short runs in file order,
+    # more than there are threads, each taken by the next free thread; every tensor still
+    # lands and the file still verifies whole from the pieces of all the runs
+    ckpt, want, entries = _saved_mlp(tmp_path)
+    out = {"model": {k: torch.zeros_like(v) for k, v in want.items()}}
+    r = DirectReader(ckpt, verify=entries, threads=2, piece=4096, run_bytes=3 * 4096)
+    dcp.load(out, storage_reader=r, no_dist=True)
+    for k, v in want.items():
+        assert torch.equal(out["model"][k], v), k
+    nbytes = sum(v.numel() * v.element_size() for v in want.values())
+    assert r.runs >= nbytes // (3 * 4096) > 2
+    assert r.direct_items == len(want) and len(r.verified_files) == 1
+
+
+def test_a_damaged_byte_in_a_late_ram_run_is_caught(tmp_path: Path) -> None:
+    # the file's CRC32C is combined from every run's pieces: a byte flipped in the model's
+    # last record (read by a late run) fails the load
+    from tests.share._ckpt import flip_byte, record
+    from tierckpt.errors import IntegrityError
+
+    ckpt, want, entries = _saved_mlp(tmp_path)
+    last = max(want, key=lambda k: record(tmp_path, 1, f"model.{k}")[1])
+    path, offset, length = record(tmp_path, 1, f"model.{last}")
+    raw = path.read_bytes().find(want[last].numpy().tobytes(), offset, offset + length)
+    assert raw > 4 * 3 * 4096  # past the first runs each thread took
+    flip_byte(path, raw + 1)
+    out = {"model": {k: torch.zeros_like(v) for k, v in want.items()}}
+    r = DirectReader(ckpt, verify=entries, threads=2, piece=4096, run_bytes=3 * 4096)
+    with pytest.raises(BaseException) as exc:  # DCP wraps it in its CheckpointException
+        dcp.load(out, storage_reader=r, no_dist=True)
+    failures = getattr(exc.value, "failures", {0: (exc.value, None)})
+    (err, _tb), = failures.values()
+    assert isinstance(err, IntegrityError) and "CRC32C" in str(err)
+    assert r.runs > 2
