@@ -30,7 +30,6 @@ from tierckpt.format import layout
 from tierckpt.format.manifest import FileEntry, Manifest
 from tierckpt.restore.reader import (
     RAM_PIECE,
-    RAM_RUN,
     RAM_STREAMS,
     READ_STREAMS,
     DirectReader,
@@ -84,8 +83,7 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
     """Collective: load ``ckpt_dir`` (already verified) into ``state``; returns bytes read
     by this rank. ``readers``: how many ranks read this tier-1 root at once (its domain),
     who then read one stream each (a rank alone reads several); with ``in_ram`` (``ckpt_dir``
-    on tier 0) it reads as memory is copied: ``RAM_STREAMS`` threads, ``RAM_PIECE`` pieces,
-    runs of ``RAM_RUN`` bytes taken by whichever thread is free.
+    on tier 0) it reads as memory is copied: ``RAM_STREAMS`` threads, ``RAM_PIECE`` pieces.
     Different world sizes reshard model/optimizer through DCP; per-rank state follows the
     semantics documented in :mod:`tierckpt.state`.
 
@@ -111,7 +109,7 @@ def load_into(state: TrainState, ckpt_dir: Path, saved_world: int, comm: Comm, *
     md, target, reader, read_before = _plan_reads(state, ckpt_dir, saved_world, comm,
                                                   streams, notes)
     if in_ram:  # (the reader, whichever metadata it plans from, reads memory)
-        reader.piece, reader.run_bytes = RAM_PIECE, RAM_RUN
+        reader.piece = RAM_PIECE
     mismatch = comm.first_error(_mismatches(state.tensors(), md))
     if mismatch:
         raise StateMismatchError(

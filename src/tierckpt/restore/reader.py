@@ -53,10 +53,6 @@ RAM_STREAMS = 2   # reads from tier 0 (tmpfs): each a memcpy, so about one per c
 RAM_PIECE = 1024 * 1024
 """A read from RAM is checksummed while it is still in the core's L2 cache (a 16 MiB piece
 is not): the checksum then costs compute, not a second trip through memory."""
-RAM_RUN = 32 * 1024 * 1024
-"""Reads from RAM go in runs of about this many bytes, each taken by whichever thread is free
-next: memory has no readahead to keep sequential, and a thread that another process slows
-no longer holds the restore back by its whole half."""
 _GAP_FRACTION = 0.05  # verify a file when what this rank skipped of it is at most 5 %
 _GAP_MIN = 1 << 20    # ... or at most 1 MiB
 
@@ -91,16 +87,10 @@ class DirectReader(FileSystemReader):
     def __init__(self, path: str | os.PathLike[str], *, direct: bool | None = None,
                  verify: Mapping[str, FileEntry] | None = None,
                  threads: int = READ_STREAMS, chunks: ChunkIndex | None = None,
-                 piece: int = _PIECE, run_bytes: int | None = None) -> None:
+                 piece: int = _PIECE) -> None:
         super().__init__(path)
         self.piece = piece
         """Bytes per read (and per CRC32C update) of a tensor read in place."""
-        self.run_bytes = run_bytes
-        """None: one contiguous run per thread (disks: each a sequential stream that the
-        readahead follows); else runs of about this many bytes, in file order, each taken by
-        the next free thread (RAM)."""
-        self.runs = 0
-        """Runs the in-place reads were cut into (all files)."""
         self.chunk_index = chunks
         """Where per-record CRC32Cs not inline in ``verify``'s entries come from (the
         writers' ``__<rank>.records``, read only when a file is read in part)."""
@@ -212,15 +202,12 @@ class DirectReader(FileSystemReader):
         bytes, one per thread, each read front to back: every thread is one sequential
         stream that the kernel's readahead follows (interleaving small pieces across
         threads defeated it: 0.55× the single-stream rate on a virtual disk), and a device
-        that serves parallel streams faster gets several. With :attr:`run_bytes` (RAM) the
-        runs are that long instead and ``threads`` threads take them in file order as each
-        comes free, so the restore ends when the work does, not when the slowest half does.
-        A thread locates a record's raw bytes (two small reads of its zip header) just
-        before reading them: the header sits right after the previous record's bytes,
-        inside the readahead window, so only a run's first record costs a seek (locating
-        every record up front cost two cold random reads per record: 15–65 ms per GiB on one
-        stream). preadv and crc32c release the GIL; each piece's CRC32C is taken on its
-        thread while its bytes are hot in cache.
+        that serves parallel streams faster gets several. A thread locates a record's raw
+        bytes (two small reads of its zip header) just before reading them: the header sits
+        right after the previous record's bytes, inside the readahead window, so only a
+        run's first record costs a seek (locating every record up front cost two cold
+        random reads per record: 15–65 ms per GiB on one stream). preadv and crc32c release
+        the GIL; each piece's CRC32C is taken on its thread while its bytes are hot in cache.
 
         Returns the located records (``id(item)`` → file offset of the raw bytes; a record
         that is not a plain one-storage ``torch.save`` of that size is absent and was not
@@ -259,28 +246,12 @@ class DirectReader(FileSystemReader):
                     out.append((off, len(buf), checksum.extend(0, buf) if crc else 0))
             return where, out
 
-        runs = contiguous_runs(pieces, self._run_count(sum(len(p[1]) for p in pieces)),
-                               lambda p: len(p[1]))
-        self.runs += len(runs)
-        with ThreadPoolExecutor(min(self.threads, len(runs)),
-                                thread_name_prefix="tierckpt-read") as pool:
-            futures = [pool.submit(run, part) for part in runs]
-            try:
-                results = [fut.result() for fut in futures]
-            except BaseException:
-                for fut in futures:  # the error is the answer: skip the runs not started
-                    fut.cancel()
-                raise
+        runs = contiguous_runs(pieces, self.threads, lambda p: len(p[1]))
+        with ThreadPoolExecutor(len(runs), thread_name_prefix="tierckpt-read") as pool:
+            results = list(pool.map(run, runs))
         located = {id(wanted[j][0]): off for where, _ in results
                    for j, off in where.items() if off is not None}
         return located, [c for _, out in results for c in out]
-
-    def _run_count(self, nbytes: int) -> int:
-        """How many runs ``nbytes`` of in-place reads are cut into: one per thread, or (with
-        :attr:`run_bytes`) one per ``run_bytes`` and at least one per thread."""
-        if not self.run_bytes:
-            return self.threads
-        return max(self.threads, -(-nbytes // self.run_bytes))
 
     def _check_crc(self, f: BinaryIO, rel: str, seen: list[tuple[int, int, int]]) -> bool:
         """CRC32C of file ``rel`` from the ranges that were read (``(offset, length, their
