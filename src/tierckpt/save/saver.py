@@ -39,6 +39,7 @@ from tierckpt.save.config import Writes
 from tierckpt.save.diskfull import disk_full
 from tierckpt.save.writer import FrozenFile, FrozenPlan, ShardWriter
 from tierckpt.tier0.config import Tier0
+from tierckpt.tier0.pages import KeptMappings
 from tierckpt.tier0.recycle import reserve
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
@@ -154,6 +155,8 @@ class AsyncSaver:
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._tier0_fits = tier0_fits
         self._unreserved: dict[str, int] = {}  # shard files a tier-0 save had to allocate
+        self._mapped = KeptMappings()  # this rank's tier-0 shard files, kept mapped
+        self._to_map: list[Path] = []  # ... those the last tier-0 save left to map
         self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
         self._frozen: FrozenFile | None = None  # the last committed save's frozen file
@@ -200,6 +203,7 @@ class AsyncSaver:
                     _log.warning("retention after step %d failed: %s", job.step, e)
             handle.durable.set_result(result)
             self._reserve()
+            self._map_kept()
             for path in reclaim:  # freeing the space is housekeeping, after the handle
                 try:
                     remove_tree(path)
@@ -218,10 +222,26 @@ class AsyncSaver:
             _log.debug("tier 0: reserved %d bytes for the next save in %.3f s", got,
                        time.monotonic() - t0)
 
+    def _map_kept(self) -> None:
+        """After a tier-0 save: map this rank's shard files it wrote and those waiting in
+        ``free/`` (:class:`~tierckpt.tier0.pages.KeptMappings`; files already mapped cost a
+        ``stat``), so a later save that takes them copies instead of writing."""
+        paths, self._to_map = self._to_map, []
+        if paths and self.tier0 is not None:
+            free = self.tier0.free
+            t0 = time.monotonic()
+            got = self._mapped.adopt([*paths, *(free / layout.safe_member_name(p.name)
+                                                for p in paths)])
+            if got:
+                _log.debug("tier 0: mapped %d bytes for later saves in %.3f s", got,
+                           time.monotonic() - t0)
+
     def close(self, *, wait: bool = True) -> None:
         """Stop the worker; ``wait=False`` abandons a write that is stuck (it ends, or dies
-        with the process) so that closing stays bounded."""
+        with the process) so that closing stays bounded. Then the kept mappings go (one a
+        stuck write still copies into stays until that ends: it cannot be closed)."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._mapped.close()
 
     def _discard(self, job: SaveJob) -> None:
         """After a failed save, the domain owner removes the save's tmp directory (other
@@ -263,6 +283,8 @@ class AsyncSaver:
             self._unreserved = shards
         if written.error is None:
             extra = {"kept": job.kept_bytes, "linked": writer.linked} if job.frozen else {}
+            if in_ram:
+                extra["mapped"] = writer.mapped_bytes
             self.log.emit(events.SAVE_DURABLE, step=job.step,
                           seconds=durable_at - staged_at, bytes=my_bytes,
                           tier="tier0" if in_ram else "tier1", **extra)
@@ -271,7 +293,9 @@ class AsyncSaver:
         self._frozen = None if f is None or in_ram else dataclasses.replace(f, directory=final)
         tier = "tier1"
         if self.tier0 is not None:
+            self._to_map = [final / name for name in shards]  # committed: map after
             final, tier = self._after_tier0(job, done.committed, final, my_bytes, staged_at)
+            self._mapped.prune()  # files retention deleted: their pages go back now
         now = time.monotonic()
         result = SaveResult(step=job.step, path=final, bytes_total=done.total,
                             seconds=now - job.started, write_seconds=now - staged_at,
@@ -310,7 +334,7 @@ class AsyncSaver:
         return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                            fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram,
                            recycle=free, io_threads=TIER0_IO_THREADS if in_ram else 1,
-                           frozen=frozen)
+                           frozen=frozen, mapped=self._mapped if in_ram else None)
 
     def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
                      my_bytes: int, staged_at: float) -> tuple[Path, str]:

@@ -51,6 +51,7 @@ from tierckpt._torch.dcp import StorageInfo, StoragePrefix
 from tierckpt.format import checksum, layout, records
 from tierckpt.format.manifest import Chunk, FileEntry
 from tierckpt.tier0 import recycle
+from tierckpt.tier0.pages import KeptMappings
 from tierckpt.tier1.directio import DirectFile
 from tierckpt.tier1.fs import DEFAULT_FILE_MODE
 
@@ -159,7 +160,9 @@ class ShardWriter(StorageWriter):
     coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
     With ``recycle`` (tier 0's ``free/`` directory), a shard file found there under its
     name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`);
-    ``io_threads`` copies per file run at once (:class:`DirectFile`). ``frozen``: see the
+    ``io_threads`` copies per file run at once (:class:`DirectFile`); with ``mapped`` (this
+    rank's :class:`~tierckpt.tier0.pages.KeptMappings`) a recycled file that is mapped is
+    copied into (:attr:`mapped_bytes`). ``frozen``: see the
     module docstring; after ``write_data``, :attr:`frozen_file` is this save's frozen file
     (written or linked; its ``directory`` is ``path``) and :attr:`linked` its bytes when
     it was linked.
@@ -168,7 +171,8 @@ class ShardWriter(StorageWriter):
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
                  file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
                  direct_io: bool = True, recycle: Path | None = None,
-                 io_threads: int = 1, frozen: FrozenPlan | None = None) -> None:
+                 io_threads: int = 1, frozen: FrozenPlan | None = None,
+                 mapped: KeptMappings | None = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.thread_count = max(1, thread_count)
@@ -179,6 +183,9 @@ class ShardWriter(StorageWriter):
         self.io_threads = io_threads
         self.recycled = 0
         """Shard files rewritten in place (taken from ``recycle``)."""
+        self.mapped = mapped
+        self.mapped_bytes = 0
+        """Bytes copied into kept mappings of recycled files instead of written."""
         self.rank = 0
         self.files: list[FileEntry] = []
         self.metadata_entry: FileEntry | None = None
@@ -341,9 +348,11 @@ class ShardWriter(StorageWriter):
         out: list[WriteResult] = []
         chunks: list[Chunk] = []
         reuse = self.recycle is not None and recycle.take(self.recycle, name, path)
+        mapping = self.mapped.lookup(path) if reuse and self.mapped is not None else None
         # zero_copy: the items are staged tensors, unchanged until the save ends
         f = DirectFile(path, mode=self.file_mode, direct=self.direct_io, fsync=self.fsync,
-                       zero_copy=True, reuse=reuse, io_threads=self.io_threads)
+                       zero_copy=True, reuse=reuse, io_threads=self.io_threads,
+                       mapping=mapping)
         try:
             # bytes items first (as DCP does), then tensors largest first
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
@@ -372,6 +381,7 @@ class ShardWriter(StorageWriter):
         with self._lock:
             self.zero_copied += f.zero_copied
             self.recycled += reuse
+            self.mapped_bytes += f.mapped_bytes
             self.files.append(FileEntry(name=name, size=f.size, crc32c=f.crc, rank=self.rank,
                                         chunks=tuple(chunks)))
         return out

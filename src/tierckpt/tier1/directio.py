@@ -55,7 +55,11 @@ class DirectFile(io.RawIOBase):
     (ENOSPC, EIO, ...) are re-raised by the next ``write`` or by ``close``. ``reuse=True``
     rewrites the existing file ``path`` (which nothing else may share) from its start instead
     of creating one, and truncates it to what was written: on tmpfs its pages are already
-    allocated (:mod:`tierckpt.tier0.recycle`). ``io_threads`` writes run at once, each at its
+    allocated (:mod:`tierckpt.tier0.recycle`); with ``mapping`` (that file mapped shared,
+    :class:`~tierckpt.tier0.pages.KeptMappings`; used with ``io_threads`` > 1 and buffered
+    writes only) a write that falls inside both the mapping and the file's size when opened
+    is a memcpy into the mapping instead of a ``pwrite`` (``mapped_bytes`` counts those
+    bytes). ``io_threads`` writes run at once, each at its
     own offset (``pwrite``): 1 keeps one stream in flight (a disk's sequential write); more
     let a copy into RAM (tmpfs) use several cores.
     """
@@ -63,7 +67,8 @@ class DirectFile(io.RawIOBase):
     def __init__(self, path: str | os.PathLike[str], *, mode: int = 0o640,
                  direct: bool = True, fsync: bool = True,
                  buffer_size: int | None = None, zero_copy: bool = False,
-                 reuse: bool = False, io_threads: int = 1) -> None:
+                 reuse: bool = False, io_threads: int = 1,
+                 mapping: mmap.mmap | None = None) -> None:
         super().__init__()
         if buffer_size is None:
             buffer_size = ZERO_COPY_BUFFER if zero_copy else DEFAULT_BUFFER
@@ -101,6 +106,12 @@ class DirectFile(io.RawIOBase):
         self.zero_copied = 0
         self._closed_fd = False
         self.error: OSError | None = None  # first I/O error (torch.save hides what we raise)
+        self.mapped_bytes = 0
+        self._map: np.ndarray | None = None
+        self._map_end = 0  # bytes from offset 0 that may be copied into the mapping
+        if mapping is not None and reuse and not self.direct and self._depth > 1:
+            self._map = np.frombuffer(mapping, dtype=np.uint8)
+            self._map_end = min(len(mapping), os.fstat(self._fd).st_size)
 
     def writable(self) -> bool:
         return True
@@ -202,6 +213,8 @@ class DirectFile(io.RawIOBase):
         while len(self._inflight) >= self._depth:
             self._reap(self._inflight.popleft())
         fut = self._pool.submit(self._write_all, buf, self._flushed)
+        if self._flushed + len(buf) <= self._map_end:
+            self.mapped_bytes += len(buf)
         self._flushed += len(buf)
         self._inflight.append(fut)
         return fut
@@ -209,7 +222,11 @@ class DirectFile(io.RawIOBase):
     def _write_all(self, buf: memoryview, offset: int) -> None:
         """Write ``buf`` at ``offset``: ``write`` when one write is in flight (they arrive
         in order, so the file's own offset is right: the syscall a disk save has always
-        made, which the fault tests trace and fail), ``pwrite`` when several are."""
+        made, which the fault tests trace and fail), ``pwrite`` when several are; a copy
+        when the mapping covers them."""
+        if self._map is not None and offset + len(buf) <= self._map_end:
+            np.copyto(self._map[offset:offset + len(buf)], np.frombuffer(buf, dtype=np.uint8))
+            return
         done = 0
         while done < len(buf):
             if self._depth == 1:
@@ -244,6 +261,7 @@ class DirectFile(io.RawIOBase):
                 self._finish()
         finally:
             self._pool.shutdown(wait=True)
+            self._map = None  # the mapping is its owner's: let it close
             if not self._closed_fd:
                 os.close(self._fd)
                 self._closed_fd = True
