@@ -73,6 +73,25 @@ def test_without_a_mapping_a_rewrite_writes(tmp_path: Path) -> None:
     assert f.mapped_bytes == 0 and path.stat().st_size == 3 * MiB + 300
 
 
+def test_a_hole_is_written_not_copied_into(shm: Path) -> None:
+    # a file cut and regrown after it was mapped owns no pages past the cut: a copy there
+    # would allocate (a full tmpfs answers a store with SIGBUS), so from the hole on the
+    # bytes are written
+    path = shm / "sparse"
+    path.write_bytes(b"\xee" * (8 * MiB))
+    kept = KeptMappings()
+    try:
+        kept.adopt([path])
+        os.truncate(path, MiB)
+        os.truncate(path, 8 * MiB)
+        parts = _parts(2, 4 * MiB)
+        got = _write(path, parts, kept.lookup(path))
+        assert path.read_bytes() == b"".join(parts)
+        assert 0 < got.mapped_bytes <= MiB
+    finally:
+        kept.close()
+
+
 def test_mappings_follow_the_inode_and_go_with_deleted_files(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_bytes(b"x" * MiB)

@@ -57,8 +57,8 @@ class DirectFile(io.RawIOBase):
     of creating one, and truncates it to what was written: on tmpfs its pages are already
     allocated (:mod:`tierckpt.tier0.recycle`); with ``mapping`` (that file mapped shared,
     :class:`~tierckpt.tier0.pages.KeptMappings`; used with ``io_threads`` > 1 and buffered
-    writes only) a write that falls inside both the mapping and the file's size when opened
-    is a memcpy into the mapping instead of a ``pwrite`` (``mapped_bytes`` counts those
+    writes only) a write that falls inside the mapping and before the file's end or first
+    hole when opened is a memcpy into the mapping instead of a ``pwrite`` (``mapped_bytes`` counts those
     bytes). ``io_threads`` writes run at once, each at its
     own offset (``pwrite``): 1 keeps one stream in flight (a disk's sequential write); more
     let a copy into RAM (tmpfs) use several cores.
@@ -111,7 +111,10 @@ class DirectFile(io.RawIOBase):
         self._map_end = 0  # bytes from offset 0 that may be copied into the mapping
         if mapping is not None and reuse and not self.direct and self._depth > 1:
             self._map = np.frombuffer(mapping, dtype=np.uint8)
-            self._map_end = min(len(mapping), os.fstat(self._fd).st_size)
+            # only pages the file owns: a copy into a hole would allocate, and a full tmpfs
+            # answers that with SIGBUS, not ENOSPC
+            self._map_end = min(len(mapping), os.fstat(self._fd).st_size,
+                                os.lseek(self._fd, 0, os.SEEK_HOLE))
 
     def writable(self) -> bool:
         return True
