@@ -58,8 +58,8 @@ class DirectFile(io.RawIOBase):
     allocated (:mod:`tierckpt.tier0.recycle`); with ``mapping`` (that file mapped shared,
     :class:`~tierckpt.tier0.pages.KeptMappings`; used with ``io_threads`` > 1 and buffered
     writes only) a write that falls inside the mapping and before the file's end or first
-    hole when opened is a memcpy into the mapping instead of a ``pwrite`` (``mapped_bytes`` counts those
-    bytes). ``io_threads`` writes run at once, each at its
+    hole when opened is a memcpy into the mapping instead of a ``pwrite``
+    (``mapped_bytes`` counts those bytes). ``io_threads`` writes run at once, each at its
     own offset (``pwrite``): 1 keeps one stream in flight (a disk's sequential write); more
     let a copy into RAM (tmpfs) use several cores.
     """
