@@ -111,6 +111,29 @@ def test_mappings_follow_the_inode_and_go_with_deleted_files(tmp_path: Path) -> 
         kept.close()
 
 
+def test_a_forked_child_does_not_inherit_the_mappings(tmp_path: Path) -> None:
+    # a data loader's worker forked after the mapping must not pin the file's pages
+    path = tmp_path / "kept-file"
+    path.write_bytes(b"x" * MiB)
+    kept = KeptMappings()
+    try:
+        kept.adopt([path])
+        assert str(path) in Path("/proc/self/maps").read_text()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report whether it maps the file, and leave at once
+            os.write(w, b"1" if str(path) in Path("/proc/self/maps").read_text() else b"0")
+            os._exit(0)
+        os.close(w)
+        seen = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert seen == b"0"
+    finally:
+        kept.close()
+    assert str(path) not in Path("/proc/self/maps").read_text()
+
+
 def test_saves_into_ram_copy_into_kept_mappings(tmp_path: Path, shm: Path) -> None:
     """keep=1: save 1 writes fresh files, and they (and the reserved set) are mapped after
     it; saves 2-4 copy into mappings; the newest restores exactly from RAM, and its tier-1

@@ -15,7 +15,9 @@ through it changes that file and nothing else. A file that shrank since it was m
 through the mapping only up to its current size (never past its end). A mapping whose
 file was deleted is dropped at the next :meth:`KeptMappings.prune` (the saver prunes after
 every tier-0 save's retention, so deleted pages are not held beyond that), and
-:meth:`KeptMappings.close` drops them all.
+:meth:`KeptMappings.close` drops them all. A forked child (a data loader's worker) does not
+inherit the mappings. The rank's resident size counts the mapped pages (``RssShmem``): they
+are the tier-0 files' own, counted once on the node.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class KeptMappings:
             except (OSError, ValueError):
                 os.close(fd)
                 continue
+            with contextlib.suppress(OSError):  # a forked child (a data loader worker)
+                m.madvise(mmap.MADV_DONTFORK)  # must not hold the pages of deleted files
             with contextlib.suppress(OSError):  # older kernels: pages map at first touch
                 m.madvise(MADV_POPULATE_WRITE)
             with self._lock:
