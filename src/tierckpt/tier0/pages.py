@@ -32,6 +32,8 @@ from pathlib import Path
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 """Linux 5.14+: map every page of a range writable now, not at its first touch."""
+MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", 10)
+"""A child made by ``fork`` does not get the range."""
 
 
 @dataclasses.dataclass
@@ -72,7 +74,7 @@ class KeptMappings:
                 os.close(fd)
                 continue
             with contextlib.suppress(OSError):  # a forked child (a data loader worker)
-                m.madvise(mmap.MADV_DONTFORK)  # must not hold the pages of deleted files
+                m.madvise(MADV_DONTFORK)  # must not hold the pages of deleted files
             with contextlib.suppress(OSError):  # older kernels: pages map at first touch
                 m.madvise(MADV_POPULATE_WRITE)
             with self._lock:
