@@ -39,8 +39,7 @@ from tierckpt.save.config import Writes
 from tierckpt.save.diskfull import disk_full
 from tierckpt.save.writer import FrozenFile, FrozenPlan, ShardWriter
 from tierckpt.tier0.config import Tier0
-from tierckpt.tier0.pages import KeptMappings
-from tierckpt.tier0.recycle import reserve
+from tierckpt.tier0.pages import RamPages
 from tierckpt.tier0.replicate import copy_to_tier1, keep_newest, replicate
 from tierckpt.tier0.root import Tier0Root
 from tierckpt.tier1.catalog import Tier1Catalog
@@ -154,9 +153,8 @@ class AsyncSaver:
         self.tier0 = tier0
         """Tier 0 of this node (every rank knows the path; its owner manages it)."""
         self._tier0_fits = tier0_fits
-        self._unreserved: dict[str, int] = {}  # shard files a tier-0 save had to allocate
-        self._mapped = KeptMappings()  # this rank's tier-0 shard files, kept mapped
-        self._to_map: list[Path] = []  # ... those the last tier-0 save left to map
+        self._pages = None if tier0 is None else RamPages(tier0.free,
+                                                          file_mode=writes.file_mode)
         self._routed = 0  # saves routed with tier 0 on: every tier1_every-th reaches tier 1
         self._plans = coordinate.PlanCache()
         self._frozen: FrozenFile | None = None  # the last committed save's frozen file
@@ -202,8 +200,8 @@ class AsyncSaver:
                 except Exception as e:  # never fail a committed save over retention
                     _log.warning("retention after step %d failed: %s", job.step, e)
             handle.durable.set_result(result)
-            self._reserve()
-            self._map_kept()
+            if self._pages is not None:
+                self._pages.housekeep()
             for path in reclaim:  # freeing the space is housekeeping, after the handle
                 try:
                     remove_tree(path)
@@ -211,37 +209,13 @@ class AsyncSaver:
                     _log.warning("could not remove %s (start-up cleanup will): %s", path, e)
         self._pool.submit(run)
 
-    def _reserve(self) -> None:
-        """After a tier-0 save that allocated its shard files (the first, or a new layout):
-        allocate the next save's pages now, in the background, so it rewrites RAM instead
-        (:func:`tierckpt.tier0.recycle.reserve`)."""
-        shards, self._unreserved = self._unreserved, {}
-        if shards and self.tier0 is not None:
-            t0 = time.monotonic()
-            got = reserve(self.tier0.free, shards, file_mode=self.writes.file_mode)
-            _log.debug("tier 0: reserved %d bytes for the next save in %.3f s", got,
-                       time.monotonic() - t0)
-
-    def _map_kept(self) -> None:
-        """After a tier-0 save: map this rank's shard files it wrote and those waiting in
-        ``free/`` (:class:`~tierckpt.tier0.pages.KeptMappings`; files already mapped cost a
-        ``stat``), so a later save that takes them copies instead of writing."""
-        paths, self._to_map = self._to_map, []
-        if paths and self.tier0 is not None:
-            free = self.tier0.free
-            t0 = time.monotonic()
-            got = self._mapped.adopt([*paths, *(free / layout.safe_member_name(p.name)
-                                                for p in paths)])
-            if got:
-                _log.debug("tier 0: mapped %d bytes for later saves in %.3f s", got,
-                           time.monotonic() - t0)
-
     def close(self, *, wait: bool = True) -> None:
         """Stop the worker; ``wait=False`` abandons a write that is stuck (it ends, or dies
         with the process) so that closing stays bounded. Then the kept mappings go (one a
         stuck write still copies into stays until that ends: it cannot be closed)."""
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
-        self._mapped.close()
+        if self._pages is not None:
+            self._pages.mappings.close()
 
     def _discard(self, job: SaveJob) -> None:
         """After a failed save, the domain owner removes the save's tmp directory (other
@@ -279,8 +253,6 @@ class AsyncSaver:
         durable_at = time.monotonic()
         my_bytes = sum(f.size for f in writer.files)
         shards = {f.name: f.size for f in writer.files if layout.shard_rank(f.name) is not None}
-        if in_ram and writer.recycled < len(shards):
-            self._unreserved = shards
         if written.error is None:
             extra = {"kept": job.kept_bytes, "linked": writer.linked} if job.frozen else {}
             if in_ram:
@@ -292,10 +264,10 @@ class AsyncSaver:
         f = writer.frozen_file
         self._frozen = None if f is None or in_ram else dataclasses.replace(f, directory=final)
         tier = "tier1"
-        if self.tier0 is not None:
-            self._to_map = [final / name for name in shards]  # committed: map after
+        if self.tier0 is not None and self._pages is not None:
+            self._pages.after_write(shards, recycled=writer.recycled, final=final)
             final, tier = self._after_tier0(job, done.committed, final, my_bytes, staged_at)
-            self._mapped.prune()  # files retention deleted: their pages go back now
+            self._pages.mappings.prune()  # files retention deleted: their pages go back now
         now = time.monotonic()
         result = SaveResult(step=job.step, path=final, bytes_total=done.total,
                             seconds=now - job.started, write_seconds=now - staged_at,
@@ -334,7 +306,8 @@ class AsyncSaver:
         return ShardWriter(tmp, thread_count=w.threads, file_mode=w.file_mode,
                            fsync=w.fsync and not in_ram, direct_io=w.direct_io and not in_ram,
                            recycle=free, io_threads=TIER0_IO_THREADS if in_ram else 1,
-                           frozen=frozen, mapped=self._mapped if in_ram else None)
+                           frozen=frozen,
+                           mapped=self._pages.mappings if in_ram and self._pages else None)
 
     def _after_tier0(self, job: SaveJob, committed: mf.Committed | None, final: Path,
                      my_bytes: int, staged_at: float) -> tuple[Path, str]:

@@ -160,13 +160,11 @@ class ShardWriter(StorageWriter):
     coordinator, :attr:`metadata_entry`/:attr:`metadata_bytes` describe ``.metadata``.
     With ``recycle`` (tier 0's ``free/`` directory), a shard file found there under its
     name is rewritten in place instead of created (:func:`tierckpt.tier0.recycle.take`);
-    ``io_threads`` copies per file run at once (:class:`DirectFile`); with ``mapped`` (this
-    rank's :class:`~tierckpt.tier0.pages.KeptMappings`) a recycled file that is mapped is
-    copied into (:attr:`mapped_bytes`). ``frozen``: see the
-    module docstring; after ``write_data``, :attr:`frozen_file` is this save's frozen file
-    (written or linked; its ``directory`` is ``path``) and :attr:`linked` its bytes when
-    it was linked.
-    """
+    ``io_threads`` copies per file run at once (:class:`DirectFile`); ``mapped`` (this
+    rank's :class:`~tierckpt.tier0.pages.KeptMappings`): a mapped recycled file is copied
+    into (:attr:`mapped_bytes`). ``frozen``: see the module docstring; after
+    ``write_data``, :attr:`frozen_file` is this save's frozen file (written or linked; its
+    ``directory`` is ``path``) and :attr:`linked` its bytes when it was linked."""
 
     def __init__(self, path: str | os.PathLike[str], *, thread_count: int = 1,
                  file_mode: int = DEFAULT_FILE_MODE, fsync: bool = True,
@@ -181,11 +179,8 @@ class ShardWriter(StorageWriter):
         self.direct_io = direct_io
         self.recycle = recycle
         self.io_threads = io_threads
-        self.recycled = 0
-        """Shard files rewritten in place (taken from ``recycle``)."""
-        self.mapped = mapped
-        self.mapped_bytes = 0
-        """Bytes copied into kept mappings of recycled files instead of written."""
+        self.recycled = 0  # shard files rewritten in place (taken from ``recycle``)
+        self.mapped, self.mapped_bytes = mapped, 0  # bytes copied into kept mappings
         self.rank = 0
         self.files: list[FileEntry] = []
         self.metadata_entry: FileEntry | None = None

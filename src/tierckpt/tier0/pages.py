@@ -24,11 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from tierckpt.format import layout
+from tierckpt.tier0.recycle import reserve
+
+_log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 """Linux 5.14+: map every page of a range writable now, not at its first touch."""
@@ -130,3 +137,40 @@ def _close(m: _Mapped) -> None:
         m.mapping.close()
     with contextlib.suppress(OSError):
         os.close(m.fd)
+
+
+class RamPages:
+    """One rank's tier-0 pages between saves: after a tier-0 save (:meth:`after_write`),
+    once its handle resolved (:meth:`housekeep`, on the saver's thread), the next save's
+    pages are allocated when this one had to allocate its shard files (the first save, or a
+    new layout: :func:`tierckpt.tier0.recycle.reserve` into ``free``), and the files it
+    wrote and those waiting in ``free`` are mapped (:attr:`mappings`), so that a later save
+    that takes them copies instead of writing."""
+
+    def __init__(self, free: Path, *, file_mode: int) -> None:
+        self.free, self.file_mode = free, file_mode
+        self.mappings = KeptMappings()
+        self._unreserved: dict[str, int] = {}
+        self._to_map: list[Path] = []
+
+    def after_write(self, shards: dict[str, int], *, recycled: int, final: Path) -> None:
+        """A tier-0 save wrote ``shards`` (name -> bytes), ``recycled`` of them rewritten
+        from ``free``, into the step committed at ``final``."""
+        if recycled < len(shards):
+            self._unreserved = shards
+        self._to_map = [final / name for name in shards]
+
+    def housekeep(self) -> None:
+        """Reserve and map what the last tier-0 save left (each at most once)."""
+        shards, self._unreserved = self._unreserved, {}
+        paths, self._to_map = self._to_map, []
+        t0 = time.monotonic()
+        if shards:
+            got = reserve(self.free, shards, file_mode=self.file_mode)
+            _log.debug("tier 0: reserved %d bytes for the next save in %.3f s", got,
+                       time.monotonic() - t0)
+        if paths:
+            got = self.mappings.adopt(
+                [*paths, *(self.free / layout.safe_member_name(p.name) for p in paths)])
+            _log.debug("tier 0: mapped %d bytes for later saves in %.3f s", got,
+                       time.monotonic() - t0)
