@@ -188,6 +188,20 @@ def test_jobs_are_isolated_by_prefix(etcd_server: EtcdCluster) -> None:
         b.clear()
 
 
+def test_clear_keeps_what_it_is_told_to_in_the_same_transaction(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, _store(etcd_server, job_id()) as other:
+        other.set("k", "theirs")
+        s.set("x", "1")
+        s.add("y", 2)
+        assert s.job_keys()[:2] == ["x", "y"] and any(k.startswith("calls/") for k in s.job_keys())
+        assert s.clear(keep={"nodes/done": "0", "nodes/closed": "n1"}) >= 3
+        assert s.job_keys() == ["nodes/closed", "nodes/done"]  # the calls' records went too
+        assert s.get("nodes/done") == b"0" and other.get("k") == b"theirs"
+        assert s.clear(keep={"nodes/done": "0"}) == 1 and s.job_keys() == ["nodes/done"]
+
+
 def test_store_keys_live_under_the_job_prefix(etcd_server: EtcdCluster) -> None:
     job = job_id()
     with _store(etcd_server, job) as s:

@@ -73,3 +73,25 @@ def test_one_full_restart_per_incarnation_and_the_first_end_stays(
         a.end(0)
         b.end(1)
         assert b.done() == 0
+
+
+def test_the_last_node_to_leave_is_the_one_that_clears(etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "a", detect_s=0.5, beat_s=0.05) as a, \
+            Membership(s, "b", detect_s=0.5, beat_s=0.05) as b:
+        t0 = time.monotonic()
+        assert not a.leave()  # b still beats and has not left: b goes last
+        assert time.monotonic() - t0 < 0.5  # two looks at b's heartbeat, not detect_s
+        assert b.leave()  # a left: nothing to wait for
+        s.clear(keep={"nodes/closed": "b"})
+        assert not a.leave() and not b.leave()  # cleared already: nobody clears again
+
+
+def test_a_lost_node_does_not_keep_the_last_one_from_clearing(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s, Membership(s, "a", detect_s=0.5, beat_s=0.05) as a:
+        Membership(s, "lost", detect_s=0.5, beat_s=0.05).close()  # registered, then silent
+        t0 = time.monotonic()
+        assert a.leave()  # the lost node's silence seen for detect_s: a is the last
+        assert 0.5 <= time.monotonic() - t0 < 2.0

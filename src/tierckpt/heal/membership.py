@@ -14,6 +14,9 @@ Keys, under ``nodes/`` of the job's store:
 ``inc``            the job's incarnation: n after n full restarts (``compare_set`` n → n + 1
                    is a full restart of every node)
 ``done``           the job's exit status once a node ended it (0: finished)
+``left/<node>``    the node's supervisor ended (:meth:`Membership.leave`)
+``closed``         the node that cleared the job's keys at its end; ``done`` and ``closed``
+                   are all that stay (a job id that ended is never taken for a new job)
 =================  =========================================================================
 
 Liveness needs no synchronised clocks: each observer times, on its own monotonic clock, how
@@ -156,3 +159,27 @@ class Membership:
     def end(self, status: int) -> None:
         """Record the job's end (the first status recorded stays)."""
         self.store.compare_set(key("done"), "", str(status))
+
+    def leave(self, poll_s: float = BEAT_S / 2) -> bool:
+        """Count this node out (``left/<node>``) once its part of the job ended; True when
+        it is the last node to go, the one to clear the job's keys: every other registered
+        node has left or is lost (its heartbeat did not move for ``detect_s`` while this
+        node watched). False as soon as another node that has not left is seen beating (it
+        goes later, and clears), or when the keys are cleared already. Waits at most
+        ``detect_s`` and two heartbeats (a lost node's silence must be seen)."""
+        if self.store.check([key("closed")]):
+            return False
+        self.store.set(key(f"left/{self.node}"), "1")
+        first: dict[str, int] = {}  # node -> its heartbeat when this node first looked
+        deadline = time.monotonic() + self.detect_s + 2 * self.beat_s
+        while not self.store.check([key("closed")]):
+            pending = [n for n in self.nodes() if n != self.node
+                       and not self.store.check([key(f"left/{n}")])]
+            beats = {n: int(self.store.get(key(f"hb/{n}"))) for n in pending}
+            if any(n in first and first[n] != b for n, b in beats.items()):
+                return False
+            if not pending or time.monotonic() >= deadline:
+                return True
+            first = {**beats, **first}
+            time.sleep(poll_s)
+        return False

@@ -32,6 +32,7 @@ own workers:
   lost) kills its workers and waits as a spare: ranks never run twice.
 - **The end**: the first node whose workers end records the job's status (``done``); spare
   nodes then exit with it, and a node that gives up (``max_restarts``) ends every node.
+  The last node out clears the job's keys from etcd, all but ``done`` and ``closed``.
 
 Not done here: a rendezvous id is one job (keys of an earlier job under the same id are
 read as this one's: use a fresh ``--rdzv-id``), a world smaller than MIN*P (no reshard),
@@ -137,7 +138,9 @@ class NodeSupervisor(HealLauncher):
         """Join the job, run or wait as a spare node, until the job ends."""
         previous = {s: signal.signal(s, self._on_signal) for s in _FORWARDED}
         try:
-            return self._run()
+            status = self._run()
+            self._close_job(status)
+            return status
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
@@ -180,6 +183,21 @@ class NodeSupervisor(HealLauncher):
                     return status
                 self.members.restart(n)
                 self._say(f"full restart {n + 1} of {self.config.max_restarts}")
+
+    def _close_job(self, status: int) -> None:
+        """The last node out clears the job's keys from etcd, keeping its end (``done``)
+        and who cleared (``closed``): a job leaves two keys behind, not thousands. Best
+        effort: the job's status stands whatever etcd answers."""
+        try:
+            if not self.members.leave():
+                return
+            done = self.members.done()
+            n = self.store.clear(keep={membership.key("done"): str(
+                status if done is None else done), membership.key("closed"): self.nodes.node})
+        except Exception as e:  # the store is out: the keys stay, the job ended all the same
+            self._say(f"the job's keys stay in etcd (clearing them failed: {e})")
+            return
+        self._say(f"the job's {n} keys cleared from etcd (its end kept under nodes/done)")
 
     # -- one incarnation across nodes ------------------------------------------------------
     def _inc_id(self, n: int) -> str:

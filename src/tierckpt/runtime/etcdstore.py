@@ -190,13 +190,32 @@ class EtcdStore(dist.Store):
     deleteKey = delete_key
     getNumKeys = num_keys
 
-    def clear(self) -> int:
-        """Delete every key of this job (its calls' records too); the number deleted. For the
-        launcher, once the job is over."""
-        answer = self._call("deleterange", {"key": b64(self._root),
-                                            "range_end": b64(prefix_end(self._root))},
-                            self._deadline(None))
-        return int(answer.get("deleted", 0))
+    def clear(self, keep: dict[str, str] | None = None) -> int:
+        """Delete every key of this job (its calls' records too) and write ``keep`` (key ->
+        value) back, in one transaction: no reader sees the job half cleared, and two
+        clears at once end alike. The number of keys deleted. For the launcher, once the
+        job is over."""
+        kept = sorted((self._key(k), _bytes(v)) for k, v in (keep or {}).items())
+        # etcd refuses a put inside a range the same transaction deletes: delete around them
+        bounds = [self._root, *(k + b"\0" for k, _ in kept)]
+        ends = [*(k for k, _ in kept), prefix_end(self._root)]
+        ops: list[dict[str, Any]] = [
+            {"request_delete_range": {"key": b64(a), "range_end": b64(b)}}
+            for a, b in zip(bounds, ends, strict=True)]
+        ops += [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in kept]
+        answer = self._call("txn", {"success": ops}, self._deadline(None))
+        return sum(int(r.get("response_delete_range", {}).get("deleted", 0))
+                   for r in answer.get("responses") or [])
+
+    def job_keys(self) -> list[str]:
+        """Every key of this job, sorted: the keys as ``set`` names them, then the call
+        records as ``calls/<client>`` (what :meth:`clear` deletes)."""
+        answer = self._call("range", {"key": b64(self._root), "range_end": b64(
+            prefix_end(self._root)), "keys_only": True}, self._deadline(None))
+        names = [unb64(kv.get("key"))[len(self._root):].decode()
+                 for kv in answer.get("kvs") or []]
+        return sorted(n.removeprefix("kv/") for n in names if n.startswith("kv/")) + sorted(
+            n for n in names if not n.startswith("kv/"))
 
     # -- the parts -------------------------------------------------------------------------
 
