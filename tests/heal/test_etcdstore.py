@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -200,6 +201,42 @@ def test_clear_keeps_what_it_is_told_to_in_the_same_transaction(
         assert s.job_keys() == ["nodes/closed", "nodes/done"]  # the calls' records went too
         assert s.get("nodes/done") == b"0" and other.get("k") == b"theirs"
         assert s.clear(keep={"nodes/done": "0"}) == 1 and s.job_keys() == ["nodes/done"]
+
+
+def _read_at(cluster: EtcdCluster, key: str, revision: int) -> dict[str, Any]:
+    """A raw range of ``key`` as it was at ``revision`` (etcd's JSON gateway)."""
+    from tierckpt.runtime._etcd import b64
+    body = json.dumps({"key": b64(key.encode()), "revision": str(revision)}).encode()
+    req = urllib.request.Request(f"{cluster.url}/v3/kv/range", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return dict(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        return {"error": e.read().decode()}
+
+
+def test_the_history_is_compacted_one_period_behind_and_readers_go_on(
+        etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with EtcdStore(etcd_server.endpoints, job, timeout=datetime.timedelta(seconds=10),
+                   compact_every_s=0.3) as s:
+        s.set("beat", "0")
+        old = s.revision()
+        key = f"/tierckpt/{job}/kv/beat"
+        assert "kvs" in _read_at(etcd_server, key, old)  # the history is there at first
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(s.get("late")))
+        reader.start()  # blocked in a watch across the compactions below
+        for i in range(40):  # heartbeats for 1.2 s: four periods
+            s.set("beat", str(i))
+            time.sleep(0.03)
+        assert "compacted" in _read_at(etcd_server, key, old).get("error", "")
+        assert s.revision() > old and not s.compact(old)  # that far already
+        s.set("late", "here")
+        reader.join(timeout=10)
+        assert got == [b"here"]
+    assert s.compact(s.revision())  # by hand, too (the store reopens to do it)
+    s.close()
 
 
 def test_store_keys_live_under_the_job_prefix(etcd_server: EtcdCluster) -> None:

@@ -118,7 +118,8 @@ class NodeSupervisor(HealLauncher):
                  say: Callable[[str], None] | None = None) -> None:
         from tierckpt.runtime.etcdstore import EtcdStore
 
-        store = EtcdStore(config.endpoints, config.job, timeout=timedelta(seconds=30))
+        store = EtcdStore(config.endpoints, config.job, timeout=timedelta(seconds=30),
+                          compact_every_s=300.0)  # etcd's history: 5 min kept
         node = config.node
         super().__init__(command, config.launch, say or (lambda line: print(
             f"tierckpt run [{node}]: {line}", file=sys.stderr, flush=True)), store=store)
