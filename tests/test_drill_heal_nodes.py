@@ -27,20 +27,24 @@ COMMAND = (sys.executable, str(ROOT / "examples" / "train.py"), "--save-every", 
 
 
 @pytest.mark.slow
-def test_node_drill_heals_a_lost_node_and_restarts_without_a_spare(tmp_path: Path) -> None:
+def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path) -> None:
     require(shutil.which("etcd") is not None, "etcd is missing (apt-get install etcd-server)")
     res = CliRunner().invoke(load_commands(), [
-        "drill", "--heal", "--nnodes", "2", "--steps", "45", "--seed", "3",
-        "--kinds", "node_lost,no_spare", "--out", str(tmp_path), "--", *COMMAND])
+        "drill", "--heal", "--nnodes", "2", "--steps", "60", "--seed", "3",
+        "--kinds", "node_lost,store_node,no_spare", "--out", str(tmp_path), "--", *COMMAND])
     doc = json.loads((tmp_path / "heal-nodes-report.json").read_text())
     assert res.exit_code == 0 and doc["ok"], (res.output, json.dumps(doc, indent=1))
     assert [(f["kind"], f["outcome"]) for f in doc["faults"]] == [
-        ("node_lost", "heal"), ("no_spare", "restart")]
-    lost = doc["faults"][0]
+        ("node_lost", "heal"), ("store_node", "heal"), ("no_spare", "restart")]
+    lost, store = doc["faults"][:2]
     assert lost["R_s"] > 0 and lost["restored_step"] >= 0 and len(lost["nodes"]) == 1
     assert not (tmp_path / "nodes-run" / lost["nodes"][0] / "t1").exists()  # its disk went
+    # the node hosting an etcd member went with its member: 2 of 3 members carried the heal
+    assert store["etcd_member"] == "m" + store["nodes"][0].removeprefix("n")
+    assert store["R_s"] > 0
     md = (tmp_path / "heal-nodes-report.md").read_text()
     assert "| continuity | yes |" in md and "| node_lost |" in md
+    assert f"+ etcd {store['etcd_member']}" in md
     assert "report: " in res.output
 
 
@@ -50,6 +54,7 @@ def test_node_drill_heals_a_lost_node_and_restarts_without_a_spare(tmp_path: Pat
     ({"faults": ("two_nodes",), "nnodes": 2}, "two_nodes needs --nnodes >= 3"),
     ({"faults": ("no_spare", "node_lost")}, "no_spare must come after every heal"),
     ({"etcd": "http://h:1"}, "--etcd 'http://h:1'"), ({"steps": 30}, "too few"),
+    ({"etcd": "etcd://h:1", "faults": ("store_node",)}, "leave out --etcd"),
     ({"command": ()}, "after --"),
 ])
 def test_bad_configuration_says_what_to_fix(kw: dict[str, Any], match: str) -> None:
@@ -58,5 +63,5 @@ def test_bad_configuration_says_what_to_fix(kw: dict[str, Any], match: str) -> N
 
 
 def test_spare_nodes_are_the_nodes_the_heals_lose() -> None:
-    assert NodeDrillConfig(command=COMMAND, nnodes=3).spares == 3  # node_lost + two_nodes
+    assert NodeDrillConfig(command=COMMAND, nnodes=3).spares == 4  # + two_nodes, store_node
     assert NodeDrillConfig(command=COMMAND, faults=("no_spare",)).spares == 0

@@ -190,8 +190,10 @@ def _heal_nodes_drill(f: _Flags) -> _Mode:
         cfg = NodeDrillConfig(command=f.command, nnodes=f.nnodes or 2,
                               nproc=1 if f.nproc is None else f.nproc,
                               steps=80 if f.steps is None else f.steps, seed=f.seed,
-                              faults=tuple(NODE_FAULTS) if (k := f.kind_list()) is None
-                              else k, etcd=f.etcd, tier2=f.tier2, out=f.out)
+                              faults=tuple(n for n in NODE_FAULTS if f.etcd is None
+                                           or n != "store_node")  # needs the drill's etcd
+                              if (k := f.kind_list()) is None else k,
+                              etcd=f.etcd, tier2=f.tier2, out=f.out)
         return run_heal_nodes(cfg, progress)
     return run, (*NODE_STAGES, "report"), heal_table, (("report", "report"),)
 

@@ -19,6 +19,8 @@ changed no loss.
    node_lost   a seeded running node: supervisor and workers SIGKILLed at once,   heal
                its tier-1 root and tier-0 RAM deleted (gone with the node)
    two_nodes   two running nodes so, at once                                      heal
+   store_node  a running node so, and the member of the job's 3-member etcd it       heal
+               hosted (node n<i> hosts member m<i>; the drill's own etcd only)
    no_spare    a running node so, when no spare node waits; the drill starts a    restart
                fresh node once its slot is free (as a scheduler would)
    ==========  =================================================================  ========
@@ -48,7 +50,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tierckpt.drill.etcd import private_etcd
+from tierckpt.drill.etcd import PrivateEtcd, private_etcd
 from tierckpt.drill.heal import judge
 from tierckpt.drill.launch import JobSpec, training_argv
 from tierckpt.drill.reportfile import write_report_files
@@ -64,9 +66,12 @@ from tierckpt.tier2.storage import open_storage
 __all__ = ["NODE_FAULTS", "NODE_STAGES", "NodeDrillConfig", "run_heal_nodes"]
 
 NODE_STAGES = ("reference", "nodes")
-NODE_FAULTS = {"node_lost": "heal", "two_nodes": "heal", "no_spare": "restart"}
+NODE_FAULTS = {"node_lost": "heal", "two_nodes": "heal", "store_node": "heal",
+               "no_spare": "restart"}
 """Each fault and how it must end."""
-_LOST = {"node_lost": 1, "two_nodes": 2, "no_spare": 1}
+_LOST = {"node_lost": 1, "two_nodes": 2, "store_node": 1, "no_spare": 1}
+ETCD_MEMBERS = 3
+"""Members of the drill's own etcd when ``store_node`` loses one (else one)."""
 _POLL_S = 0.05
 _DETECT_S = 2.0
 
@@ -113,6 +118,9 @@ class NodeDrillConfig:
                               "the spare nodes up; a spare left would heal it)")
         if self.etcd is not None:
             parse_endpoint(self.etcd, flag="--etcd")
+            if "store_node" in self.faults:
+                raise ConfigError("store_node kills the etcd member its node hosts: only the "
+                                  "drill's own etcd can lose one (leave out --etcd)")
         if self.steps < 15 * (len(self.faults) + 1):
             raise ConfigError(f"--steps {self.steps} is too few for {len(self.faults)} "
                               f"faults: give at least {15 * (len(self.faults) + 1)}")
@@ -140,8 +148,10 @@ def run_heal_nodes(cfg: NodeDrillConfig, progress: Progress = lambda *a: None
         if cfg.etcd is not None:
             faults = run.drive(cfg.etcd)
         else:
-            with private_etcd(out / "nodes-run" / "etcd") as etcd:
-                faults = run.drive(etcd)
+            members = ETCD_MEMBERS if "store_node" in cfg.faults else 1
+            with private_etcd(out / "nodes-run" / "etcd", members) as etcd:
+                run.private = etcd
+                faults = run.drive(etcd.endpoint)
     else:
         faults = []
     progress("nodes", "done" if run.rc == 0 else "failed", f"exit {run.rc}")
@@ -175,6 +185,8 @@ class _NodesRun:
         self.rng = random.Random(cfg.seed)
         self._store: Any = None
         self._tier2: Any = None
+        self.private: PrivateEtcd | None = None  # the drill's own etcd, if it started one
+        self._shipped: list[dict[str, Any]] = []  # the lost nodes' events (see _lose)
 
     def drive(self, etcd: str) -> list[dict[str, Any]]:
         from tierckpt.runtime.etcdstore import EtcdStore  # torch: the drill runs it anyway
@@ -245,10 +257,14 @@ class _NodesRun:
         return [n for n in self.nodes if n.name in held and not n.lost]
 
     def _lose(self, node: _Node) -> None:
-        """The node is gone: its supervisor and workers at once, then its tier-1 disk."""
+        """The node is gone: its supervisor and workers at once, then its tier-1 disk (what
+        it logged there is kept first, as a cluster's log shipping would: the heals it
+        took part in are judged from it)."""
         node.lost = True
         os.killpg(node.proc.pid, signal.SIGKILL)
         node.proc.wait()
+        p = node.root / layout.EVENTS
+        self._shipped += ev.read_events(p) if p.is_file() else []
         shutil.rmtree(node.root, ignore_errors=True)
         shutil.rmtree(default_root(node.root), ignore_errors=True)  # its Tier0() RAM
 
@@ -263,8 +279,8 @@ class _NodesRun:
 
     # -- eyes -------------------------------------------------------------------------------
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Every live node's events (a lost node's went with its disk)."""
-        out = []
+        """Every node's events: the live nodes' and what the lost ones logged till then."""
+        out = list(self._shipped)
         for n in self.nodes:
             p = n.root / layout.EVENTS
             out += ev.read_events(p) if p.is_file() else []
@@ -292,11 +308,17 @@ class _NodesRun:
         self._wait(f"a checkpoint after step {after} on tier 2", lambda: max(
             catalog.complete_steps(), default=-1) > after)
         running = self._running()
+        if kind == "store_node":  # a node that hosts a live member of the drill's etcd
+            running = [n for n in running if (m := _member(n.name)) is not None
+                       and self.private is not None and self.private.alive(m)]
         victims = self.rng.sample(running, _LOST[kind])
         slots = {self._holder(s): s for s in range(self.cfg.nnodes)}
         t_kill = time.time()
         for node in victims:
             self._lose(node)
+        member = _member(victims[0].name) if kind == "store_node" else None
+        if member is not None and self.private is not None:
+            self.private.kill(member)  # with its node
         if kind == "no_spare":
             slot = slots[victims[0].name]
             self._wait(f"slot {slot} freed", lambda: self._holder(slot) == "")
@@ -304,7 +326,14 @@ class _NodesRun:
         self._wait("a step after it", lambda: any(float(r["t"]) > t_kill
                                                   for r in self.rows()))
         return {"kind": kind, "at_step": at, "nodes": [n.name for n in victims],
-                "slots": sorted(slots[n.name] for n in victims), "t_kill": t_kill}
+                "slots": sorted(slots[n.name] for n in victims), "t_kill": t_kill,
+                **({"etcd_member": f"m{member}"} if member is not None else {})}
+
+
+def _member(node: str) -> int | None:
+    """The etcd member node ``n<i>`` hosts (i < :data:`ETCD_MEMBERS`); spares host none."""
+    i = node.removeprefix("n")
+    return int(i) if node.startswith("n") and i.isdigit() and int(i) < ETCD_MEMBERS else None
 
 
 def _report(cfg: NodeDrillConfig, ref: RunResult, run: _NodesRun,
@@ -323,7 +352,8 @@ def _markdown(doc: dict[str, Any]) -> str:
              "R (s) | restored step | ok |", "|---|---|---|---|---|---|---|"]
     for f in doc["faults"]:
         r = f.get("R_s")
-        where = f"{', '.join(f.get('nodes', []))} ({f.get('slots', '—')})"
+        where = f"{', '.join(f.get('nodes', []))} ({f.get('slots', '—')})" + (
+            f" + etcd {f['etcd_member']}" if f.get("etcd_member") else "")
         lines.append(f"| {f['kind']} | {f.get('at_step', '—')} | {where} | {f['outcome']} | "
                      f"{'—' if r is None else f'{r:.2f}'} | {f.get('restored_step', '—')} | "
                      f"{'yes' if f['ok'] else 'NO'} |")
