@@ -23,19 +23,23 @@ from tierckpt.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = (sys.executable, str(ROOT / "examples" / "train.py"), "--save-every", "5",
            "--layers", "1", "--dim", "32", "--samples", "512", "--timeout", "60",
-           "--parallel", "ddp", "--step-sleep", "0.05")
+           "--parallel", "ddp", "--step-sleep", "0.1")
 
 
 @pytest.mark.slow
 def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path) -> None:
     require(shutil.which("etcd") is not None, "etcd is missing (apt-get install etcd-server)")
     res = CliRunner().invoke(load_commands(), [
-        "drill", "--heal", "--nnodes", "2", "--steps", "60", "--seed", "3",
-        "--kinds", "node_lost,store_node,no_spare", "--out", str(tmp_path), "--", *COMMAND])
+        "drill", "--heal", "--nnodes", "2", "--steps", "75", "--seed", "3",
+        "--kinds", "node_lost,store_node,spare_lost,no_spare", "--out", str(tmp_path), "--",
+        *COMMAND])
     doc = json.loads((tmp_path / "heal-nodes-report.json").read_text())
     assert res.exit_code == 0 and doc["ok"], (res.output, json.dumps(doc, indent=1))
     assert [(f["kind"], f["outcome"]) for f in doc["faults"]] == [
-        ("node_lost", "heal"), ("store_node", "heal"), ("no_spare", "restart")]
+        ("node_lost", "heal"), ("store_node", "heal"), ("spare_lost", "restart"),
+        ("no_spare", "restart")]
+    spare = doc["faults"][2]  # the running node, then the spare node that took its slot
+    assert len(spare["nodes"]) == 2 and spare["nodes"][1].startswith("spare"), spare
     lost, store = doc["faults"][:2]
     assert lost["R_s"] > 0 and lost["restored_step"] >= 0 and len(lost["nodes"]) == 1
     assert not (tmp_path / "nodes-run" / lost["nodes"][0] / "t1").exists()  # its disk went
@@ -53,6 +57,8 @@ def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path
     ({"nnodes": 1}, "--nnodes >= 2"), ({"nproc": 0}, "--nproc >= 1"),
     ({"faults": ("two_nodes",), "nnodes": 2}, "two_nodes needs --nnodes >= 3"),
     ({"faults": ("no_spare", "node_lost")}, "no_spare must come after every heal"),
+    ({"faults": ("no_spare", "spare_lost")}, "no_spare must come after every heal fault and"),
+    ({"faults": ("spare_lost", "node_lost")}, "spare_lost must come after every heal"),
     ({"etcd": "http://h:1"}, "--etcd 'http://h:1'"), ({"steps": 30}, "too few"),
     ({"etcd": "etcd://h:1", "faults": ("store_node",)}, "leave out --etcd"),
     ({"command": ()}, "after --"),
@@ -63,5 +69,5 @@ def test_bad_configuration_says_what_to_fix(kw: dict[str, Any], match: str) -> N
 
 
 def test_spare_nodes_are_the_nodes_the_heals_lose() -> None:
-    assert NodeDrillConfig(command=COMMAND, nnodes=3).spares == 4  # + two_nodes, store_node
+    assert NodeDrillConfig(command=COMMAND, nnodes=3, steps=90).spares == 5  # 1+2+1, +1
     assert NodeDrillConfig(command=COMMAND, faults=("no_spare",)).spares == 0

@@ -187,12 +187,14 @@ def _heal_nodes_drill(f: _Flags) -> _Mode:
     def run(progress: Progress) -> dict[str, Any]:
         if f.preempt or f.tier0 is not None or f.rtol is not None:
             raise ConfigError("--heal --nnodes: drop --preempt, --tier0 and --rtol")
-        cfg = NodeDrillConfig(command=f.command, nnodes=f.nnodes or 2,
+        nnodes = f.nnodes or 2
+        faults = k if (k := f.kind_list()) is not None else tuple(  # every one that applies
+            n for n in NODE_FAULTS if not (n == "store_node" and f.etcd is not None)
+            and not (n == "two_nodes" and nnodes < 3))
+        cfg = NodeDrillConfig(command=f.command, nnodes=nnodes,
                               nproc=1 if f.nproc is None else f.nproc,
-                              steps=80 if f.steps is None else f.steps, seed=f.seed,
-                              faults=tuple(n for n in NODE_FAULTS if f.etcd is None
-                                           or n != "store_node")  # needs the drill's etcd
-                              if (k := f.kind_list()) is None else k,
+                              steps=max(80, 15 * (len(faults) + 1)) if f.steps is None
+                              else f.steps, seed=f.seed, faults=faults,
                               etcd=f.etcd, tier2=f.tier2, out=f.out)
         return run_heal_nodes(cfg, progress)
     return run, (*NODE_STAGES, "report"), heal_table, (("report", "report"),)

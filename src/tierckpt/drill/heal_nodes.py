@@ -21,6 +21,8 @@ changed no loss.
    two_nodes   two running nodes so, at once                                      heal
    store_node  a running node so, and the member of the job's 3-member etcd it       heal
                hosted (node n<i> hosts member m<i>; the drill's own etcd only)
+   spare_lost  a running node so, then the spare node that takes its slot, as its    restart
+               ranks load; the drill starts a fresh node once the slot is free
    no_spare    a running node so, when no spare node waits; the drill starts a    restart
                fresh node once its slot is free (as a scheduler would)
    ==========  =================================================================  ========
@@ -67,9 +69,9 @@ __all__ = ["NODE_FAULTS", "NODE_STAGES", "NodeDrillConfig", "run_heal_nodes"]
 
 NODE_STAGES = ("reference", "nodes")
 NODE_FAULTS = {"node_lost": "heal", "two_nodes": "heal", "store_node": "heal",
-               "no_spare": "restart"}
+               "spare_lost": "restart", "no_spare": "restart"}
 """Each fault and how it must end."""
-_LOST = {"node_lost": 1, "two_nodes": 2, "store_node": 1, "no_spare": 1}
+_LOST = {"node_lost": 1, "two_nodes": 2, "store_node": 1, "spare_lost": 1, "no_spare": 1}
 ETCD_MEMBERS = 3
 """Members of the drill's own etcd when ``store_node`` loses one (else one)."""
 _POLL_S = 0.05
@@ -112,10 +114,13 @@ class NodeDrillConfig:
         if "two_nodes" in self.faults and self.nnodes < 3:
             raise ConfigError("two_nodes needs --nnodes >= 3 (a node must survive)")
         heals = [i for i, f in enumerate(self.faults) if NODE_FAULTS[f] == "heal"]
-        if any(f == "no_spare" and i < max(heals, default=-1)
-               for i, f in enumerate(self.faults)):
-            raise ConfigError("no_spare must come after every heal fault (the heals use "
-                              "the spare nodes up; a spare left would heal it)")
+        for late, before in (("spare_lost", heals), ("no_spare", heals + [
+                i for i, f in enumerate(self.faults) if f == "spare_lost"])):
+            if any(f == late and i < max(before, default=-1)
+                   for i, f in enumerate(self.faults)):
+                raise ConfigError(f"{late} must come after every heal fault"
+                                  f"{' and spare_lost' if late == 'no_spare' else ''} (they "
+                                  "use the spare nodes up; a spare left would heal it)")
         if self.etcd is not None:
             parse_endpoint(self.etcd, flag="--etcd")
             if "store_node" in self.faults:
@@ -127,8 +132,9 @@ class NodeDrillConfig:
 
     @property
     def spares(self) -> int:
-        """Spare nodes to start: one per node the heal faults lose."""
-        return sum(_LOST[f] for f in self.faults if NODE_FAULTS[f] == "heal")
+        """Spare nodes to start: one per node the heal faults lose, one per spare_lost."""
+        return sum(_LOST[f] for f in self.faults
+                   if NODE_FAULTS[f] == "heal" or f == "spare_lost")
 
 
 def run_heal_nodes(cfg: NodeDrillConfig, progress: Progress = lambda *a: None
@@ -296,7 +302,13 @@ class _NodesRun:
         while not cond():
             ended = [n.name for n in self.nodes if not n.lost and n.proc.poll() is not None]
             if ended:
-                raise TimeoutError(f"node(s) {', '.join(ended)} ended before {what}")
+                rows = self.rows()
+                last = max((int(r["step"]) for r in rows), default=-1)
+                why = (f"; the job had trained every step ({last}) by then: its steps outrun "
+                       "the drill's faults (give more --steps, or slower steps, e.g. "
+                       "examples/train.py --step-sleep 0.1)"
+                       if last >= self.cfg.steps - 1 else "")
+                raise TimeoutError(f"node(s) {', '.join(ended)} ended before {what}{why}")
             if time.monotonic() > end:
                 raise TimeoutError(f"timed out waiting for {what}")
             time.sleep(_POLL_S)
@@ -319,14 +331,21 @@ class _NodesRun:
         member = _member(victims[0].name) if kind == "store_node" else None
         if member is not None and self.private is not None:
             self.private.kill(member)  # with its node
-        if kind == "no_spare":
-            slot = slots[victims[0].name]
+        slot = slots[victims[0].name]
+        if kind == "spare_lost":  # the spare node that takes the slot, lost as it loads
+            self._wait(f"a spare node to take slot {slot}",
+                       lambda: self._holder(slot) not in ("", victims[0].name))
+            taker = next(n for n in self.nodes if n.name == self._holder(slot))
+            self._lose(taker)
+            victims.append(taker)
+        if kind in ("no_spare", "spare_lost"):
             self._wait(f"slot {slot} freed", lambda: self._holder(slot) == "")
             self._start(f"{victims[0].name}-again")
         self._wait("a step after it", lambda: any(float(r["t"]) > t_kill
                                                   for r in self.rows()))
         return {"kind": kind, "at_step": at, "nodes": [n.name for n in victims],
-                "slots": sorted(slots[n.name] for n in victims), "t_kill": t_kill,
+                "slots": sorted(slots[n.name] for n in victims if n.name in slots),
+                "t_kill": t_kill,
                 **({"etcd_member": f"m{member}"} if member is not None else {})}
 
 
