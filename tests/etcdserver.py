@@ -87,6 +87,8 @@ class EtcdCluster:
 
     members: list[EtcdMember]
     initial_cluster: str
+    flags: tuple[str, ...] = ()
+    """More etcd flags for every member (``--quota-backend-bytes N``...)."""
 
     @property
     def endpoints(self) -> str:
@@ -111,7 +113,7 @@ class EtcdCluster:
                  "--initial-cluster", self.initial_cluster, "--initial-cluster-state", state,
                  "--initial-cluster-token", "tierckpt-test",
                  "--heartbeat-interval", "25", "--election-timeout", "250",
-                 "--logger", "zap", "--log-level", "warn"],
+                 "--logger", "zap", "--log-level", "warn", *self.flags],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
 
@@ -156,9 +158,10 @@ class EtcdCluster:
             m.proc = None
 
 
-def start_cluster(base: Path, members: int = 1) -> EtcdCluster:
-    """Start ``members`` etcd members on free loopback ports with data under ``base`` and
-    wait until every one is healthy. The caller stops it with :meth:`EtcdCluster.stop`."""
+def start_cluster(base: Path, members: int = 1, flags: tuple[str, ...] = ()) -> EtcdCluster:
+    """Start ``members`` etcd members on free loopback ports with data under ``base`` (and
+    ``flags``) and wait until every one is healthy. The caller stops it with
+    :meth:`EtcdCluster.stop`."""
     if etcd_binary() is None:
         raise RuntimeError(MISSING)
     ports = reserve(2 * members)
@@ -167,7 +170,8 @@ def start_cluster(base: Path, members: int = 1) -> EtcdCluster:
                      peer_port=ports[2 * i + 1], data_dir=base / f"m{i}-{tag}.etcd",
                      log_path=base / f"m{i}-{tag}.log") for i in range(members)]
     cluster = EtcdCluster(members=ms,
-                          initial_cluster=",".join(f"{m.name}={m.peer_url}" for m in ms))
+                          initial_cluster=",".join(f"{m.name}={m.peer_url}" for m in ms),
+                          flags=flags)
     try:
         for i in range(members):
             cluster.start(i, state="new")
@@ -190,14 +194,14 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluste
 
 
 @pytest.fixture
-def etcd_cluster(tmp_path: Path) -> Iterator[Callable[[int], EtcdCluster]]:
+def etcd_cluster(tmp_path: Path) -> Iterator[Callable[..., EtcdCluster]]:
     """A factory of private clusters, ``etcd_cluster(members)``, each stopped after the
     test: for the tests that kill and restart members."""
     require(etcd_binary() is not None, MISSING)
     started: list[EtcdCluster] = []
 
-    def make(members: int = 1) -> EtcdCluster:
-        cluster = start_cluster(tmp_path / f"etcd{len(started)}", members)
+    def make(members: int = 1, flags: tuple[str, ...] = ()) -> EtcdCluster:
+        cluster = start_cluster(tmp_path / f"etcd{len(started)}", members, flags)
         started.append(cluster)
         return cluster
 

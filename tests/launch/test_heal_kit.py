@@ -7,12 +7,16 @@ rank while the other keeps its process, the losses equal to an uninterrupted run
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +183,32 @@ def test_doctor_checks_the_heal_kit_against_the_real_etcd(
                                       "a spare node waits to take a lost node's ranks",
                                       "the job's etcd answers")] == [True, True, True]
     assert "1 of 1 member(s) healthy" in checks["the job's etcd answers"]["detail"]
+    assert re.search(r"database \d+\.\d MiB", checks["the job's etcd answers"]["detail"])
     assert "torchrun forwards the notice" not in checks  # no torchrun in this job
+
+
+def test_doctor_says_when_the_jobs_etcd_is_full(
+        tmp_path: Path, etcd_cluster: Callable[..., EtcdCluster]) -> None:
+    """An etcd at its quota refuses every write (a job can neither start nor heal): the
+    doctor names the NOSPACE alarm and what to run, where /health alone says only "503"."""
+    full = etcd_cluster(1, ("--quota-backend-bytes", str(2 * 2**20)))
+    value = base64.b64encode(os.urandom(256 * 1024)).decode()
+    for i in range(64):  # 16 MiB of puts into a 2 MiB quota
+        req = urllib.request.Request(f"{full.url}/v3/kv/put", method="POST", data=json.dumps(
+            {"key": base64.b64encode(f"k{i}".encode()).decode(), "value": value}).encode())
+        try:
+            urllib.request.urlopen(req, timeout=10).read()
+        except urllib.error.HTTPError as e:
+            assert "space exceeded" in e.read().decode()
+            break
+    else:
+        raise AssertionError("etcd took 16 MiB into a 2 MiB quota")
+    rc, checks = _doctor(tmp_path, "--nodes", "2", "--spares", "1", "--nproc-per-node", "1",
+                         "--etcd", "etcd://" + full.url.removeprefix("http://"))
+    check = checks["the job's etcd answers"]
+    assert rc != 0 and not check["ok"], checks
+    assert "0 of 1 member(s) healthy" in check["detail"] and "NOSPACE" in check["detail"]
+    assert "etcdctl alarm disarm" in check["detail"] and "MiB" in check["detail"]
 
 
 def test_doctor_says_what_a_heal_kit_lacks(tmp_path: Path) -> None:

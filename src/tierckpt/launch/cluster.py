@@ -38,7 +38,13 @@ from pathlib import Path
 
 from tierckpt.errors import ConfigError
 from tierckpt.launch.timing import SaveTime
-from tierckpt.runtime.nodespec import FORWARDED, member_health, parse_endpoint, parse_nnodes
+from tierckpt.runtime.nodespec import (
+    FORWARDED,
+    member_health,
+    member_space,
+    parse_endpoint,
+    parse_nnodes,
+)
 from tierckpt.runtime.scheduler import parse_scontrol, sbatch_signal
 
 TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -132,8 +138,20 @@ def probe_etcd(endpoint: str) -> tuple[bool, str]:
         why = member_health(url, _ETCD_PROBE_S)
         said.append((why is None, f"{url}: {why or 'healthy'}"))
     up = sum(ok for ok, _ in said)
-    return up > len(urls) // 2, (f"{up} of {len(urls)} member(s) healthy: "
-                                 + "; ".join(x for _, x in said))
+    line = f"{up} of {len(urls)} member(s) healthy: " + "; ".join(x for _, x in said)
+    size, alarms = None, list[str]()  # from the first member that answers (a member with
+    for url in urls:                   # an alarm raised answers /health 503: unhealthy)
+        size, alarms = member_space(url, _ETCD_PROBE_S)
+        if size is not None:
+            break
+    if size is not None:
+        line += f"; database {size / 2**20:.1f} MiB"
+    if alarms:  # NOSPACE: every write refused, the job can neither start nor heal
+        return False, (f"{line}; etcd raised {', '.join(alarms)}: its database is full "
+                       "(quota, 2 GiB by default): compact and defragment it (etcdctl "
+                       "compact, etcdctl defrag, etcdctl alarm disarm) and run it with "
+                       "--auto-compaction-mode=periodic --auto-compaction-retention=5m")
+    return up > len(urls) // 2, line
 
 
 def forwards_signal(text: str, name: str) -> bool:

@@ -11,7 +11,7 @@ import urllib.request
 
 from tierckpt.errors import ConfigError
 
-__all__ = ["FORWARDED", "member_health", "parse_endpoint", "parse_nnodes"]
+__all__ = ["FORWARDED", "member_health", "member_space", "parse_endpoint", "parse_nnodes"]
 
 FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
 """The signals ``tierckpt run`` passes on to its workers (then waits for them to end)."""
@@ -50,3 +50,22 @@ def member_health(url: str, timeout: float) -> str | None:
     except (OSError, ValueError) as e:
         return f"no answer ({getattr(e, 'reason', e)})"
     return None if str(said.get("health")) == "true" else f"unhealthy ({said})"
+
+
+def member_space(url: str, timeout: float) -> tuple[int | None, list[str]]:
+    """The etcd member at ``url``'s database size in bytes (None: not answered) and the
+    cluster's raised alarms (``NOSPACE``: the database reached its quota and etcd refuses
+    every write; ``CORRUPT``)."""
+    def ask(path: str, body: bytes) -> dict[str, object]:
+        req = urllib.request.Request(f"{url}{path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return dict(json.loads(r.read()))
+    try:
+        size = ask("/v3/maintenance/status", b"{}").get("dbSize")
+        alarms = ask("/v3/maintenance/alarm", b'{"action": "GET"}').get("alarms")
+    except (OSError, ValueError):
+        return None, []
+    raised = sorted({str(a.get("alarm")) for a in alarms if isinstance(a, dict)} - {"NONE"}
+                    if isinstance(alarms, list) else set())
+    return (int(str(size)) if size is not None else None), raised
