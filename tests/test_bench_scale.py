@@ -163,6 +163,7 @@ def test_ranks_past_the_rows_hold_an_empty_shard_at_the_end() -> None:
     assert tuple(wk.tensor_data.chunk.offsets) == (1024, 0)
 
 
+@pytest.mark.slow  # 8 s: out of make test-fast (make test runs it)
 def test_layer_scaling_matches_the_full_state() -> None:
     """Sizes scaled from 2 of the 80 layers are within 3 % of all 80 built (world 4)."""
     full, scaled = synthetic_point(4, item_cap=4 * LAYERS), synthetic_point(4, item_cap=8)

@@ -47,6 +47,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return _steps(_run(str(tmp_path_factory.mktemp("ref") / "ref"), "--steps", "16").stdout)
 
 
+@pytest.mark.slow  # two runs and their restarts, 15 s: out of make test-fast
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
 def test_a_notice_saves_the_step_exits_75_and_the_restart_loses_nothing(
         tmp_path: Path, sig: str, reference: dict[int, str]) -> None:

@@ -58,6 +58,7 @@ def _lockstep(watches: list[StopWatch], notice_at: dict[int, int], lag: dict[int
     return stops
 
 
+@pytest.mark.slow  # 15 examples, 16 s: out of make test-fast (make test runs it)
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(2, 4), at=st.integers(0, 30), who=st.data(),
        lags=st.lists(st.integers(0, 3), min_size=4, max_size=4))
