@@ -84,6 +84,8 @@ def test_the_last_node_to_leave_is_the_one_that_clears(etcd_server: EtcdCluster)
         assert time.monotonic() - t0 < 0.5  # two looks at b's heartbeat, not detect_s
         assert b.leave()  # a left: nothing to wait for
         s.clear(keep={"nodes/closed": "b"})
+        time.sleep(0.3)  # six heartbeat periods: a node that left beats no more
+        assert s.job_keys() == ["nodes/closed"]
         assert not a.leave() and not b.leave()  # cleared already: nobody clears again
 
 

@@ -166,7 +166,10 @@ class Membership:
         node has left or is lost (its heartbeat did not move for ``detect_s`` while this
         node watched). False as soon as another node that has not left is seen beating (it
         goes later, and clears), or when the keys are cleared already. Waits at most
-        ``detect_s`` and two heartbeats (a lost node's silence must be seen)."""
+        ``detect_s`` and two heartbeats (a lost node's silence must be seen). This node's
+        heartbeat stops first: once ``left/<node>`` is there, it writes nothing more, so a
+        clear by the last node is not followed by a heartbeat key of its own."""
+        self.close()
         if self.store.check([key("closed")]):
             return False
         self.store.set(key(f"left/{self.node}"), "1")
