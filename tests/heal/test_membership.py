@@ -24,9 +24,9 @@ def test_slots_are_taken_once_and_from_a_lost_holder_only(etcd_server: EtcdClust
         assert b.owner(0) == "a" and b.owner(1) == ""
         assert not b.claim(0, "c")  # not held by c
         assert b.claim(0, "a") and a.owner(0) == "b"  # a was lost: b takes its slot
-        b.release(0, "a")  # a no longer holds it: nothing freed
+        assert not b.release(0, "a")  # a no longer holds it: nothing freed (b took it)
         assert a.owner(0) == "b"
-        b.release(0, "b")
+        assert b.release(0, "b")
         assert a.owner(0) == ""
 
 

@@ -127,9 +127,10 @@ class Membership:
         got = self.store.compare_set(key(f"slot/{slot}"), holder, self.node)
         return bytes(got).decode() == self.node
 
-    def release(self, slot: int, holder: str) -> None:
-        """Free ``slot`` if ``holder`` (a lost node) still holds it."""
-        self.store.compare_set(key(f"slot/{slot}"), holder, "")
+    def release(self, slot: int, holder: str) -> bool:
+        """Free ``slot`` if ``holder`` (a lost node) still holds it; False when it did not
+        (a spare node took the slot first: one ``compare_set`` or the other wins)."""
+        return bytes(self.store.compare_set(key(f"slot/{slot}"), holder, "")) == b""
 
     def spares(self, nslots: int) -> list[str]:
         """Live nodes that hold no slot (warm spare nodes), this one excluded."""

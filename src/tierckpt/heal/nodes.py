@@ -274,10 +274,10 @@ class NodeSupervisor(HealLauncher):
             spares = self.members.spares(self.nodes.min_nodes)
             if spares and now - first < 3 * self.nodes.detect_s:
                 continue
-            self._say(f"node {holder} (slot {s}) lost and "
-                      + ("no spare node took it" if spares else "no spare node waits")
-                      + ": full restart")
-            self.members.release(s, holder)
+            if not self.members.release(s, holder):  # a spare took it since: its heal
+                continue
+            self._say(f"node {holder} (slot {s}) lost and " + (
+                "no spare node took it" if spares else "no spare node waits") + ": full restart")
             self.members.restart(inc.restart)
             self._stale.clear()
             return _RESTART
