@@ -61,9 +61,6 @@ TIMERS = (
     # the node heals (~4.5 min) wait mostly on node timeouts and pre-warmed spare nodes
     "tests/heal/test_nodes.py", "tests/launch/test_heal_kit.py",
     "tests/test_drill_heal_nodes.py",
-    # to balance (stop 50's CI: main 28:02, beside 26:17, this lane 17:38): the drill and
-    # chaos drills (~4 min, CPU-bound), collected after tests/slurm/ (paths sort before them)
-    "tests/test_drill.py", "tests/test_drill_chaos.py", "tests/test_drill_chaos_heal.py",
 )
 
 
