@@ -335,7 +335,8 @@ class _NodesRun:
         if kind == "spare_lost":  # the spare node that takes the slot, lost as it loads
             self._wait(f"a spare node to take slot {slot}",
                        lambda: self._holder(slot) not in ("", victims[0].name))
-            taker = next(n for n in self.nodes if n.name == self._holder(slot))
+            holder = self._holder(slot)  # one read: the store, not once per node
+            taker = next(n for n in self.nodes if n.name == holder)
             self._lose(taker)
             victims.append(taker)
         if kind in ("no_spare", "spare_lost"):
