@@ -38,7 +38,7 @@ def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path
         "--kinds", "node_lost,spare_lost,no_spare", "--out", str(tmp_path), "--",
         *COMMAND])
     doc = json.loads((tmp_path / "heal-nodes-report.json").read_text())
-    assert res.exit_code == 0 and doc["ok"], (res.output, json.dumps(doc, indent=1))
+    assert res.exit_code == 0 and doc["ok"], _why(tmp_path, doc)
     assert [(f["kind"], f["outcome"]) for f in doc["faults"]] == [
         ("node_lost", "heal"), ("spare_lost", "restart"), ("no_spare", "restart")]
     spare = doc["faults"][1]  # the running node, then the spare node that took its slot
@@ -49,6 +49,16 @@ def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path
     md = (tmp_path / "heal-nodes-report.md").read_text()
     assert "| continuity | yes |" in md and "| node_lost |" in md
     assert "report: " in res.output
+
+
+def _why(out: Path, doc: dict[str, Any]) -> str:
+    """What failed, short: the faults' errors, the failed verdicts and each node log's end
+    (the CLI's table is cut by pytest's repr; these are what tell a cause)."""
+    lines = [json.dumps(f) for f in doc["faults"]]
+    lines += [f"{k}: {v['detail']}" for k, v in doc["verdicts"].items() if not v["ok"]]
+    for log in sorted((out / "nodes-run").glob("*.log")):
+        lines += [f"--- {log.name}", *log.read_text(errors="replace").splitlines()[-15:]]
+    return "\n".join(lines)
 
 
 @pytest.mark.parametrize(("kw", "match"), [

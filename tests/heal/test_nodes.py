@@ -410,6 +410,38 @@ def test_a_job_id_that_already_ended_is_refused(etcd_server: EtcdCluster) -> Non
     assert proc.returncode != 0 and "already ended" in proc.stderr, proc.stderr
 
 
+def test_a_late_heartbeat_is_a_loss_only_for_a_node_whose_ranks_did_not_leave(
+        etcd_server: EtcdCluster) -> None:
+    """The shortcut to a loss (silent for four heartbeats while survivors leave their
+    generation) spares a node whose own ranks left: it is alive, its heartbeat late (an
+    etcd election, a stall under load); a node whose ranks are silent too is lost."""
+    from tierckpt.heal.launcher import _Incarnation
+    from tierckpt.heal.membership import Membership
+    from tierckpt.heal.nodes import NodeSupervisor
+
+    job = job_id()
+    sup = NodeSupervisor([sys.executable, "-c", "pass"], NodeLaunch(
+        launch=HealLaunch(nproc=2, spares=0), min_nodes=2, max_nodes=3,
+        endpoints=etcd_server.endpoints, job=job, node="watcher", detect_s=30.0),
+        say=lambda line: None)
+    try:
+        for name in ("late", "gone"):  # registered, then silent
+            Membership(sup.store, name, detect_s=30.0).close()
+        inc = _Incarnation(id=sup._inc_id(0), restart=0)
+        sup.store.set(sup._key(inc, "gen"), "0")
+        sup.store.add(sup._key(inc, "leaving/0"), 1)  # slot 1's ranks (2, 3) left gen 0
+        sup.store.set(sup._key(inc, "left/0/2"), "1")
+        seen: dict[str, bool] = {}
+        end = time.monotonic() + sup.nodes.suspect_s + 1.0
+        while time.monotonic() < end:  # looks as a supervisor does (a gap resets counts)
+            seen = {"late": sup._lost("late", 1, 0), "gone": sup._lost("gone", 0, 0)}
+            time.sleep(0.1)
+        assert seen == {"late": False, "gone": True}
+    finally:
+        sup.store.close()
+        sup._spares.close()
+
+
 @pytest.mark.slow
 def test_a_node_whose_supervisor_alone_died_is_replaced(
         cluster: Any, ref: dict[int, str]) -> None:

@@ -19,7 +19,8 @@ own workers:
   other nodes follow the store's ``gen`` and treat the heal as theirs (a death of their own
   during it is a full restart).
 - **A node is lost** (no heartbeat for ``detect_s``, or for ``suspect_s``, four heartbeats,
-  once survivors are leaving the generation: their collectives with it failed): a spare
+  once survivors are leaving the generation — their collectives with it failed — and none of
+  its own ranks is among them: those show it alive, its heartbeat late): a spare
   node takes its slot (``compare_set(slot/<s>, lost, spare)``: one spare wins), opens
   generation g + 1 with that slot's ranks dead and starts them; the survivors on every
   other node keep their processes and heal. When generation g was not whole, or no spare
@@ -34,9 +35,8 @@ own workers:
   nodes then exit with it, and a node that gives up (``max_restarts``) ends every node.
   The last node out clears the job's keys from etcd, all but ``done`` and ``closed``.
 
-Not done here: a rendezvous id is one job (keys of an earlier job under the same id are
-read as this one's: use a fresh ``--rdzv-id``), a world smaller than MIN*P (no reshard),
-and more than one slot per node.
+Not done here: a rendezvous id is one job (use a fresh ``--rdzv-id``), a world smaller
+than MIN*P (no reshard), and more than one slot per node.
 """
 
 from __future__ import annotations
@@ -70,8 +70,7 @@ class NodeLaunch:
     restarts), ``min_nodes`` running nodes and up to ``max_nodes`` with the spare nodes,
     the job's etcd ``endpoints`` (client URLs) and ``job`` id, this ``node``'s id (unique in
     the job), ``detect_s`` without a heartbeat before a node counts as lost (sooner with
-    evidence: :attr:`suspect_s`), and
-    ``join_timeout_s`` for every slot to be held before an incarnation starts."""
+    evidence: :attr:`suspect_s`), and ``join_timeout_s`` for every slot to be held."""
 
     launch: HealLaunch
     min_nodes: int
@@ -84,8 +83,7 @@ class NodeLaunch:
 
     @property
     def suspect_s(self) -> float:
-        """Silence that is a loss once survivors are leaving their failed generation: four
-        heartbeats (a supervisor descheduled that long is fenced off, not wrong)."""
+        """Silence that is a loss with evidence (see ``_lost``): four heartbeats."""
         return min(self.detect_s, 4 * BEAT_S)
 
     def __post_init__(self) -> None:
@@ -120,9 +118,8 @@ class NodeSupervisor(HealLauncher):
 
         store = EtcdStore(config.endpoints, config.job, timeout=timedelta(seconds=30),
                           compact_every_s=300.0)  # etcd's history: 5 min kept
-        node = config.node
         super().__init__(command, config.launch, say or (lambda line: print(
-            f"tierckpt run [{node}]: {line}", file=sys.stderr, flush=True)), store=store)
+            f"tierckpt run [{config.node}]: {line}", file=sys.stderr, flush=True)), store=store)
         self.nodes = config
         self.world = config.min_nodes * config.launch.nproc
         self.slot: int | None = None
@@ -131,7 +128,7 @@ class NodeSupervisor(HealLauncher):
             self._spares.close()
             raise ConfigError(f"--rdzv-id {config.job!r}: a job under this id already ended "
                               "(its keys are in the store); give every job a fresh id")
-        self.members = Membership(store, node, detect_s=config.detect_s)
+        self.members = Membership(store, config.node, detect_s=config.detect_s)
         self._next_poll = 0.0
         self._stale: dict[int, float] = {}  # slot -> when its holder was first seen lost
 
@@ -210,10 +207,11 @@ class NodeSupervisor(HealLauncher):
         self.store.compare_set(self._key(inc, "dead/0"), "", "[]")
         return inc
 
-    def _ranks(self) -> range:
-        assert self.slot is not None
-        p = self.config.nproc
-        return range(self.slot * p, self.slot * p + p)
+    def _ranks(self, slot: int | None = None) -> range:
+        """The global ranks of ``slot`` (this node's by default)."""
+        s, p = self.slot if slot is None else slot, self.config.nproc
+        assert s is not None
+        return range(s * p, s * p + p)
 
     def _gather(self, n: int) -> int | None:
         """Wait until every slot is held (None), or the job moved on (a status)."""
@@ -267,7 +265,7 @@ class NodeSupervisor(HealLauncher):
         """A full restart when a node was lost and no spare node takes its slot in time."""
         for s in range(self.nodes.min_nodes):
             holder = self.members.owner(s)
-            if s == self.slot or not holder or not self._lost(holder, inc.restart):
+            if s == self.slot or not holder or not self._lost(holder, s, inc.restart):
                 self._stale.pop(s, None)
                 continue
             first = self._stale.setdefault(s, now)
@@ -283,10 +281,12 @@ class NodeSupervisor(HealLauncher):
             return _RESTART
         return None
 
-    def _lost(self, holder: str, n: int | None = None) -> bool:
-        """Whether ``holder`` is lost: silent for ``detect_s``, or for ``suspect_s`` while
-        survivors of the job's generation are leaving it (their collectives failed: the
-        evidence that a peer is gone, so the wait for the full timeout is cut short)."""
+    def _lost(self, holder: str, slot: int, n: int | None = None) -> bool:
+        """Whether ``holder`` (of ``slot``) is lost: silent for ``detect_s``, or for
+        ``suspect_s`` while survivors of the job's generation are leaving it (their
+        collectives failed: the evidence that a peer is gone, so the wait for the full
+        timeout is cut short) and none of them is one of ``holder``'s ranks (a node whose
+        own ranks left is alive, its heartbeat late: a store election or a stall)."""
         silent = self.members.silent(holder)
         if silent >= self.nodes.detect_s:
             return True
@@ -294,10 +294,11 @@ class NodeSupervisor(HealLauncher):
             return False
         inc = _Incarnation(id=self._inc_id(self.members.incarnation() if n is None else n),
                            restart=0)
-        gen, leaving = self._key(inc, "gen"), ""
-        if self.store.check([gen]):
-            leaving = self._key(inc, f"leaving/{int(self.store.get(gen))}")
-        return bool(leaving) and self.store.check([leaving])
+        if not self.store.check([k := self._key(inc, "gen")]):
+            return False
+        g = int(self.store.get(k))
+        return self.store.check([self._key(inc, f"leaving/{g}")]) and not any(self.store.check(
+            [self._key(inc, f"left/{g}/{r}")]) for r in self._ranks(slot))
 
     # -- generations opened by several nodes -----------------------------------------------
     def _publish_generation(self, inc: _Incarnation, dead: list[int]) -> None:
@@ -339,8 +340,7 @@ class NodeSupervisor(HealLauncher):
         g = inc.gen
         if g == 0 or self._ready(inc, g - 1) < self.world:
             return False
-        return not any(self.store.check([self._key(inc, f"left/{g - 1}/{r}")])
-                       for r in ranks)
+        return not any(self.store.check([self._key(inc, f"left/{g - 1}/{r}")]) for r in ranks)
 
     # -- a spare node ----------------------------------------------------------------------
     def _wait_as_spare(self) -> int | _Incarnation | None:
@@ -367,7 +367,7 @@ class NodeSupervisor(HealLauncher):
                     if self.members.claim(s):
                         self.slot = s
                         return None
-                elif holder != self.nodes.node and self._lost(holder) \
+                elif holder != self.nodes.node and self._lost(holder, s) \
                         and self.members.claim(s, holder):
                     self.slot = s
                     return self._take_over(holder)
