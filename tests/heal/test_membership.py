@@ -4,7 +4,9 @@ with compare_set, a silent node seen lost, the job's incarnation and end."""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
+from typing import Any
 
 from tests.etcdserver import EtcdCluster, job_id
 from tierckpt.heal.membership import Membership
@@ -59,6 +61,41 @@ def test_a_gap_in_the_watchers_own_reads_starts_the_count_again(
         w.silent("q")
         time.sleep(1.0)  # the watcher looked away (a store outage, a stall)
         assert w.silent("q") == 0.0 and w.alive("q")
+
+
+class _StalledWrites:
+    """The real store, with this node's heartbeat writes held while ``stall`` is set (an
+    etcd election or fsync stall, made to happen on demand: every write waits alike)."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self.store, self.stall = store, threading.Event()
+
+    def add(self, key: str, amount: int) -> int:
+        while self.stall.is_set():
+            time.sleep(0.01)
+        return self.store.add(key, amount)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_store_whose_writes_stall_is_not_every_node_lost(etcd_server: EtcdCluster) -> None:
+    job = job_id()
+    with _store(etcd_server, job) as s:
+        slow = _StalledWrites(s)
+        with Membership(slow, "w", detect_s=0.5, beat_s=0.05) as w:
+            Membership(s, "q", detect_s=0.5, beat_s=0.05).close()  # silent from now on
+            slow.stall.set()
+            end = time.monotonic() + 1.0  # twice detect_s: the watcher's own beats held
+            while time.monotonic() < end:
+                assert w.silent("q") <= 0.05 and w.alive("q")
+                time.sleep(0.02)
+            slow.stall.clear()
+            t0 = time.monotonic()
+            while w.alive("q"):  # the store takes writes again: q's silence counts
+                time.sleep(0.02)
+                assert time.monotonic() - t0 < 3
+            assert time.monotonic() - t0 >= 0.4
 
 
 def test_one_full_restart_per_incarnation_and_the_first_end_stays(

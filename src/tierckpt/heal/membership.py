@@ -21,6 +21,9 @@ Keys, under ``nodes/`` of the job's store:
 
 Liveness needs no synchronised clocks: each observer times, on its own monotonic clock, how
 long a node's heartbeat counter has not moved; ``detect_s`` without a change is a lost node.
+The observer's clock is also counted in its own heartbeats that landed: a store whose writes
+stall (an election, a slow disk under etcd's fsync) stalls every heartbeat, the observer's
+too, so silence does not grow then and no node is taken for lost because the store was slow.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ class Membership:
     def __init__(self, store: Store, node: str, *, detect_s: float,
                  beat_s: float = BEAT_S) -> None:
         self.store, self.node, self.detect_s, self.beat_s = store, node, detect_s, beat_s
-        self._seen: dict[str, tuple[int, float]] = {}  # node -> (beat, when it last moved)
+        # node -> (its beat, when it last moved, this node's beats landed by then)
+        self._seen: dict[str, tuple[int, float, int]] = {}
+        self._landed = 0  # this node's heartbeats the store took (the heartbeat thread's)
         self._looked = time.monotonic()  # when this node last read a heartbeat
         self._ids: list[str] = []
         self._stop = threading.Event()
@@ -87,6 +92,7 @@ class Membership:
             # take its slot; the fence then ends its workers
             with contextlib.suppress(Exception):
                 self.store.add(key(f"hb/{self.node}"), 1)
+                self._landed += 1
 
     # -- who is there ----------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -98,19 +104,24 @@ class Membership:
 
     def silent(self, node: str) -> float:
         """Seconds since ``node``'s heartbeat last moved, as this node saw it (0 for a node
-        first seen now). A gap of more than four heartbeats in this node's own reads (the
-        store was out for everyone, or this node stalled) starts every count again, so
-        that an outage of the store is never taken for the loss of every node."""
+        first seen now), and at most one heartbeat period more than the heartbeats this node
+        landed meanwhile take (while it beats): a store whose writes stall, or a stall of
+        this node, is not a silence of the others. A gap of more than four heartbeats in this
+        node's own reads (the store was out for everyone, or this node stalled) starts every
+        count again, so that an outage of the store is never taken for the loss of every
+        node."""
         beat = int(self.store.get(key(f"hb/{node}")))
-        now = time.monotonic()
+        now, landed = time.monotonic(), self._landed
         if now - self._looked > 4 * self.beat_s:  # this node looked away (a store outage,
             self._seen.clear()                   # or it was descheduled): judge afresh
         self._looked = now
         last = self._seen.get(node)
         if last is None or last[0] != beat:
-            self._seen[node] = (beat, now)
+            self._seen[node] = (beat, now, landed)
             return 0.0
-        return now - last[1]
+        if self._stop.is_set():  # not beating (closed): the monotonic clock alone
+            return now - last[1]
+        return min(now - last[1], (landed - last[2] + 1) * self.beat_s)
 
     def alive(self, node: str) -> bool:
         """Whether ``node``'s heartbeat moved within ``detect_s`` (see :meth:`silent`)."""
