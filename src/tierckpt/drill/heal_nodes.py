@@ -207,7 +207,9 @@ class _NodesRun:
                 self._wait(f"n{i} to hold slot {i}", functools.partial(self._holds, i))
             for i in range(cfg.spares):
                 self._start(f"spare{i}")
-            span = cfg.steps // (len(cfg.faults) + 1)
+            # faults at span, 2 span, ...: the last leaves two spans to heal or restart in
+            # (its tier-2 wait lets the job run on meanwhile)
+            span = cfg.steps // (len(cfg.faults) + 2)
             prev = -1
             for i, kind in enumerate(cfg.faults):
                 at = span * (i + 1) + self.rng.randrange(0, max(1, span // 3))
