@@ -18,7 +18,9 @@ from tierckpt.ops.check import check_tier2
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.fetch import fetch_into_tier1
 from tierckpt.tier2.storage import LocalStorage, MemoryStorage, Storage
+from tierckpt.tier2.storage.runs import RunStorage
 from tierckpt.tier2.uploader.transfer import upload_step
 
 
@@ -180,3 +182,55 @@ def test_a_stale_lease_expires_and_is_removed(tmp_path: Path) -> None:
     st.put_bytes(f"{objmap.SWEEPS}dead.json", b"{}")
     Tier2Catalog(st, sweep_window_s=0.05).await_sweeps()
     assert st.list(objmap.SWEEPS) == []
+
+
+def _siblings(tmp_path: Path, base: Storage) -> tuple[Tier2Catalog, Tier2Catalog, Path]:
+    """Runs a and b fine-tuned from one base under one prefix: a uploads steps 1 and 2, b
+    (the same base, its own adapters) step 5; b's tier 1 is kept to compare with."""
+    ta, tb = tmp_path / "a", tmp_path / "b"
+    make_checkpoint(ta, 1, BASE)
+    derive(ta, 1, 2, changed={"__0_1.distcp"})
+    make_checkpoint(tb, 1, BASE)  # the same base bytes as a's
+    derive(tb, 1, 5, changed={"__0_1.distcp", ".metadata"})
+    a, b = Tier2Catalog(RunStorage(base, "a")), Tier2Catalog(RunStorage(base, "b"))
+    assert [_upload(ta, a, s).status for s in (1, 2)] == ["verified"] * 2
+    r = _upload(tb, b, 5)  # a sibling's first upload sends what differs from the base only
+    assert r.status == "verified" and r.bytes == BASE["__0_1.distcp"][0] + BASE[".metadata"][0]
+    return a, b, tb
+
+
+def test_sibling_runs_share_the_base_and_never_delete_each_others_objects(
+        tmp_path: Path) -> None:
+    t2 = tmp_path / "t2"
+    t2.mkdir()
+    base = LocalStorage(t2)
+    a, b, tb = _siblings(tmp_path, base)
+    assert a.complete_steps() == [1, 2] and b.complete_steps() == [5]  # each its own steps
+    assert Tier2Catalog(base).sweep().deleted == 0  # the prefix's own run keeps theirs too
+    a.delete(1)
+    result = a.delete(2)  # a is gone from tier 2: its sweep keeps what b's map names
+    assert result is not None and result.deleted >= 2 and result.blocked is None
+    assert a.complete_steps() == [] and set(b.content()) == _referenced(b)
+    assert check_tier2(RunStorage(base, "b"), 5).ok
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    fetch_into_tier1(b, Tier1Catalog(fresh), 5, names=None)  # from tier 2 alone
+    for p in (tb / "step-00000005").iterdir():
+        assert (fresh / "step-00000005" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_a_siblings_upload_in_flight_keeps_what_it_skipped(tmp_path: Path) -> None:
+    """b's upload in flight (its map part written, no marker yet) relies on a's objects: a
+    deleted from tier 2 (every step, as ``gc`` does) leaves them, by b's intent."""
+    t2 = tmp_path / "t2"
+    t2.mkdir()
+    a, b, _ = _siblings(tmp_path, LocalStorage(t2))
+    m = b.resolve(5).objmap
+    assert m is not None
+    b.write_part(5, m, "r00000")  # step 5 back to an upload in flight: its intent, no marker
+    for name in (layout.COMPLETE, objmap.MAP):
+        b.storage.delete(Tier2Catalog.key(5, name))
+    assert b.complete_steps() == []
+    a.delete(1)
+    a.delete(2)
+    assert set(m.keys().values()) <= set(a.content())

@@ -30,10 +30,11 @@ before the uploader's re-check; a sweep that leased later lists the part. No clo
 compared across machines; each side measures its own elapsed time. Cost in the common case:
 one LIST of the lease prefix per upload.
 
-Sharing a prefix between sibling runs (issue 41) would need the same rule across runs: each
-run's maps and parts are already in the listing of a shared prefix, but two runs' retention
-would also have to agree on the leases (they do, by construction) and never delete each
-other's step prefixes; in this version every run has a prefix of its own.
+Sibling runs sharing a prefix (``?run=NAME``, :mod:`tierckpt.tier2.storage.runs`) follow the
+same rule across runs: a sweep reads the maps and parts of every run under the prefix (the
+prefix's own steps and ``runs/*/``), not only those of the run that deletes; the leases are
+the prefix's, so every run's uploads and sweeps see each other's; and a run's retention
+deletes its own steps only (its catalogue lists nothing else).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from tierckpt.format import layout, objmap
 from tierckpt.format import manifest as mf
 from tierckpt.tier1.manifests import MANIFEST_LIMIT
 from tierckpt.tier2.storage import Storage
+from tierckpt.tier2.storage.runs import RUNS
 
 SWEEP_WINDOW_S = 30.0
 """A sweep issues deletions only this long after its lease; an uploader treats a lease it
@@ -74,18 +76,36 @@ def read_map(storage: Storage, key: str) -> objmap.ObjectMap:
     return objmap.ObjectMap.from_bytes(data)
 
 
-def references(storage: Storage, steps: Mapping[int, Mapping[str, int]]) -> set[str]:
+def references(storage: Storage, steps: Mapping[int, Mapping[str, int]],
+               prefix: str = "") -> set[str]:
     """Content keys referenced (module docstring) by the steps of one listing
-    (step → {member: size}). Raises when a map or part cannot be read."""
+    (step → {member: size}) under ``prefix``. Raises when a map or part cannot be read."""
     refs: set[str] = set()
     for step, members in steps.items():
         names = [n for n in members if objmap.is_part(n)]
         if layout.COMPLETE in members and objmap.MAP in members:
             names.append(objmap.MAP)
         for name in names:
-            refs.update(read_map(storage, f"{layout.step_dirname(step)}/{name}").keys()
-                        .values())
+            refs.update(read_map(storage, f"{prefix}{layout.step_dirname(step)}/{name}")
+                        .keys().values())
     return refs
+
+
+def sibling_references(storage: Storage) -> set[str]:
+    """Content keys referenced by the other runs sharing ``storage``'s prefix: the
+    prefix's own steps and every ``runs/<name>/`` but the one ``storage`` is (when it is a
+    :class:`~tierckpt.tier2.storage.runs.RunStorage`)."""
+    base: Storage = getattr(storage, "shared", storage)
+    own = f"{RUNS}{storage.run}/" if base is not storage else ""  # type: ignore[attr-defined]
+    by_run: dict[str, dict[int, dict[str, int]]] = {}
+    for info in (*base.list("step-"), *base.list(RUNS)):
+        parts = info.key.split("/", 3)
+        run = f"{RUNS}{parts[1]}/" if parts[0] == RUNS[:-1] and len(parts) == 4 else ""
+        head, member = parts[2:4] if run else (parts[0], "/".join(parts[1:]))
+        step = layout.parse_step_dirname(head)
+        if step is not None and member and run != own:
+            by_run.setdefault(run, {}).setdefault(step, {})[member] = info.size
+    return set().union(*(references(base, steps, run) for run, steps in by_run.items()))
 
 
 def sweep(storage: Storage, list_steps: Callable[[], Mapping[int, Mapping[str, int]]], *,
@@ -98,7 +118,8 @@ def sweep(storage: Storage, list_steps: Callable[[], Mapping[int, Mapping[str, i
     storage.put_bytes(lease, mf.canonical({"window_s": window_s}), if_none_match=True)
     content = {i.key: i.size for i in storage.list(objmap.OBJECTS)}
     try:
-        refs = references(storage, list_steps()) if content else set()
+        refs = references(storage, list_steps()) | sibling_references(storage) \
+            if content else set()
     except (IntegrityError, SignatureError, StorageError) as e:
         storage.delete(lease)
         return SweepResult(blocked=f"a map could not be read, nothing deleted: {e}")

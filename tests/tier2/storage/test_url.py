@@ -17,8 +17,13 @@ BAD = [  # (url, what the message must say)
     ("s3://b:9000/p", "is a host:port, not a bucket name"),
     ("s3://bucket name/p", "is not a bucket name"),
     ("s3://bucket/a//b", "is not valid"),
-    ("s3://bucket/p?versionId=1", "query or fragment"),
-    ("s3://bucket/p#x", "query or fragment"),
+    ("s3://bucket/p?versionId=1", "the only query a tier-2 URL takes is ?run=NAME"),
+    ("s3://bucket/p?run=a&x=1", "the only query a tier-2 URL takes is ?run=NAME"),
+    ("s3://bucket/p?", "the only query a tier-2 URL takes is ?run=NAME"),
+    ("file:///x?run=", "must be 1-64 letters"),
+    ("s3://bucket/p?run=../b", "must be 1-64 letters"),
+    ("s3://bucket/p?run=a/b", "must be 1-64 letters"),
+    ("s3://bucket/p#x", "must not have a fragment"),
     ("file://relative/p", "names the host 'relative'"),
     ("file:relative/p", "file:///absolute/path"),
     ("file://", "file:///absolute/path"),
@@ -75,6 +80,9 @@ def test_parse_url_values() -> None:
                                                              prefix="run/1")
     assert parse_url("az://ckpt-runs/") == StorageURL(scheme="az", location="ckpt-runs")
     assert parse_url("memory://").location == "mem"
+    assert parse_url("s3://bucket/ft/?run=lora-a") == StorageURL(
+        scheme="s3", location="bucket", prefix="ft", run="lora-a")
+    assert parse_url("file:///mnt/t2?run=b.2").run == "b.2"
     with pytest.raises(ConfigError, match="must be a URL string"):
         parse_url(None)
 

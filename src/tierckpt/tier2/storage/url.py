@@ -7,7 +7,9 @@ chain (S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles...; GCS: applic
 credentials, ``STORAGE_EMULATOR_HOST``; Azure: ``AZURE_STORAGE_CONNECTION_STRING``, or
 ``AZURE_STORAGE_ACCOUNT_NAME`` with a key or the default credential chain).
 ``memory://name`` gives a fresh in-memory store (in-process tests and demos only; not
-shared, not even between two ``open_storage`` calls).
+shared, not even between two ``open_storage`` calls). Any of them may end in ``?run=NAME``:
+one of several sibling runs sharing the prefix's content
+(:mod:`tierckpt.tier2.storage.runs`).
 
 :func:`parse_url` does no I/O and imports nothing heavy, so a configuration
 (:class:`tierckpt.ManagerConfig`) can refuse a bad URL when it is constructed, with the same
@@ -26,6 +28,7 @@ from tierckpt.errors import ConfigError
 from tierckpt.tier2.storage.base import Storage, validate_key
 from tierckpt.tier2.storage.local import LocalStorage
 from tierckpt.tier2.storage.memory import MemoryStorage
+from tierckpt.tier2.storage.runs import RunStorage, validate_run
 
 FORMS = ("s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or "
          "file:///absolute/path")
@@ -58,6 +61,8 @@ class StorageURL:
     prefix: str = ""
     """``s3``, ``gs``, ``az``: the key prefix, without leading or trailing ``/`` (``""``: the
     bucket's root); always ``""`` for the other schemes."""
+    run: str = ""
+    """The sibling run (``?run=NAME``) whose steps the URL means; ``""``: the prefix's own."""
 
 
 def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
@@ -65,8 +70,9 @@ def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
 
     ``name`` is what the caller calls the value (``"tier2"``, ``"--tier2"``): every
     :class:`ConfigError` starts with it and shows the form to write instead. Refused: a
-    non-string, surrounding whitespace or control characters, a query or fragment, an
-    unknown scheme, an object-store URL without a bucket (container), with credentials or
+    non-string, surrounding whitespace or control characters, a fragment, a query other
+    than ``?run=NAME`` (a valid run name), an unknown scheme, an object-store URL without a
+    bucket (container), with credentials or
     with a ``host:port`` where the bucket goes, a bucket name the store cannot have, a
     prefix that is not a valid key, and a ``file:`` URL that is not
     ``file:///absolute/path`` (``file://relative/p`` names a host ``relative``, not a
@@ -79,9 +85,13 @@ def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
         raise ConfigError(f"{name} must not have surrounding spaces or control characters, "
                           f"got {url!r}; write {FORMS}")
     parts = urllib.parse.urlsplit(url)
-    if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise ConfigError(f"{name} must not have a query or fragment ('?...', '#...'), got "
-                          f"{url!r}; write {FORMS}")
+    if parts.fragment or url.endswith("#"):
+        raise ConfigError(f"{name} must not have a fragment ('#...'), got {url!r}; "
+                          f"write {FORMS}")
+    if parts.query or url.endswith("?"):
+        run = _run(parts.query, url, name)
+        base = parse_url(url[:url.index("?")], name=name)
+        return dataclasses.replace(base, run=run)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise ConfigError(
@@ -94,6 +104,18 @@ def parse_url(url: object, *, name: str = "storage URL") -> StorageURL:
     if parts.scheme in _OBJECT_STORES:
         return _parse_bucket(url, parts, name)
     raise ConfigError(f"{name}: unsupported URL {url!r}; write {FORMS}")
+
+
+def _run(query: str, url: str, name: str) -> str:
+    """The run a URL's query names: ``run=NAME`` and nothing else."""
+    if not query.startswith("run=") or "&" in query:
+        raise ConfigError(f"{name}: the only query a tier-2 URL takes is ?run=NAME (one of "
+                          f"several runs sharing the prefix), got {url!r}; write {FORMS}, "
+                          "with ?run=NAME for a sibling run")
+    try:
+        return validate_run(urllib.parse.unquote(query.removeprefix("run=")), url=url)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
 
 
 def _parse_bucket(url: str, parts: urllib.parse.SplitResult, name: str) -> StorageURL:
@@ -182,6 +204,8 @@ def open_storage(url: str, **options: object) -> Storage:
     is not installed.
     """
     u = parse_url(url)
+    if u.run:
+        return RunStorage(open_storage(url[:url.index("?")], **options), u.run)
     if u.scheme not in _BACKENDS and options:
         raise ConfigError(f"object-store options were given for a {u.scheme}:// URL")
     if u.scheme == "file":
