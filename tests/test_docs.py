@@ -17,6 +17,7 @@ import dataclasses
 import importlib
 import inspect
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def _blocks() -> list[Block]:
         text = page.read_text()
         for m in FENCE.finditer(text):
             out.append(Block(str(page.relative_to(ROOT)), text.count("\n", 0, m.start()) + 1,
-                             (m.group("mark") or "").strip(), m.group("code")))
+                             (m.group("mark") or "").strip(), textwrap.dedent(m.group("code"))))
     return out
 
 
