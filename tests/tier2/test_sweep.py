@@ -11,15 +11,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from s3server import S3Env
+
 from tests._synthetic import make_checkpoint
 from tests.tier2.test_content import BASE, derive
 from tierckpt.format import layout, objmap
 from tierckpt.ops.check import check_tier2
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
-from tierckpt.tier2.storage import LocalStorage, MemoryStorage, Storage
+from tierckpt.tier2.storage import LocalStorage, MemoryStorage, Storage, open_storage
 from tierckpt.tier2.storage.runs import RunStorage
 from tierckpt.tier2.uploader.transfer import upload_step
 
@@ -234,3 +238,25 @@ def test_a_siblings_upload_in_flight_keeps_what_it_skipped(tmp_path: Path) -> No
     a.delete(1)
     a.delete(2)
     assert set(m.keys().values()) <= set(a.content())
+
+
+@pytest.mark.slow
+def test_sibling_runs_on_the_s3_servers_resume_from_tier2_after_deletions(
+        tmp_path: Path, any_s3_env: S3Env) -> None:
+    """The sibling rule on SeaweedFS and moto: a's steps deleted one by one (each sweeps),
+    b's step still verifies and restores from tier 2 alone, byte for byte."""
+    probed = probe.probe_url(f"{any_s3_env.url}?run=b")  # a run's URL probes its server
+    assert probed.modes == probe.probe_url(any_s3_env.url).modes
+    opts = probed.store_options()  # moto: MD5, as a job's uploader opens it
+    with open_storage(any_s3_env.url, **opts) as base:
+        a, b, tb = _siblings(tmp_path, base)
+        for step in (1, 2):
+            a.delete(step)
+        assert a.complete_steps() == [] and set(b.content()) == _referenced(b)
+        assert check_tier2(RunStorage(base, "b"), 5).ok
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        fetch_into_tier1(b, Tier1Catalog(fresh), 5, names=None)
+        for p in (tb / "step-00000005").iterdir():
+            assert (fresh / "step-00000005" / p.name).read_bytes() == p.read_bytes(), p.name
+        assert any(k.startswith("runs/b/step-00000005/") for k in any_s3_env.keys())  # noqa: SIM118

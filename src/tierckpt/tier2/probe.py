@@ -94,7 +94,8 @@ def probe_url(url: str, **options: Any) -> ProbeResult:
     (:func:`~tierckpt.tier2.storage.open_storage`). An object store's capabilities name
     its :func:`server_identity`, the key of the cache."""
     scheme = parse_url(url).scheme
-    with open_storage(url, **options) as st:
+    with open_storage(url, **options) as opened:
+        st = getattr(opened, "shared", opened)  # a sibling run's: the server is the prefix's
         if scheme in _PROBES:  # the store's client library: only for its own URLs
             caps = importlib.import_module(_PROBES[scheme]).probe(st)
             caps = dataclasses.replace(caps, server=server_identity(url))
