@@ -17,6 +17,10 @@ trainable parameters (a synthetic gradient, ``optimizer.step()``):
 - ``dcp``: plain ``torch.distributed.checkpoint.save`` of the same state dict into a fresh
   directory (synchronous, no tier 2).
 
+Then a *sibling*: a second fine-tune of the same base (its own adapters) under the same
+tier-2 prefix as the ``incremental`` run (``?run=sibling`` beside ``?run=incremental``); its
+first upload is reported against the first run's first (full) one.
+
 The first save of each is the warm-up (it allocates the buffers and writes and uploads
 everything); the ``repeats`` saves after it are measured and their median reported: ``C`` =
 seconds ``save()`` blocked, ``durable`` = ``save()`` → committed on tier 1, bytes staged
@@ -196,16 +200,36 @@ def measure_incremental(work: Path, total: int, repeats: int = 2,
                 if mode == "dcp":
                     rows = _dcp_saves(st, root, saves=repeats + 1)
                 else:
-                    rows = _manager_saves(st, root, f"{url}/{shape}-{mode}",
+                    where = f"{shape}-shared?run=incremental" if mode == "incremental" \
+                        else f"{shape}-{mode}"
+                    rows = _manager_saves(st, root, f"{url}/{where}",
                                           incremental=mode == "incremental",
                                           saves=repeats + 1)
                 modes[mode] = _summary(rows)
                 shutil.rmtree(root, ignore_errors=True)  # bounded disk: one mode's saves
+            sibling = _sibling(build(shape, total), work / shape / "sibling",
+                               f"{url}/{shape}-shared?run=sibling")
             st = build(shape, total)
+            ratios = _ratios(modes)
+            first = modes["incremental"]["saves"][0]["uploaded_bytes"]
+            ratios["sibling_first_upload_vs_full"] = None if not first else \
+                sibling["uploaded_bytes"] / first
             shapes[shape] = {"frozen_bytes": _param_bytes(st, frozen=True),
                              "trainable_bytes": _param_bytes(st, frozen=False),
-                             "modes": modes, "ratios": _ratios(modes)}
+                             "modes": modes, "sibling": sibling, "ratios": ratios}
     return {"server": server, "total_bytes": total, "repeats": repeats, "shapes": shapes}
+
+
+def _sibling(st: TrainState, root: Path, url: str) -> dict[str, Any]:
+    """The first save of a sibling fine-tune: the same base, its own trainable values."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in st.model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 1e-3)
+    [row] = _manager_saves(st, root, url, incremental=True, saves=1)
+    shutil.rmtree(root, ignore_errors=True)
+    return row
 
 
 def _ratios(modes: dict[str, Any]) -> dict[str, float | None]:
@@ -249,13 +273,15 @@ def markdown(s: dict[str, Any]) -> list[str]:
                          f"{_mb(m['staged_bytes'])} | {_mb(m['written_bytes'])} | "
                          f"{_mb(m['uploaded_bytes'])} |")
     lines += ["", "| shape | frozen | staged vs full | written vs full | uploaded vs a full "
-              "save | durable vs full | durable vs plain DCP |", "|---|---|---|---|---|---|---|"]
+              "save | durable vs full | durable vs plain DCP | a sibling's first upload vs "
+              "the first run's |", "|---|---|---|---|---|---|---|---|"]
     for shape, sh in s["shapes"].items():
         r = sh["ratios"]
         share = sh["frozen_bytes"] / max(1, sh["frozen_bytes"] + sh["trainable_bytes"])
         lines.append(f"| {shape} | {share:.1%} of parameters | {_r(r['staged_vs_full'])} | "
                      f"{_r(r['written_vs_full'])} | {_r(r['uploaded_vs_full_save'])} | "
-                     f"{_r(r['durable_vs_full'])} | {_r(r['durable_vs_dcp'])} |")
+                     f"{_r(r['durable_vs_full'])} | {_r(r['durable_vs_dcp'])} | "
+                     f"{_r(r.get('sibling_first_upload_vs_full'))} |")
     return [*lines, ""]
 
 

@@ -43,6 +43,10 @@ def test_the_lora_base_is_neither_staged_nor_written_nor_uploaded_again(
     for key in ("staged_vs_full", "written_vs_full", "uploaded_vs_full_save"):
         assert r[key] < 0.1, (key, r)
     assert full["uploaded_bytes"] >= lora["frozen_bytes"]  # one file: sent whole every time
+    # a sibling fine-tune of the same base under the same prefix (?run=sibling): its first
+    # upload is its adapters and their optimizer state, not the base again
+    assert r["sibling_first_upload_vs_full"] < 0.1, r
+    assert lora["sibling"]["referenced_bytes"] >= lora["frozen_bytes"]
 
 
 def test_frozen_embeddings_skip_their_quarter(section: dict[str, Any]) -> None:
