@@ -146,12 +146,20 @@ def probe_etcd(endpoint: str) -> tuple[bool, str]:
             break
     if size is not None:
         line += f"; database {size / 2**20:.1f} MiB"
-    if alarms:  # NOSPACE: every write refused, the job can neither start nor heal
-        return False, (f"{line}; etcd raised {', '.join(alarms)}: its database is full "
-                       "(quota, 2 GiB by default): compact and defragment it (etcdctl "
-                       "compact, etcdctl defrag, etcdctl alarm disarm) and run it with "
-                       "--auto-compaction-mode=periodic --auto-compaction-retention=5m")
+    if alarms:  # every write refused, or a member's data damaged: the job cannot heal
+        return False, f"{line}; " + "; ".join(_ALARMS.get(a, f"etcd raised {a}")
+                                             for a in alarms)
     return up > len(urls) // 2, line
+
+
+_ALARMS = {  # etcd's alarm -> what it means and what to do
+    "NOSPACE": "etcd raised NOSPACE: its database is full (quota, 2 GiB by default): compact "
+               "and defragment it (etcdctl compact, etcdctl defrag, etcdctl alarm disarm) and "
+               "run it with --auto-compaction-mode=periodic --auto-compaction-retention=5m",
+    "CORRUPT": "etcd raised CORRUPT: a member's data differs from the others' (etcd's "
+               "corruption check): remove that member and add it back empty (etcdctl member "
+               "remove, etcdctl member add), or restore the cluster from a snapshot",
+}
 
 
 def forwards_signal(text: str, name: str) -> bool:
