@@ -75,7 +75,7 @@ _LOST = {"node_lost": 1, "two_nodes": 2, "store_node": 1, "spare_lost": 1, "no_s
 ETCD_MEMBERS = 3
 """Members of the drill's own etcd when ``store_node`` loses one (else one)."""
 _POLL_S = 0.05
-_DETECT_S = 2.0
+_DETECT_S = 3.0  # --node-timeout's default: an etcd election (1-2 s) plus a client's retries
 
 Progress = Callable[[str, str, str], None]
 
