@@ -15,12 +15,13 @@ from tierckpt.tier1 import fs
 def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | None]], *,
                     domains: tuple[tuple[int, ...], ...] = (), world_size: int = 1,
                     only_ranks: set[int] | None = None, sealed: bool = False,
-                    key: bytes | None = None) -> mf.Manifest:
+                    key: bytes | None = None, seed: int | None = None) -> mf.Manifest:
     """A committed tier-1 checkpoint of random files ``{name: (size, rank)}``. With
     ``only_ranks`` the directory holds just those ranks' files plus shared ones (a node).
     ``sealed``: with manifest parts, as the saver commits (:func:`~tierckpt.format.
-    parts.seal`; signed with ``key``); the manifest returned then lists them."""
-    rng = random.Random(step)
+    parts.seal`; signed with ``key``); the manifest returned then lists them. ``seed``:
+    other bytes and save id for the same step (a step saved again after a rollback)."""
+    rng = random.Random(step if seed is None else seed)
     d = root / layout.step_dirname(step)
     d.mkdir(parents=True)
     entries = []
@@ -30,7 +31,8 @@ def make_checkpoint(root: Path, step: int, sizes: dict[str, tuple[int, int | Non
                                     rank=rank))
         if only_ranks is None or rank is None or rank in only_ranks:
             fs.write_durably(d / name, data)
-    m = mf.Manifest(step=step, world_size=world_size, save_id=f"save{step}",
+    m = mf.Manifest(step=step, world_size=world_size,
+                    save_id=f"save{step}" + ("" if seed is None else f"-{seed}"),
                     files=tuple(entries), domains=domains)
     if sealed:
         s = seal(m, key)

@@ -259,6 +259,35 @@ def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
     assert Tier1Catalog(b).uploads.uploaded_steps() == {5}
 
 
+def test_a_part_left_by_a_rolled_back_save_of_the_same_step_does_not_block_it(
+        tmp_path: Path) -> None:
+    """Node 0 uploaded its part of step 5 and was lost before the marker; the job rolled
+    back and saved step 5 again (another checkpoint). The stale part, a different
+    manifest's, must not fail the new upload (it did: "object map parts of different
+    checkpoints", and tier 2 stayed behind for the rest of the run)."""
+    files = {".metadata": (200, None), "__0_0.distcp": (3000, 0), "__1_0.distcp": (4000, 1)}
+    domains = ((0,), (1,))
+    store = MemoryStorage()
+    old, a, b = tmp_path / "lost", tmp_path / "node0", tmp_path / "node1"
+    make_checkpoint(old, 5, files, domains=domains, world_size=2, only_ranks={0})
+    with Uploader(cfg(old), storage=store) as up:
+        assert up.run_once().status == "files_verified"  # type: ignore[union-attr]
+    for root, ranks in ((a, {0}), (b, {1})):  # step 5 saved again: other bytes, save id
+        make_checkpoint(root, 5, files, domains=domains, world_size=2, only_ranks=ranks,
+                        seed=99)
+    with Uploader(cfg(b), storage=store) as up_b:  # node 1 first: the stale part is there
+        assert up_b.run_once().status == "files_verified"  # type: ignore[union-attr]
+    with Uploader(cfg(a), storage=store) as up_a:
+        r = up_a.run_once()
+    assert r is not None and r.status == "verified", r
+    where = Tier2Catalog(store).resolve(5)
+    for name in files:
+        node = a if files[name][1] in (None, 0) else b
+        assert store.get_bytes(where.key(name)) == (node / "step-00000005" / name).read_bytes()
+    assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
+        "objects.json", "manifest.json", "COMPLETE"}  # the stale part went with the others
+
+
 # -- real S3 and a real kill -9 --------------------------------------------------------------
 def _wait_for(cond: Any, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout

@@ -160,8 +160,13 @@ class _StepUpload:
 
     def _merged(self, m: mf.Manifest, manifest_bytes: bytes,
                 own: set[str]) -> objmap.ObjectMap | None:
-        """Every root's parts as one map, or None while another node's files are missing."""
-        merged = objmap.merge(self.remote.parts(self.step))
+        """Every root's parts as one map, or None while another node's files are missing.
+        A part of another checkpoint of this step (a save rolled back by a heal or restart
+        after a node uploaded its part, then saved again) is not this one's: left out here,
+        overwritten by its root's new part, and dropped with the others at the marker."""
+        digest = mf.digest(manifest_bytes)
+        merged = objmap.merge(p for p in self.remote.parts(self.step)
+                              if p.manifest_sha256 == digest)
         merged.check(m, manifest_bytes, complete=False)
         if len(merged.entries) != len(m.files):
             return None
