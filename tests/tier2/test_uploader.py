@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -286,6 +287,31 @@ def test_a_part_left_by_a_rolled_back_save_of_the_same_step_does_not_block_it(
         assert store.get_bytes(where.key(name)) == (node / "step-00000005" / name).read_bytes()
     assert {i.key.split("/")[1] for i in store.list("step-00000005/")} == {
         "objects.json", "manifest.json", "COMPLETE"}  # the stale part went with the others
+
+
+def test_a_step_saved_again_after_a_rollback_is_uploaded_again(tmp_path: Path) -> None:
+    """A root whose part of step 5 was uploaded (``files_verified``) before the job rolled
+    back and saved step 5 again uploads the new step 5 (its record named the old save)."""
+    files = {".metadata": (200, None), "__0_0.distcp": (3000, 0), "__1_0.distcp": (4000, 1)}
+    domains = ((0,), (1,))
+    store = MemoryStorage()
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    make_checkpoint(b, 5, files, domains=domains, world_size=2, only_ranks={1})
+    with Uploader(cfg(b), storage=store) as up:
+        assert up.run_once().status == "files_verified"  # type: ignore[union-attr]
+    shutil.rmtree(b / "step-00000005")  # rolled back (quarantined), then saved again
+    for root, ranks in ((a, {0}), (b, {1})):
+        make_checkpoint(root, 5, files, domains=domains, world_size=2, only_ranks=ranks,
+                        seed=99)
+    with Uploader(cfg(a), storage=store) as up_a:
+        assert up_a.run_once().status == "files_verified"  # type: ignore[union-attr]
+    with Uploader(cfg(b), storage=store) as up_b:
+        assert up_b.next_step() == 5
+        r = up_b.run_once()
+    assert r is not None and r.status == "verified", r
+    where = Tier2Catalog(store).resolve(5)
+    assert store.get_bytes(where.key("__1_0.distcp")) == (b / "step-00000005" /
+                                                          "__1_0.distcp").read_bytes()
 
 
 # -- real S3 and a real kill -9 --------------------------------------------------------------

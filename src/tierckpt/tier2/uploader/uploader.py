@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
 from tierckpt.policy import retention
 from tierckpt.runtime import events
@@ -79,11 +80,26 @@ class Uploader:
             for step in sorted(self.local.complete_steps()):
                 if counted is None or step > counted[1]:
                     self.local.uploads.count_commit(step, upload_every=self.config.upload_every)
-        return retention.next_upload(self.local.complete_steps(),
-                                     upload_every=self.config.upload_every,
-                                     done=self.local.uploads.uploaded_steps(),
+        complete = self.local.complete_steps()
+        return retention.next_upload(complete, upload_every=self.config.upload_every,
+                                     done=self._done(complete),
                                      requested=self.local.uploads.upload_requests(),
                                      marked=self.local.uploads.upload_marks())
+
+    def _done(self, complete: list[int]) -> set[int]:
+        """Steps whose upload is done for the checkpoint now under that step: a record of
+        an earlier save of the step (rolled back by a heal or restart, then saved again)
+        names another save id and is not this checkpoint's."""
+        done = self.local.uploads.uploaded_steps()
+        for step in done & set(complete):
+            record = self.local.uploads.upload_record(step) or {}
+            try:
+                now = self.local.read_committed(step)[0].save_id
+            except (IntegrityError, OSError):
+                continue  # the checkpoint's own state decides; the record stands
+            if record.get("save_id") not in (None, now):
+                done.discard(step)
+        return done
 
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
         """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
