@@ -9,9 +9,11 @@ from typing import Any
 
 from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
+from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier1.manifests import read_small
 from tierckpt.tier1.uploads import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
@@ -93,8 +95,9 @@ class Uploader:
         done = self.local.uploads.uploaded_steps()
         for step in done & set(complete):
             record = self.local.uploads.upload_record(step) or {}
-            try:
-                now = self.local.read_committed(step)[0].save_id
+            try:  # the marker names the save: one small read, not the manifest
+                now = mf.marker_body(read_small(self.local.step_dir(step) /
+                                                layout.COMPLETE)).get("save_id")
             except (IntegrityError, OSError):
                 continue  # the checkpoint's own state decides; the record stands
             if record.get("save_id") not in (None, now):
