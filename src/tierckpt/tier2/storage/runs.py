@@ -58,9 +58,7 @@ class RunStorage:
         return key if key.startswith(SHARED) else self._prefix + key
 
     def _info(self, info: ObjectInfo) -> ObjectInfo:
-        key = info.key.removeprefix(self._prefix) if info.key.startswith(self._prefix) \
-            else info.key
-        return dataclasses.replace(info, key=key)
+        return dataclasses.replace(info, key=info.key.removeprefix(self._prefix))
 
     @property
     def integrity(self) -> str:
