@@ -41,6 +41,9 @@ def test_node_drill_heals_lost_nodes_and_restarts_without_a_spare(tmp_path: Path
     assert res.exit_code == 0 and doc["ok"], _why(tmp_path, doc)
     assert [(f["kind"], f["outcome"]) for f in doc["faults"]] == [
         ("node_lost", "heal"), ("spare_lost", "restart"), ("no_spare", "restart")]
+    # docs/drills.md: the faults fall at S/(F+2), 2S/(F+2), ... each a seeded few steps later
+    span = 60 // (3 + 2)
+    assert [f["at_step"] // span for f in doc["faults"]] == [1, 2, 3], doc["faults"]
     spare = doc["faults"][1]  # the running node, then the spare node that took its slot
     assert len(spare["nodes"]) == 2 and spare["nodes"][1].startswith("spare"), spare
     lost = doc["faults"][0]
