@@ -17,10 +17,20 @@ from torch import nn
 
 import tierckpt
 from tierckpt import Tier2
-from tierckpt.errors import ConfigError, Tier2OutageError
+from tierckpt.errors import (
+    BadDigestError,
+    ConfigError,
+    ObjectNotFoundError,
+    SignatureError,
+    Tier2OutageError,
+)
 from tierckpt.format import layout
+from tierckpt.restore.choose import Chooser
 from tierckpt.runtime import events
+from tierckpt.runtime.topology import Comm
 from tierckpt.tier1.catalog import Tier1Catalog
+from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage import open_storage
 
 
 def _state(seed: int = 0) -> tierckpt.TrainState:
@@ -163,3 +173,23 @@ def test_a_tier2_mount_that_is_down_does_not_stop_a_restart(
     assert info is not None and info.step == 3 and info.source == "tier1"
     assert any("is not there" in r.getMessage() for r in caplog.records)
     assert not gone.exists()
+
+
+def test_a_failed_fetch_is_damage_only_when_tier2_answers_for_the_step(tmp_path: Path) -> None:
+    """``Chooser.damaged_on_tier2``: a CRC32C mismatch is damage; a missing object is
+    damage while the step's marker is on tier 2, and not when it is gone too (tier 2 away,
+    or the step deleted meanwhile: try again later); a signature failure never is."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    remote = Tier2Catalog(open_storage(bucket.as_uri()))
+    remote.storage.put_bytes("step-00000002/COMPLETE", b"{}")
+    log = events.EventLog(tmp_path / "events.jsonl")
+    with Chooser(Tier1Catalog(tmp_path / "t1"), Comm(), (0,), is_owner=True, full=False,
+                 log=log, open_remote=lambda: remote) as chooser:
+        chooser.remote = remote
+        missing = ObjectNotFoundError("get objects/sha256/ab: no such object")
+        assert chooser.damaged_on_tier2(2, BadDigestError("crc32c mismatch"))
+        assert chooser.damaged_on_tier2(2, missing)
+        assert not chooser.damaged_on_tier2(3, missing)  # no marker of step 3
+        assert not chooser.damaged_on_tier2(2, SignatureError("bad HMAC"))
+        assert not chooser.damaged_on_tier2(2, OSError("connection reset"))

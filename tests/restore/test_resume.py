@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -231,3 +232,76 @@ def test_without_another_copy_the_previous_step_is_restored(tmp_path: Path) -> N
         info = ck.restore(_state())
     assert info is not None and info.step == 1 and info.source == "tier1"
     assert [s for s, _ in info.skipped] == [2]
+
+
+def _tier2_only(tmp_path: Path) -> Path:
+    """Steps 1 and 2 uploaded to a file:// tier 2 (its directory returned)."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    _two_checkpoints_to(tmp_path / "t1", bucket)
+    return bucket
+
+
+def _keys(bucket: Path, step: int) -> dict[str, str]:
+    """Member name → content key, from ``step``'s map on tier 2."""
+    m = json.loads((bucket / layout.step_dirname(step) / "objects.json").read_text())
+    return {e["name"]: e["key"] for e in m["entries"]}
+
+
+def _two_checkpoints_to(root: Path, bucket: Path) -> None:
+    st = _state()
+    with tierckpt.CheckpointManager(tier1=root, tier2=tierckpt.Tier2(bucket.as_uri())) as ck:
+        ck.save(1, st).wait()
+        deadline = time.monotonic() + 60
+        while not (bucket / "step-00000001" / layout.COMPLETE).is_file():  # uploaded
+            assert time.monotonic() < deadline, "step 1 never reached tier 2"
+            time.sleep(0.05)
+        with torch.no_grad():
+            st.model.weight.add_(1.0)
+        ck.save(2, st).wait()
+    assert (bucket / "step-00000002" / layout.COMPLETE).is_file()  # close() drained it
+
+
+def _restore_fresh(tmp_path: Path, bucket: Path) -> tuple[tierckpt.RestoreInfo | None, Path]:
+    fresh = tmp_path / "fresh"
+    with tierckpt.CheckpointManager(
+            tier1=fresh, tier2=tierckpt.Tier2(bucket.as_uri(), start_uploader=False)) as ck:
+        info = ck.restore(_state())
+    return info, fresh
+
+
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_a_damaged_or_missing_object_on_tier2_falls_back_to_the_step_before(
+        tmp_path: Path, damage: str) -> None:
+    """A new node (empty tier 1) whose newest tier-2 step has a content object flipped or
+    deleted behind the job's back: that step is skipped with the reason logged, the one
+    before is restored from tier 2, and the failed fetch leaves nothing on tier 1."""
+    bucket = _tier2_only(tmp_path)
+    keys = _keys(bucket, 2)
+    obj = bucket / max((k for n, k in keys.items() if n.endswith(".distcp")),
+                       key=lambda k: (bucket / k).stat().st_size)
+    if damage == "flip":
+        _flip(obj.parent, obj.name)
+    else:
+        obj.unlink()
+    info, fresh = _restore_fresh(tmp_path, bucket)
+    assert info is not None and info.step == 1 and info.source == "tier2", info
+    ((step, reason),) = info.skipped
+    assert step == 2 and "fetching step 2 from tier 2 failed" in reason
+    assert ("no such object" if damage == "delete" else "crc32c") in reason
+    skipped = [e for e in events.read_events(fresh / layout.EVENTS)
+               if e["event"] == events.CHECKPOINT_SKIPPED]
+    assert [e["step"] for e in skipped] == [2]
+    assert sorted(p.name for p in fresh.glob("step-*")) == ["step-00000001"]  # no tmp left
+
+
+def test_every_tier2_step_damaged_is_a_fresh_start_that_keeps_them(tmp_path: Path) -> None:
+    """As with tier 1: nothing readable anywhere is a fresh start, each step skipped with
+    its reason; tier 2 keeps both steps (nothing is deleted)."""
+    bucket = _tier2_only(tmp_path)
+    for k in {_keys(bucket, s)[".metadata"] for s in (1, 2)}:
+        _flip((bucket / k).parent, (bucket / k).name)
+    info, _ = _restore_fresh(tmp_path, bucket)
+    assert info is None
+    assert (bucket / "step-00000001" / layout.COMPLETE).is_file()
+    assert (bucket / "step-00000002" / layout.COMPLETE).is_file()

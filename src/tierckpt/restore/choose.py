@@ -19,6 +19,7 @@ from tierckpt.errors import (
     CheckpointError,
     IntegrityError,
     MissingFilesError,
+    ObjectNotFoundError,
     SignatureError,
     StorageError,
     Tier2OutageError,
@@ -375,3 +376,20 @@ class Chooser:
         got, _ = fetch_into_tier1(self.remote, self.local, step, names=names, full=self.full,
                                   file_mode=file_mode, dir_mode=dir_mode)
         return got
+
+    def damaged_on_tier2(self, step: int, error: BaseException) -> bool:
+        """Whether a failed :meth:`materialize` of ``step`` says its bytes on tier 2 are bad,
+        not that tier 2 did not answer: an object failed its CRC32C, or one is missing while
+        the step's marker is there (a content object damaged or deleted behind the job's
+        back). Such a step cannot come from tier 2; an older one is tried. A signature
+        failure is not (it is refused loudly), nor any other error (tried again later)."""
+        if isinstance(error, SignatureError) or self.remote is None:
+            return False
+        if isinstance(error, IntegrityError):
+            return True
+        if not isinstance(error, ObjectNotFoundError):
+            return False
+        try:
+            return self.remote.storage.head(self.remote.key(step, layout.COMPLETE)) is not None
+        except (CheckpointError, OSError):
+            return False

@@ -1,6 +1,8 @@
 """One restore, start to end: agree on a step, set newer entries aside, fetch what a domain
 lacks from tier 2, load — and when a checkpoint that verified fails while loading, set it
-aside and try the next older one. Collective: every rank of the job calls it."""
+aside and try the next older one; when a step chosen from tier 2 cannot be fetched because
+its bytes there are damaged or missing, skip it (logged) and choose again. Collective:
+every rank of the job calls it."""
 
 from __future__ import annotations
 
@@ -70,7 +72,12 @@ class Restorer:
         self.log.emit(events.RESTORE_STARTED)
         tried = _Tried()
         while True:
-            chosen = self._choose_through_outage(exclude=frozenset(tried.failed))
+            try:
+                chosen = self._choose_through_outage(
+                    exclude=frozenset(tried.failed) | frozenset(tried.unreadable))
+            except _DamagedOnTier2 as e:
+                self._skip_damaged(e.step, str(e), tried)
+                continue
             if chosen is None:
                 if tried.failed:
                     raise CorruptDataError(
@@ -94,7 +101,8 @@ class Restorer:
                            bytes_read=nbytes + fetched,
                            bytes_by_source=_bytes_by_source(mine, nbytes, fetched),
                            world_size=self.comm.world_size, saved_world_size=saved_world,
-                           skipped=(*skipped, *tried.bad_copies, *tried.failed.items()))
+                           skipped=(*skipped, *tried.bad_copies, *tried.unreadable.items(),
+                                    *tried.failed.items()))
         self.log.emit(events.RESTORE_DONE, step=step, seconds=info.seconds,
                       bytes=info.bytes_read, source=source,
                       bytes_by_source=info.bytes_by_source, world_size=info.world_size,
@@ -152,6 +160,16 @@ class Restorer:
                 self.tier0.own.delete(step)
             self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason, moved_to=None)
             _log.warning("tier 0 step %d removed: %s", step, reason)
+
+    def _skip_damaged(self, step: int, reason: str, tried: _Tried) -> None:
+        """``step`` was chosen from tier 2 and its bytes there are bad (a content object
+        damaged or missing): logged and never chosen again; an older step is tried (none
+        left: a fresh start, as when every tier-1 candidate fails to verify)."""
+        tried.unreadable[step] = reason
+        self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason, moved_to=None)
+        if self.comm.rank == 0:
+            _log.warning("step %d cannot be read from tier 2 and is skipped: %s", step,
+                         reason)
 
     def _set_aside(self, step: int, reason: str) -> None:
         """A step that failed to load leaves every root (quarantined with the reason)."""
@@ -224,7 +242,7 @@ class Restorer:
             mine = owners[self.domain[0]]  # my domain's source, on every rank of it
             self.log.emit(events.CHECKPOINT_CHOSEN, step=step, source=source,
                           skipped=[list(s) for s in skipped], tier2_lists=chooser.lists)
-            fetched, err = 0, None
+            fetched, err, damaged = 0, None, False
             try:
                 fetched = chooser.pull(step)  # collective: replicas back from partners
             except (CheckpointError, OSError) as e:
@@ -235,12 +253,25 @@ class Restorer:
                                                    dir_mode=w.dir_mode)
                 except (CheckpointError, OSError) as e:
                     err = f"rank {comm.rank}: fetching step {step} from tier 2 failed: {e}"
-            errors = [e for e in comm.all_gather(err) if e]
-            if errors:
-                raise CheckpointError("; ".join(errors))
+                    damaged = chooser.damaged_on_tier2(step, e)
+            failed = [r for r in comm.all_gather((err, damaged)) if r[0]]
+            if failed:  # every rank raises alike: the next choice is collective too
+                message = "; ".join(str(e) for e, _ in failed)
+                if all(d for _, d in failed):
+                    raise _DamagedOnTier2(step, message)
+                raise CheckpointError(message)
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
         return step, source, skipped, fetched, saved_world, mine
+
+
+class _DamagedOnTier2(CheckpointError):
+    """Internal: every fetch of ``step`` that failed found its bytes on tier 2 bad
+    (:meth:`~tierckpt.restore.choose.Chooser.damaged_on_tier2`)."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 @dataclasses.dataclass
@@ -253,6 +284,8 @@ class _Tried:
     """Steps whose tier-0 copies were re-verified in full."""
     bad_copies: list[tuple[int, str]] = dataclasses.field(default_factory=list)
     """Local copies set aside, the step retried (from tier 2)."""
+    unreadable: dict[int, str] = dataclasses.field(default_factory=dict)
+    """Chosen from tier 2, whose copy is damaged or incomplete: never chosen again."""
 
 
 def _bytes_by_source(mine: str | None, nbytes: int, fetched: int) -> dict[str, int]:

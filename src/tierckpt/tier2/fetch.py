@@ -8,11 +8,13 @@ tier-1 directory the same way a save does — a fresh tmp directory, every file 
 manifest, rename, ``COMPLETE`` last — taking each needed file from the existing local copy
 when it is present with the right size (and CRC32C when asked), and downloading only the
 rest, several files in parallel, each verified against the manifest's CRC32C before it
-appears under its name. A crash leaves only a tmp directory, removed at the next start.
+appears under its name. A failed download removes its tmp directory; a crash leaves only
+that directory, removed at the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterable
@@ -23,6 +25,7 @@ from tierckpt.format import checksum, layout
 from tierckpt.format import manifest as mf
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.commit import commit_domain
+from tierckpt.tier1.fs import remove_tree
 from tierckpt.tier2.catalog import Tier2Catalog
 
 
@@ -69,8 +72,13 @@ def fetch_into_tier1(remote: Tier2Catalog, local: Tier1Catalog, step: int, *,
         os.chmod(tmp / f.name, file_mode)
         return f.size
 
-    with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="tierckpt-fetch") as pool:
-        downloaded = sum(pool.map(get, to_get))
+    try:
+        with ThreadPoolExecutor(max(1, parallel), thread_name_prefix="tierckpt-fetch") as pool:
+            downloaded = sum(pool.map(get, to_get))
+    except BaseException:
+        with contextlib.suppress(OSError):  # a failed fetch leaves nothing on tier 1
+            remove_tree(tmp)
+        raise
     if final.exists() or final.is_symlink():
         local.quarantine(step, "replaced by a fetch from tier 2", suffix=".replaced-by-fetch")
     commit_domain(tmp, final, manifest_bytes=mbytes, marker_bytes=marker, metadata_bytes=None,
