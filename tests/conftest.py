@@ -61,6 +61,8 @@ TIMERS = (
     # the node heals (~4.5 min) wait mostly on node timeouts and pre-warmed spare nodes
     "tests/heal/test_nodes.py", "tests/launch/test_heal_kit.py",
     "tests/test_drill_heal_nodes.py",
+    # the chaos drill's object faults wait on uploads (the uploader polls every 2 s), ~1.5 min
+    "tests/test_drill_chaos_dedup.py",
 )
 
 

@@ -178,7 +178,8 @@ def test_ram_roots_per_node_and_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [["--chaos", "0"], ["--chaos", "2", "--nnodes", "1"],
-                                  ["--chaos", "2", "--steps", "3"], ["--tier0", "auto"]])
+                                  ["--chaos", "2", "--steps", "3"], ["--tier0", "auto"],
+                                  ["--dedup"]])
 def test_bad_chaos_flags_exit_2_before_anything_runs(tmp_path: Path, args: list[str]) -> None:
     res = CliRunner().invoke(load_commands(), ["drill", *args, "--out", str(tmp_path), "--",
                                                "python", "t.py"])

@@ -33,7 +33,7 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
             assert f.kind not in cp.NOTICE_KINDS  # notices only when asked for
         assert not {"kill_rank", "kill_partner"} <= set(p.kinds)  # one kill ends the job
     drawn = {k for p in cp.draw_plan(1, 200, nodes=2) for k in p.kinds}
-    assert drawn == set(cp.KINDS) - cp.NOTICE_KINDS - cp.HEAL_KINDS  # both only when asked
+    assert drawn == set(cp.KINDS) - cp.NOTICE_KINDS - cp.HEAL_KINDS - cp.OBJECT_KINDS  # asked
     only = cp.draw_plan(3, 20, nodes=2, kinds=["kill_rank", "wipe_node"])
     assert {k for p in only for k in p.kinds} <= {"kill_rank", "wipe_node"}
 
@@ -41,7 +41,8 @@ def test_plan_is_seeded_and_draws_one_or_two_kinds_per_cycle() -> None:
 def test_plan_without_tier0_is_the_plan_it_was() -> None:
     # the RAM kinds came last: a run without tier 0 draws what it drew before (the seed of
     # tests/test_drill_chaos.py still means its documented plan)
-    without = [k for k in cp.KINDS if k not in cp.TIER0_KINDS | cp.NOTICE_KINDS | cp.HEAL_KINDS]
+    without = [k for k in cp.KINDS
+               if k not in cp.TIER0_KINDS | cp.NOTICE_KINDS | cp.HEAL_KINDS | cp.OBJECT_KINDS]
     assert cp.KINDS[:len(without)] == tuple(without)
     assert [p.as_dict()["faults"] for p in cp.draw_plan(2801, 3, nodes=2, kinds=without)] == [
         ["tier1_full@node1", "damage(missing_file)@node1"],
@@ -72,3 +73,14 @@ def test_labels_restarts_and_budget() -> None:
                                            pick=0.0).restarts
     assert p.as_dict()["faults"] == ["tier2_down@node0", "kill_rank(in_save)@node1"]
     assert cp.steps_needed([p, p], save_every=3) == 2 * 4 * 3 + 6
+
+
+def test_object_kinds_are_drawn_only_when_named() -> None:
+    """Without ``kinds`` a plan never draws the object kinds (a seed's plan stays what it
+    was); named, they are drawn with their variants."""
+    default = cp.draw_plan(3, 40, nodes=2)
+    assert not {f.kind for c in default for f in c.faults} & cp.OBJECT_KINDS
+    named = cp.draw_plan(3, 40, nodes=2, kinds=["damage_object", "cut_deletion"])
+    faults = [f for c in named for f in c.faults]
+    assert {f.kind for f in faults} == cp.OBJECT_KINDS <= cp.AT_REST
+    assert {f.variant for f in faults if f.kind == "damage_object"} == set(cp.OBJECT_VARIANTS)

@@ -55,6 +55,16 @@ def test_expected_takes_the_newest_step_on_any_source() -> None:
         "refuse"
 
 
+def test_expected_skips_a_tier2_step_whose_shard_a_node_needs_is_damaged() -> None:
+    """Node 1 was wiped: it restores from tier 2 alone. Step 12's shard of node 1 is
+    damaged there, so 9 is the restore point; a shard of node 0 damaged instead leaves 12
+    (node 0 reads its own tier 1), and nothing left for node 1 is a refusal."""
+    complete, t2 = {0: {6, 9, 12}, 1: set()}, {9, 12}
+    assert cv.expected_restore(complete, {}, t2, None, {1: {12}}) == 9
+    assert cv.expected_restore(complete, {}, t2, None, {0: {12}}) == 12
+    assert cv.expected_restore(complete, {}, t2, None, {1: {9, 12}}) == "refuse"
+
+
 def test_expected_is_refuse_when_only_some_nodes_could_restore() -> None:
     assert cv.expected_restore({0: {6, 9}, 1: set()}, {}, None) == "refuse"
     assert cv.expected_restore({0: {9}, 1: {9}}, {1: {9}}, set()) == "refuse"
@@ -209,6 +219,17 @@ def test_integrity_reports_a_damaged_copy_no_restore_read_as_found() -> None:
     assert cv.integrity_verdict([], damaged=[(1, 12, True, None)]).ok
     v = cv.integrity_verdict([], damaged=[(1, 12, False, "x")], tier2=[(12, False, "CRC")])
     assert not v.ok and "tier 2's step 12 does not verify" in v.detail
+
+
+def test_tier2_every_intact_step_verifies_and_every_damaged_one_fails() -> None:
+    ok = cv.tier2_verdict([(9, True, None), (12, False, "crc32c mismatch")], {12},
+                          orphans=2, leases=1)
+    assert ok.ok and "1 damaged one(s) fail" in ok.detail and "2 orphan object(s)" in ok.detail
+    assert ok.facts["orphans"] == 2 and ok.facts["leases"] == 1
+    bad = cv.tier2_verdict([(9, False, "no such object"), (12, False, "x")], {12})
+    assert not bad.ok and "step 9 does not verify: no such object" in bad.detail
+    missed = cv.tier2_verdict([(12, True, None)], {12})
+    assert not missed.ok and "verifies though the drill damaged" in missed.detail
 
 
 def test_retained() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,23 @@ def test_a_stale_lease_expires_and_is_removed(tmp_path: Path) -> None:
     st.put_bytes(f"{objmap.SWEEPS}dead.json", b"{}")
     Tier2Catalog(st, sweep_window_s=0.05).await_sweeps()
     assert st.list(objmap.SWEEPS) == []
+
+
+def test_a_lease_expires_after_twice_the_shorter_of_its_declared_window_and_ours() -> None:
+    """A killed sweep that declared a 0.05-s window holds an uploader (window 30 s) back
+    about 0.1 s, not 60; one declaring more than the uploader's, or nothing readable, is
+    held to the uploader's own window."""
+    st = MemoryStorage()
+    st.put_bytes(f"{objmap.SWEEPS}short.json", b'{"window_s": 0.05}')
+    t0 = time.monotonic()
+    Tier2Catalog(st, sweep_window_s=30.0).await_sweeps()
+    assert time.monotonic() - t0 < 5.0 and st.list(objmap.SWEEPS) == []
+    for body in (b'{"window_s": 3600}', b"not json", b'{"window_s": -1}', b"[]"):
+        st.put_bytes(f"{objmap.SWEEPS}odd.json", body)
+        t0 = time.monotonic()
+        Tier2Catalog(st, sweep_window_s=0.1).await_sweeps()
+        assert 0.2 <= time.monotonic() - t0 < 5.0, body
+        assert st.list(objmap.SWEEPS) == []
 
 
 def _siblings(tmp_path: Path, base: Storage) -> tuple[Tier2Catalog, Tier2Catalog, Path]:

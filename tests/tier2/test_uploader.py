@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,42 @@ def test_two_nodes_marker_after_both(tmp_path: Path) -> None:
         assert store.get_bytes(where.key(name)) == (node / "step-00000005" / name).read_bytes()
     assert Tier1Catalog(a).uploads.uploaded_steps() == {5}
     assert Tier1Catalog(b).uploads.uploaded_steps() == {5}
+
+
+def test_watching_nodes_out_of_phase_complete_steps_while_saves_outpace_their_polls(
+        tmp_path: Path) -> None:
+    """Two nodes commit a step every 50 ms; their uploaders poll every 0.4 s, node 1's
+    started 0.15 s after node 0's. Each looks just after an epoch's start (a wall-clock
+    multiple of the poll) and chooses among the steps committed before it, so both upload
+    the same steps and tier 2 completes them. (Before, each took the newest step at its own
+    moment: each uploaded its part of a different step, and none ever completed.)"""
+    files = {".metadata": (200, None), "__0_0.distcp": (3000, 0), "__1_0.distcp": (4000, 1)}
+    roots = {tmp_path / "node0": {0}, tmp_path / "node1": {1}}
+
+    def commit(step: int) -> None:
+        for root, ranks in roots.items():
+            make_checkpoint(root, step, files, domains=((0,), (1,)), world_size=2,
+                            only_ranks=ranks)
+    commit(0)
+    store, stop = MemoryStorage(), threading.Event()
+    ups = [Uploader(cfg(r, poll_s=0.4, keep_last=10_000), storage=store) for r in roots]
+    threads = []
+    for up in ups:
+        threads.append(threading.Thread(target=up.watch, args=(stop,)))
+        threads[-1].start()
+        time.sleep(0.15)
+    step, end = 1, time.monotonic() + 4.0
+    while time.monotonic() < end:
+        commit(step)
+        step += 1
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    for up in ups:
+        up.close()
+    done = Tier2Catalog(store).complete_steps()
+    assert len([s for s in done if s > 0]) >= 4, (done, step)  # about one per 0.4 s epoch
 
 
 def test_a_part_left_by_a_rolled_back_save_of_the_same_step_does_not_block_it(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -57,10 +58,19 @@ def test_watch_backs_off_exponentially_while_failing_and_resets() -> None:
     assert watch.run(src, stop, poll_s=2.0, watch=True) is False  # ended by stop
     # 2·2^n while failing, less up to half of it (jitter), then the idle poll
     assert [d / 2 <= w <= d for w, d in zip(src.waits, (4.0, 8.0, 16.0), strict=False)] \
-        == [True] * 3 and src.waits[3] == 2.0
+        == [True] * 3 and 0 < src.waits[3] <= 2.0 + 0.01
     waits = {watch.backoff_s(2.0, 30) for _ in range(50)}
     assert all(watch.MAX_BACKOFF_S / 2 <= w <= watch.MAX_BACKOFF_S for w in waits)
     assert len(waits) > 40  # jittered: uploaders refused together do not retry together
+
+
+def test_an_idle_uploader_looks_just_after_the_next_wall_clock_multiple_of_its_poll() -> None:
+    """So that every node's uploader looks at one moment (Uploader.next_step)."""
+    for poll_s in (2.0, 0.3):
+        w = watch.backoff_s(poll_s, 0)
+        end = time.time() + w
+        assert 0 < w <= poll_s + 0.01
+        assert abs(end % poll_s - 0.01) < 0.005, (poll_s, w, end % poll_s)
 
 
 @pytest.mark.slow

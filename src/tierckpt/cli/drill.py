@@ -78,6 +78,10 @@ _Heal = Annotated[bool, typer.Option(
     "heal (or, when it must, a full restart) that changes no loss (docs/heal.md). With "
     "--chaos: the chaos job runs on one node under `tierckpt run` and heal_kill joins "
     "its catalogue (docs/drills.md).")]
+_Dedup = Annotated[bool, typer.Option(
+    "--dedup", help="With --chaos: add the faults of tier 2's content objects (a damaged or "
+    "missing object, a deletion cut short; a file:// tier 2) and check every tier-2 step "
+    "at rest (docs/drills.md).")]
 _Etcd = Annotated[str | None, typer.Option(
     help="With --heal --nnodes N: the job's etcd, etcd://host:port (default: a private one "
          "the drill starts from the etcd on PATH).", show_default=False)]
@@ -100,6 +104,7 @@ def drill(
     preempt_rank: _PreemptRank = None,
     kinds: _Kinds = None,
     heal: _Heal = False,
+    dedup: _Dedup = False,
     etcd: _Etcd = None,
     as_json: _AsJson = False,
 ) -> None:
@@ -112,7 +117,7 @@ def drill(
     full restart where it must) and every loss is unchanged. Needs PyTorch."""
     f = _Flags(command=tuple(command), nproc=nproc, nnodes=nnodes, steps=steps, seed=seed,
                chaos=chaos, tier2=tier2, out=out, rtol=rtol, tier0=tier0, preempt=preempt,
-               preempt_rank=preempt_rank, kinds=kinds, heal=heal, etcd=etcd)
+               preempt_rank=preempt_rank, kinds=kinds, heal=heal, dedup=dedup, etcd=etcd)
     if etcd is not None and not (heal and chaos is None and (nnodes or 1) >= 2):
         with config_errors():
             raise ConfigError("--etcd is for the node-loss heal drill: add --heal and "
@@ -142,6 +147,7 @@ class _Flags:
     preempt_rank: int | None
     kinds: str | None
     heal: bool
+    dedup: bool
     etcd: str | None
 
     def kind_list(self) -> tuple[str, ...] | None:
@@ -216,7 +222,8 @@ def _chaos_drill(f: _Flags) -> _Mode:
                           nproc=(3 if f.heal else 1) if f.nproc is None else f.nproc,
                           nnodes=(1 if f.heal else 2) if f.nnodes is None else f.nnodes,
                           steps=f.steps, seed=f.seed, tier2=f.tier2, out=f.out, rtol=f.rtol,
-                          tier0=f.tier0, preempt=f.preempt, heal=f.heal, **more)
+                          tier0=f.tier0, preempt=f.preempt, heal=f.heal, dedup=f.dedup,
+                          **more)
         return run_chaos(cfg, progress)
     return run, (*STAGES, "report"), chaos_table, (("report", "md"),)
 
@@ -226,8 +233,9 @@ def _preempt_drill(f: _Flags) -> _Mode:
     from tierckpt.drill.preempt import PREEMPT_STAGES, PreemptConfig, run_preempt
 
     def run(progress: Progress) -> dict[str, Any]:
-        if f.tier0 is not None or f.kinds is not None:
-            raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
+        if f.tier0 is not None or f.kinds is not None or f.dedup:
+            raise ConfigError("--tier0, --kinds and --dedup are chaos drill options: give "
+                              "--chaos N")
         cfg = PreemptConfig(command=f.command, nproc=2 if f.nproc is None else f.nproc,
                             nnodes=1 if f.nnodes is None else f.nnodes,
                             steps=20 if f.steps is None else f.steps, seed=f.seed,
@@ -241,8 +249,9 @@ def _resume_drills(f: _Flags) -> _Mode:
     from tierckpt.drill import DRILLS, DrillConfig, run_drills
 
     def run(progress: Progress) -> dict[str, Any]:
-        if f.tier0 is not None or f.kinds is not None:
-            raise ConfigError("--tier0 and --kinds are chaos drill options: give --chaos N")
+        if f.tier0 is not None or f.kinds is not None or f.dedup:
+            raise ConfigError("--tier0, --kinds and --dedup are chaos drill options: give "
+                              "--chaos N")
         if f.preempt_rank is not None:
             raise ConfigError("--preempt-rank is a preemption drill option: give --preempt")
         cfg = DrillConfig(command=f.command, nproc=2 if f.nproc is None else f.nproc,

@@ -17,8 +17,25 @@ The chaos drill (``tierckpt drill --chaos N``, :func:`tierckpt.drill.chaos.run_c
 
 from __future__ import annotations
 
-from tierckpt.drill.drills import DRILLS, DrillConfig, Progress, run_drills
-from tierckpt.drill.report import SCHEMA, VERDICTS, render_markdown, write_report
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tierckpt.drill.drills import DRILLS, DrillConfig, Progress, run_drills
+    from tierckpt.drill.report import SCHEMA, VERDICTS, render_markdown, write_report
 
 __all__ = ["DRILLS", "SCHEMA", "VERDICTS", "DrillConfig", "Progress", "render_markdown",
            "run_drills", "write_report"]
+
+_HOME = {"DRILLS": "drills", "DrillConfig": "drills", "Progress": "drills",
+         "run_drills": "drills", "SCHEMA": "report", "VERDICTS": "report",
+         "render_markdown": "report", "write_report": "report"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names of :data:`__all__`, imported on first use: the drills import torch, and
+    a helper process of the chaos drill (:mod:`tierckpt.drill.chaos_objects`) needs none
+    of it."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)

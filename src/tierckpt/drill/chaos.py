@@ -244,6 +244,7 @@ class _Chaos(CycleRunner):
             clock_jump={"injectable": False, "how": "needs the system clock changed; "
                         "covered by tests/faults/test_fault_clock.py"})
         self.catalogue.update(heal_catalogue(self.cfg.heal, self.catalogue))
+        self.catalogue.update(_object_catalogue(self.cfg.dedup, self.t2_root, self.url))
         if self.mounted and len(self.mounted) < len(self.roots):  # all or none
             for root in self.mounted:
                 cf.unmount(root)
@@ -306,6 +307,17 @@ class _Chaos(CycleRunner):
             cf.unmount(root)
         for ram in self._all_rams():  # node RAM is the next job's: a drill keeps none
             shutil.rmtree(ram, ignore_errors=True)
+
+
+def _object_catalogue(dedup: bool, t2_root: Path | None, url: str) -> dict[str, Any]:
+    """The object kinds: injectable with ``--dedup`` on a ``file://`` tier 2."""
+    why = None if dedup and t2_root is not None else "not asked for: give --dedup" \
+        if not dedup else f"not a file:// tier 2 ({url})"
+    return {k: {"injectable": why is None, "how": why or how} for k, how in (
+        ("damage_object", "flip a byte of, or delete, a content object only the newest "
+                          "tier-2 step needs, at rest"),
+        ("cut_deletion", "delete the oldest tier-2 step in a process SIGKILLed before a "
+                         "seeded deletion, at rest"))}
 
 
 def _json_line(e: dict[str, Any]) -> str:

@@ -63,7 +63,9 @@ class ChaosConfig(DrillJob):
     (:data:`~tierckpt.drill.chaos_verdicts.HEAL_OUTCOMES`) to the catalogue; a plain
     ``kill_rank`` then heals, so it is left out, and an at-rest fault takes the node down by
     killing the launcher with everything it started. The command must heal as
-    examples/train.py does (``CheckpointManager.heal``). ``job_timeout_s`` bounds one
+    examples/train.py does (``CheckpointManager.heal``). ``dedup``: add the faults of tier 2's
+    content objects (:data:`~tierckpt.drill.chaos_verdicts.OBJECT_KINDS`; a ``file://`` tier
+    2) and the ``tier2`` invariant; without it they are left out. ``job_timeout_s`` bounds one
     uninterrupted run of the command (the reference, the last start's training to the end);
     None: :data:`JOB_TIMEOUT_S` plus :data:`JOB_TIMEOUT_PER_STEP_S` per step, since both
     train every step. ``commit_timeout_s`` bounds how long a start may take to restore and
@@ -80,6 +82,7 @@ class ChaosConfig(DrillJob):
     tier0: str | None = None
     preempt: bool = False
     heal: bool = False
+    dedup: bool = False
     job_timeout_s: float | None = None
     commit_timeout_s: float = 180.0
     max_starts: int = 3
@@ -183,6 +186,9 @@ class StartRecord:
     views: list[frozenset[int] | None]  # tier-2 steps seen while it restored (None: down)
     ram: dict[int, set[int]] = dataclasses.field(default_factory=dict)
     ram_damaged: dict[int, set[tuple[str, int]]] = dataclasses.field(default_factory=dict)
+    t2_broken: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    """Per node, the tier-2 steps whose content object of that node's files the drill
+    damaged (``--dedup``), as they were when it started."""
     restored: int | None = None
     checked: bool = False
     end: str = "running"

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from tierckpt.drill import chaos_faults as cf
+from tierckpt.drill import chaos_objects as co
 from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos_config import (
     HOLD_FULL_S,
@@ -30,6 +31,7 @@ from tierckpt.drill.chaos_config import (
 )
 from tierckpt.drill.chaos_heal import HealRunner
 from tierckpt.drill.inject import last_step
+from tierckpt.format import layout
 from tierckpt.runtime import events as ev
 
 __all__ = ["CycleRunner"]
@@ -87,11 +89,12 @@ class CycleRunner(HealRunner):
     def _preconditions(self, rec: CycleRecord, p: cv.CyclePlan) -> None:
         """An at-rest fault needs something to fall back on: a wiped node a tier-2 copy made
         by this start (not only an old one); a damaged or partial newest step an older one
-        (or a tier-2 copy)."""
+        (or a tier-2 copy); a tier-2 object fault two readable tier-2 steps."""
         kinds = {f.kind for f in p.faults}
         need_t2 = "wipe_node" in kinds
         need_two = bool(kinds & {"damage", "partial_commit"})
-        if not (need_t2 or need_two):
+        need_t2_two = bool(kinds & cv.OBJECT_KINDS)
+        if not (need_t2 or need_two or need_t2_two):
             return
         floor = min(self._commits(self.cur), default=-1)
 
@@ -99,7 +102,8 @@ class CycleRunner(HealRunner):
             remote = self._tier2_steps(through_outage=True) or frozenset()
             t2 = max(remote, default=-1) >= floor
             two = all(len(cf.step_dirs(r)[0]) >= 2 for r in self.roots)
-            return (t2 or not need_t2) and (two or bool(remote) or not need_two)
+            return (t2 or not need_t2) and (two or bool(remote) or not need_two) and \
+                (len(remote) >= 2 or not need_t2_two)
         status = self._wait_running(met, PRECONDITION_S, poll_s=0.2)
         if status == "stalled":
             rec.notes.append("what the at-rest fault needs did not appear in time")
@@ -212,6 +216,9 @@ class CycleRunner(HealRunner):
         """Apply one at-rest fault to the newest copy it hits, unless it would leave a node
         nothing to restore from (the library then rightly refuses to start; that is no
         drill)."""
+        if f.kind in cv.OBJECT_KINDS:
+            rec.faults.append(self._object_fault(f, p.pick))
+            return
         n = f.node
         complete = {i: cf.step_dirs(r)[0] for i, r in enumerate(self.roots)}
         own, held = self._ram_held()
@@ -235,11 +242,59 @@ class CycleRunner(HealRunner):
         else:
             broken[n].add(newest)
         if cv.expected_restore(complete, broken, self._tier2_steps(through_outage=True),
-                               cv.ram_restorable(own, held, damaged)) == "refuse":
+                               cv.ram_restorable(own, held, damaged),
+                               self._t2_broken()) == "refuse":
             rec.faults.append(self._fact(f, fired=False, detail="skipped: it would leave a node "
                                          "nothing to restore from"))
             return
         rec.faults.append(self._fact(f, fired=True, detail=self._apply(f, newest, p.pick)))
+
+    def _object_fault(self, f: cv.Fault, pick: float) -> dict[str, Any]:
+        """A tier-2 object fault at rest: ``damage_object`` on a shard only the newest
+        tier-2 step has (the fault's node's when there is one: only that node reads it),
+        ``cut_deletion`` of the oldest tier-2 step at a seeded deletion
+        (:mod:`tierckpt.drill.chaos_objects`). Skipped when the step it breaks or deletes
+        would leave a node nothing to restore from."""
+        root = self._t2_dir()
+        maps = co.tier2_maps(root)
+        if len(maps) < 2:
+            return self._fact(f, fired=False, detail=f"tier 2 holds {len(maps)} step(s); the "
+                              "fault needs one to fall back on")
+        step = max(maps) if f.kind == "damage_object" else min(maps)
+        shards = [(n, k) for n, k in co.unique_objects(maps, step)
+                  if layout.shard_rank(n) is not None]
+        if f.kind == "damage_object" and not shards:
+            return self._fact(f, fired=False, detail=f"no shard only step {step} has")
+        mine = [nk for nk in shards if self._node_of(nk[0]) == f.node] or shards
+        name, key = mine[int(pick * len(mine)) % len(mine)] \
+            if f.kind == "damage_object" else ("", "")
+        complete = {i: cf.step_dirs(r)[0] for i, r in enumerate(self.roots)}
+        own, held = self._ram_held()
+        tier2 = set(self._tier2_steps(through_outage=True) or ())
+        t2_broken = self._t2_broken({**self.t2_damaged, key: self._node_of(name)}) if name \
+            else self._t2_broken()
+        if f.kind == "cut_deletion":
+            tier2.discard(step)
+        if cv.expected_restore(complete, self.broken, tier2,
+                               cv.ram_restorable(own, held, self.ram_damaged),
+                               t2_broken) == "refuse":
+            return self._fact(f, fired=False, detail="skipped: it would leave a node nothing to "
+                              "restore from")
+        if f.kind == "cut_deletion":  # the marker, the map, the manifest; a sweep of the rest
+            points = 3 + len(co.unique_objects(maps, step)) + 1
+            return self._fact(f, fired=True, detail=co.cut_deletion(
+                root, step, 1 + int(pick * points)))
+        assert f.variant is not None
+        detail = co.damage_object(root, key, f.variant, pick)
+        self.t2_damaged[key] = self._node_of(name)
+        self.t2_verified -= set().union(*t2_broken.values())
+        return self._fact(f, fired=True, detail=f"{detail} ({name} of step {step})")
+
+    def _node_of(self, member: str) -> int:
+        """The node whose rank wrote the shard ``member``."""
+        rank = layout.shard_rank(member)
+        assert rank is not None
+        return rank // self.cfg.nproc
 
     def _apply(self, f: cv.Fault, newest: int, pick: float) -> str:
         """Inject an at-rest fault on ``newest`` and record it; returns what was done. A

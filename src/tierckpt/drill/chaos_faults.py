@@ -26,8 +26,8 @@ from tierckpt.format import layout
 from tierckpt.tier0.root import PEER_DIR
 
 __all__ = ["FILL_NAME", "EventTail", "Tier2Outage", "children", "damage", "fill", "find_uploader",
-           "flip_shard", "kill", "mount_tmpfs", "processes", "ram_steps", "remove_step",
-           "send", "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
+           "flip_file", "flip_shard", "kill", "mount_tmpfs", "processes", "ram_steps",
+           "remove_step", "send", "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
 
 FILL_NAME = ".chaos-fill"
 """The file that fills a node's tier 1 (ignored by every tier-1 reader: not a step name)."""
@@ -222,12 +222,13 @@ def damage(root: Path, step: int, variant: str, pick: float) -> str:
         os.truncate(target, size // 2)
         return f"truncated {d.name}/{target.name} from {size} to {size // 2} bytes"
     if variant == "flip_byte":
-        return _flip(target, pick)
+        return flip_file(target, pick)
     target.unlink()
     return f"removed {d.name}/{target.name}"
 
 
-def _flip(target: Path, pick: float) -> str:
+def flip_file(target: Path, pick: float) -> str:
+    """Flip one byte of ``target`` (``pick`` in [0, 1) chooses it); returns what was done."""
     size = target.stat().st_size
     offset = int((pick * 7919) % 1 * size) if size else 0
     with open(target, "r+b") as f:
@@ -243,7 +244,7 @@ def flip_shard(root: Path, step: int, pick: float) -> str:
     replica: only a full CRC32C check, or the one while it is read, can see it). ``pick``
     in [0, 1) chooses the shard and the byte."""
     shards, _ = _own_files(root / layout.step_dirname(step))
-    return _flip(shards[int(pick * len(shards)) % len(shards)], pick)
+    return flip_file(shards[int(pick * len(shards)) % len(shards)], pick)
 
 
 def ram_steps(ram: Path) -> tuple[set[int], set[int]]:

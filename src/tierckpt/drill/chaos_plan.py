@@ -17,7 +17,7 @@ from tierckpt.errors import ConfigError
 
 KINDS = ("kill_rank", "kill_uploader", "tier2_down", "tier1_full", "damage", "partial_commit",
          "wipe_node", "wipe_ram", "damage_ram", "kill_partner", "notice_one_rank",
-         "notice_then_kill", "notice_in_save", "heal_kill")
+         "notice_then_kill", "notice_in_save", "heal_kill", "damage_object", "cut_deletion")
 """The fault catalogue (docs/drills.md, "Chaos drill"). New kinds go at the end: a plan
 drawn without them stays the plan it was for a seed."""
 TIER0_KINDS = frozenset({"wipe_ram", "damage_ram", "kill_partner"})
@@ -33,12 +33,18 @@ HEAL_OUTCOMES = {"mid_step": "heal", "mid_save": "heal", "two_at_once": "heal",
 rank killed inside a step, once its next save is staged, two ranks within a millisecond —
 a heal; a rank and then its replacement while it loads, a rank and then a survivor once its
 heal began — the launcher's full restart, which must resume as any restart does."""
+OBJECT_KINDS = frozenset({"damage_object", "cut_deletion"})
+"""Faults of tier 2's content objects (``--dedup``; a ``file://`` tier 2): a content object of
+the newest tier-2 step flipped or removed, a deletion of the oldest tier-2 step SIGKILLed at
+a seeded point; drawn only when asked for."""
 LIVE = ("tier2_down", "kill_uploader", "tier1_full", "kill_partner", "kill_rank",
         "notice_one_rank", "notice_in_save", "notice_then_kill", "heal_kill")
 """Kinds injected while the job runs, in this order within a cycle (a full tier 1 ends the
 job at its next save, so only a kill can follow it)."""
-AT_REST = frozenset({"damage", "partial_commit", "wipe_node", "wipe_ram", "damage_ram"})
-"""Kinds applied to a node's root while no process of the job runs (then it restarts)."""
+AT_REST = frozenset({"damage", "partial_commit", "wipe_node", "wipe_ram", "damage_ram",
+                     *OBJECT_KINDS})
+"""Kinds applied while no process of the job runs (then it restarts): to a node's root, its
+RAM, or tier 2's objects."""
 RESTART_KINDS = AT_REST | {"kill_rank", "tier1_full", "kill_partner"} | NOTICE_KINDS
 """Kinds after which the job restarts (a full tier 1 fails the next save, which ends it; a
 notice ends it with exit status 75 after the emergency save)."""
@@ -54,6 +60,8 @@ DAMAGE_VARIANTS = ("truncate_shard", "flip_byte", "missing_file", "missing_marke
 RAM_VARIANTS = ("own", "replica")
 """What ``damage_ram`` flips a shard byte of: the node's own newest tier-0 copy, or the
 newest replica it holds for its predecessor (``peer/``)."""
+OBJECT_VARIANTS = ("flip", "missing")
+"""What ``damage_object`` does to the content object: flip one byte, or delete it."""
 NOTICE_SIGNALS = ("SIGUSR1", "SIGTERM")
 """The signal ``notice_one_rank`` sends to one node's rank."""
 NOTICE_KILL_MOMENTS = ("at_once", "at_stop")
@@ -65,7 +73,8 @@ _VARIANTS: dict[str, tuple[str, ...]] = {"kill_rank": KILL_MOMENTS,
                                          "damage_ram": RAM_VARIANTS,
                                          "notice_one_rank": NOTICE_SIGNALS,
                                          "notice_then_kill": NOTICE_KILL_MOMENTS,
-                                         "heal_kill": tuple(HEAL_OUTCOMES)}
+                                         "heal_kill": tuple(HEAL_OUTCOMES),
+                                         "damage_object": OBJECT_VARIANTS}
 
 
 @dataclass(frozen=True)
@@ -114,10 +123,10 @@ def draw_plan(seed: int, cycles: int, *, nodes: int, kinds: Sequence[str] | None
               compound_p: float = 0.5, save_every: int = 1) -> list[CyclePlan]:
     """``cycles`` seeded cycles, each one fault or (with probability ``compound_p``) two
     of different kinds (never two kills); two at-rest faults hit different nodes when there
-    are two. ``kinds`` None: every kind but the notices and the heal kinds (those are drawn
-    only when asked for). ConfigError for an unknown kind, no kinds, or no node."""
+    are two. ``kinds`` None: every kind but the notices, the heal and the object kinds
+    (those are drawn only when asked for). ConfigError for an unknown kind, no kinds, or no node."""
     if kinds is None:
-        kinds = tuple(k for k in KINDS if k not in NOTICE_KINDS | HEAL_KINDS)
+        kinds = tuple(k for k in KINDS if k not in NOTICE_KINDS | HEAL_KINDS | OBJECT_KINDS)
     if cycles < 1 or nodes < 1:
         raise ConfigError(f"the chaos drill needs cycles >= 1 and nodes >= 1, got {cycles}, "
                           f"{nodes}")

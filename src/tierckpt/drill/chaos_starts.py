@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tierckpt.drill import chaos_faults as cf
+from tierckpt.drill import chaos_objects as co
 from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos_config import SETTLE_S, CycleRecord, StartRecord
 from tierckpt.drill.chaos_state import ChaosState
@@ -34,6 +35,7 @@ from tierckpt.errors import CheckpointError
 from tierckpt.ops.check import check_tier1, check_tier2
 from tierckpt.runtime import events as ev
 from tierckpt.tier0.root import PEER_DIR
+from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import open_storage
 
 __all__ = ["StartRunner"]
@@ -116,18 +118,19 @@ class StartRunner(ChaosState):
         picks = chosen()
         if len(picks) < len(world):
             return  # it died or stalled before restoring: the crash-loop verdict says so
-        steps = set(picks.values())
-        if steps != {None}:
+        if set(picks.values()) != {None}:
             self._wait_running(lambda: len({e.get("rank") for e in self._events(
                 start, ev.RESTORE_DONE)}) >= len(world), 60.0)
+            picks = chosen()  # a step whose fetch found tier 2's copy damaged is chosen again
+        steps = set(picks.values())
         read = {int(e["rank"]): {str(k): int(v) for k, v in
                                  (e.get("bytes_by_source") or {}).items()}
                 for e in self._events(start, ev.RESTORE_DONE)}
         start.views.append(self._tier2_steps())
         seen = [v for v in start.views if v is not None]
         views: list[frozenset[int] | None] = [*start.views, frozenset().union(*seen)]
-        acceptable = {cv.expected_restore(start.complete, start.broken, v, start.ram)
-                      for v in views}
+        acceptable = {cv.expected_restore(start.complete, start.broken, v, start.ram,
+                                          start.t2_broken) for v in views}
         step = next(iter(steps)) if len(steps) == 1 else None
         v = cv.resume_verdict(picks, acceptable, read=read,
                               bad=self._bad_sources(start, step),
@@ -206,6 +209,8 @@ class StartRunner(ChaosState):
                         (f"{n} {_RAM_LABEL[where]}", s, r.ok, r.error))
         rec.verdicts.append(cv.integrity_verdict(checks, self.left_broken, damaged=damaged,
                                                  tier2=self._tier2_checks()))
+        if self.cfg.dedup:
+            rec.verdicts.append(self._tier2_verdict())
         self.left_broken = set()
         excused = {n: self.excused[n] | {int(e["step"]) for e in t.events if e["event"] ==
                                          ev.CHECKPOINT_SKIPPED and isinstance(e.get("step"), int)
@@ -218,7 +223,7 @@ class StartRunner(ChaosState):
         """Tier 2's copy of each step whose tier-1 copy the drill damaged and no restore
         read, checked in full once it verified (a verified copy cannot change: its marker
         is create-only). Nothing while tier 2 is down."""
-        held = self._tier2_steps() or frozenset()
+        held = (self._tier2_steps() or frozenset()) - set().union(*self._t2_broken().values())
         out = []
         for s in sorted({s for steps in self.broken.values() for s in steps} & held
                         - self.tier2_ok):
@@ -228,6 +233,25 @@ class StartRunner(ChaosState):
                 self.tier2_ok.add(s)
             out.append((s, r.ok, r.error))
         return out
+
+    def _tier2_verdict(self) -> cv.Verdict:
+        """``--dedup``: every complete tier-2 step checked in full (once it verified: a
+        verified copy changes only when the drill damages it again), the steps whose object
+        the drill damaged every time; and what is left for the next sweep."""
+        root = self._t2_dir()
+        checks: list[tuple[int, bool, str | None]] = []
+        damaged = set().union(*self._t2_broken().values())
+        with open_storage(f"file://{root}") as storage:
+            for s in Tier2Catalog(storage).complete_steps():
+                if s in self.t2_verified:
+                    checks.append((s, True, None))
+                    continue
+                r = check_tier2(storage, s, scratch=self.base)
+                if r.ok and s not in damaged:
+                    self.t2_verified.add(s)
+                checks.append((s, r.ok, r.error))
+        orphans, leases = co.leftovers(root)
+        return cv.tier2_verdict(checks, damaged, orphans=orphans, leases=leases)
 
     def _close(self, rec: CycleRecord, *, complete: bool = False) -> None:
         rows = [read_jsonl(s.losses) for s in self.starts]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tierckpt.drill import chaos_faults as cf
+from tierckpt.drill import chaos_objects as co
 from tierckpt.drill import chaos_verdicts as cv
 from tierckpt.drill.chaos_config import (
     QUIET_S,
@@ -85,6 +86,9 @@ class ChaosState:
         self.url = cfg.tier2
         u = parse_url(cfg.tier2)
         self.outage = cf.Tier2Outage(Path(u.location)) if u.scheme == "file" else None
+        self.t2_root = Path(u.location) if u.scheme == "file" else None
+        self.t2_damaged: dict[str, int] = {}  # content objects the drill damaged → their node
+        self.t2_verified: set[int] = set()  # tier-2 steps verified in full (--dedup)
         self.outage_t, self.outage_min, self.outage_marks = 0.0, 0.0, [0] * cfg.nnodes
         self.outage_fact: dict[str, Any] | None = None
         self.outage_hold = False  # held until the restarted job has restored
@@ -132,7 +136,8 @@ class ChaosState:
                        complete={n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)},
                        broken={n: set(s) for n, s in self.broken.items()},
                        views=[self._tier2_steps()], ram=self._ram(),
-                       ram_damaged={n: set(s) for n, s in self.ram_damaged.items()})
+                       ram_damaged={n: set(s) for n, s in self.ram_damaged.items()},
+                       t2_broken=self._t2_broken())
         start.job.start()
         self.starts.append(start)
         rec.starts.append(g)
@@ -325,6 +330,25 @@ class ChaosState:
         except (CheckpointError, OSError):
             return None
 
+    def _t2_dir(self) -> Path:
+        """The ``file://`` tier 2's directory, where it is now (renamed away in an outage)."""
+        assert self.t2_root is not None
+        return self.outage.away if self.outage is not None and self.outage.down \
+            else self.t2_root
+
+    def _t2_broken(self, damaged: dict[str, int] | None = None) -> dict[int, set[int]]:
+        """Per node, the complete tier-2 steps whose map names a content object of that
+        node's files the drill damaged (``damaged``, default all so far): a later step that
+        has the same bytes skips the upload and shares the damage."""
+        damaged = self.t2_damaged if damaged is None else damaged
+        if not damaged:
+            return {}
+        out: dict[int, set[int]] = {n: set() for n in range(self.cfg.nnodes)}
+        for step, members in co.tier2_maps(self._t2_dir()).items():
+            for key in set(members.values()) & set(damaged):
+                out[damaged[key]].add(step)
+        return out
+
     # -- records --------------------------------------------------------------------------
     def _rtol(self) -> float:
         return self.cfg.rtol if self.cfg.rtol is not None else 0.0
@@ -366,7 +390,7 @@ class ChaosState:
         return {"command": list(c.command), "cycles": c.cycles, "nnodes": c.nnodes,
                 "nproc": c.nproc, "world_size": c.world_size, "steps": c.total_steps,
                 "seed": c.seed, "tier2": c.tier2, "tier0": c.tier0, "preempt": c.preempt,
-                "heal": c.heal,
+                "heal": c.heal, "dedup": c.dedup,
                 "kinds": list(c.kinds),
                 "out": str(c.out),
                 "roots": [str(r) for r in self.roots]}

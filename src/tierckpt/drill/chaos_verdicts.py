@@ -34,6 +34,8 @@ from tierckpt.drill.chaos_plan import (
     NOTICE_KILL_MOMENTS,
     NOTICE_KINDS,
     NOTICE_SIGNALS,
+    OBJECT_KINDS,
+    OBJECT_VARIANTS,
     RAM_VARIANTS,
     RESTART_KINDS,
     TIER0_KINDS,
@@ -56,6 +58,8 @@ __all__ = [
     "NOTICE_KILL_MOMENTS",
     "NOTICE_KINDS",
     "NOTICE_SIGNALS",
+    "OBJECT_KINDS",
+    "OBJECT_VARIANTS",
     "RAM_VARIANTS",
     "RESTART_KINDS",
     "TIER0_KINDS",
@@ -79,16 +83,19 @@ __all__ = [
     "steps_needed",
     "summarize",
     "tier1_bound",
+    "tier2_verdict",
 ]
 
 INVARIANTS = ("resume", "crash_loop", "losses", "tier1_bound", "integrity", "retained",
-              "final", "lost_work", "heal")
+              "final", "lost_work", "heal", "tier2")
 """Every invariant a cycle (or the end of the run) can violate. ``lost_work``: after a
 notice that was not followed by a kill, every rank stopped at one step at or after the
 newest step logged when it was sent, saved it, exited 75, and the restart resumed there
 (:func:`tierckpt.drill.preempt_verdicts.lost_work_verdict`). ``heal``: a ``heal_kill`` ended
 as :data:`HEAL_OUTCOMES` says, and every rank then restored one step, committed, no older
-than the newest step committed before it chose (:func:`tierckpt.drill.chaos_heal.heal_verdict`)."""
+than the newest step committed before it chose (:func:`tierckpt.drill.chaos_heal.heal_verdict`).
+``tier2``: with the object faults, every complete tier-2 step verifies in full but those whose
+content object the drill damaged, which fail (:func:`tier2_verdict`)."""
 
 
 def tier1_bound(keep_last: int, upload_backlog: int | None) -> int | None:
@@ -138,26 +145,32 @@ def ram_restorable(own: Mapping[int, Collection[int]], replicas: Mapping[int, Co
 
 def _restorable(step: int, node: int, complete: Mapping[int, Collection[int]],
                 broken: Mapping[int, Collection[int]], tier2: Collection[int],
-                ram: Mapping[int, Collection[int]]) -> bool:
-    return (step in complete[node] and step not in broken.get(node, ())) or step in tier2 \
+                ram: Mapping[int, Collection[int]],
+                tier2_broken: Mapping[int, Collection[int]]) -> bool:
+    return (step in complete[node] and step not in broken.get(node, ())) \
+        or (step in tier2 and step not in tier2_broken.get(node, ())) \
         or step in ram.get(node, ())
 
 
 def expected_restore(complete: Mapping[int, Collection[int]],
                      broken: Mapping[int, Collection[int]],
                      tier2: Collection[int] | None,
-                     ram: Mapping[int, Collection[int]] | None = None) -> int | str | None:
+                     ram: Mapping[int, Collection[int]] | None = None,
+                     tier2_broken: Mapping[int, Collection[int]] | None = None
+                     ) -> int | str | None:
     """What a restart must resume: the newest step every node can restore from some
     source — RAM (``ram``, see :func:`ram_restorable`; the library reads it first), intact
-    on its own tier 1, or complete on tier 2 — else None (a fresh start) when no node can
-    restore anything, else ``"refuse"`` (some nodes could, others not: the library refuses
-    to start training from scratch over them)."""
-    t2, r = set(tier2 or ()), ram or {}
+    on its own tier 1, or complete on tier 2 with every file the node needs intact there
+    (``tier2_broken[node]``: the tier-2 steps whose content object of that node's files the
+    drill damaged) — else None (a fresh start) when no node can restore anything, else
+    ``"refuse"`` (some nodes could, others not: the library refuses to start training from
+    scratch over them)."""
+    t2, r, t2b = set(tier2 or ()), ram or {}, tier2_broken or {}
     steps = set(t2).union(*complete.values(), *r.values()) if complete else set(t2)
     for s in sorted(steps, reverse=True):
-        if all(_restorable(s, n, complete, broken, t2, r) for n in complete):
+        if all(_restorable(s, n, complete, broken, t2, r, t2b) for n in complete):
             return s
-    some = any(_restorable(s, n, complete, broken, t2, r) for n in complete for s in steps)
+    some = any(_restorable(s, n, complete, broken, t2, r, t2b) for n in complete for s in steps)
     return "refuse" if some else None
 
 
@@ -304,6 +317,31 @@ def integrity_verdict(checks: Iterable[Check],
     return Verdict("integrity", True, f"{len(checks)} complete checkpoints verify in full"
                    + (f"; the scrub found {len(found)} damaged copy(ies) no restore read, none "
                       "uploaded" if found else ""), facts)
+
+
+def tier2_verdict(checks: Iterable[tuple[int, bool, str | None]], damaged: Collection[int],
+                  *, orphans: int | None = None, leases: int | None = None) -> Verdict:
+    """With the object faults (``--dedup``): every complete tier-2 step verifies in full
+    (each object against the manifest's CRC32C and its SHA-256 name), except the steps
+    whose content object the drill flipped or removed (``damaged``): their check must fail —
+    verification finds the damage, never vouches for it. ``checks`` are ``(step, ok,
+    error)``. ``orphans`` and ``leases``: content objects no map or part names, and sweep
+    leases, left on tier 2 (facts: what a deletion cut short leaves for the next sweep)."""
+    checks = list(checks)
+    bad = [(s, e) for s, ok, e in checks if not ok and s not in damaged]
+    missed = [s for s, ok, _ in checks if ok and s in damaged]
+    facts: dict[str, Any] = {"checked": [s for s, _, _ in checks], "damaged": sorted(damaged),
+                             "failed": [list(b) for b in bad[:10]], "missed": missed,
+                             "orphans": orphans, "leases": leases}
+    if bad or missed:
+        what = [f"tier 2's step {s} does not verify: {e}" for s, e in bad[:3]]
+        what += [f"tier 2's step {s} verifies though the drill damaged an object it needs"
+                 for s in missed[:3]]
+        return Verdict("tier2", False, "; ".join(what), facts)
+    found = sum(1 for s, ok, _ in checks if not ok)
+    return Verdict("tier2", True, f"{len(checks) - found} tier-2 step(s) verify in full"
+                   + (f"; {found} damaged one(s) fail as they must" if found else "")
+                   + f"; {orphans} orphan object(s), {leases} lease(s) left", facts)
 
 
 def retained_verdict(seen: Mapping[int, Collection[int]], now: Mapping[int, Collection[int]],

@@ -40,6 +40,7 @@ deletes its own steps only (its catalogue lists nothing else).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -138,17 +139,33 @@ def await_sweeps(storage: Storage, *, window_s: float = SWEEP_WINDOW_S,
                  sleep: Callable[[float], object] = time.sleep) -> None:
     """Return once no sweep that could have missed an intent written before this call is
     still deleting: no lease listed, or every listed lease seen here for more than twice
-    ``window_s`` (then expired: removed)."""
+    its window (then expired: removed). A lease's window is the one it declares when that is
+    shorter than ``window_s`` (its sweep deletes only that long: a sweep killed after a short
+    lease holds uploads back that much less), else ``window_s``."""
     first_seen: dict[str, float] = {}
+    windows: dict[str, float] = {}
     while True:
         leases = [i.key for i in storage.list(objmap.SWEEPS)]
         now = time.monotonic()
         live = []
         for key in leases:
-            if now - first_seen.setdefault(key, now) > 2 * window_s:
+            if key not in windows:
+                windows[key] = min(window_s, _declared_window(storage, key, window_s))
+            if now - first_seen.setdefault(key, now) > 2 * windows[key]:
                 storage.delete(key)
             else:
                 live.append(key)
         if not live:
             return
-        sleep(min(0.5, window_s / 10))
+        sleep(min(0.5, min(windows[k] for k in live) / 10))
+
+
+def _declared_window(storage: Storage, key: str, default: float) -> float:
+    """The ``window_s`` a lease declares; ``default`` when it cannot be read or is no
+    positive number (gone meanwhile, damaged, written by hand)."""
+    try:
+        window = json.loads(storage.get_bytes(key)).get("window_s")
+    except (StorageError, ValueError, AttributeError):
+        return default
+    ok = isinstance(window, (int, float)) and not isinstance(window, bool) and window > 0
+    return float(window) if ok else default

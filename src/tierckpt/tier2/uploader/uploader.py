@@ -3,7 +3,9 @@ composition of policy (what is due), transfer (moving bytes) and the loop (when)
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ class Uploader:
         self.local = Tier1Catalog(config.tier1)
         self._progress = progress
         self._closed = False
+        self._aligned: threading.Event | None = None  # set by watch(): see _committed_by_epoch
         self._lock = self.local.uploads.uploader_lock()
         try:
             self.storage = storage if storage is not None else open_storage(
@@ -83,10 +86,32 @@ class Uploader:
                 if counted is None or step > counted[1]:
                     self.local.uploads.count_commit(step, upload_every=self.config.upload_every)
         complete = self.local.complete_steps()
+        requested = self.local.uploads.upload_requests()
+        if self._aligned is not None and not self._aligned.is_set():
+            complete = self._committed_by_epoch(complete, requested)
         return retention.next_upload(complete, upload_every=self.config.upload_every,
-                                     done=self._done(complete),
-                                     requested=self.local.uploads.upload_requests(),
+                                     done=self._done(complete), requested=requested,
                                      marked=self.local.uploads.upload_marks())
+
+    def _committed_by_epoch(self, complete: list[int], requested: set[int]) -> list[int]:
+        """While watching: the steps committed here before the start of the current epoch
+        (wall-clock multiples of ``poll_s``), and every requested one. Each node's uploader
+        then chooses the same newest step whenever it chooses within an epoch — not the
+        newest at its own moment, which differs between nodes when saves come faster than
+        uploads, so that each would upload its part of another step and none would ever
+        complete on tier 2. A step committed near an epoch's start may fall on either side
+        on different nodes (clock skew, each node's marker time): those two disagree for
+        that epoch only."""
+        epoch = time.time() // self.config.poll_s * self.config.poll_s
+        out = []
+        for step in complete:
+            try:
+                t = os.stat(self.local.step_dir(step) / layout.COMPLETE).st_mtime
+            except OSError:
+                continue
+            if t < epoch or step in requested:
+                out.append(step)
+        return out
 
     def _done(self, complete: list[int]) -> set[int]:
         """Steps whose upload is done for the checkpoint now under that step: a record of
@@ -134,7 +159,9 @@ class Uploader:
     def watch(self, stop: threading.Event, finish: threading.Event | None = None) -> bool:
         """Upload due steps until ``stop`` is set (see :func:`tierckpt.tier2.uploader.watch.run`);
         once ``finish`` is set, return as soon as nothing is due (True) or an upload fails
-        (False)."""
+        (False). Choices are aligned across nodes (:meth:`_committed_by_epoch`) until
+        ``finish`` is set."""
+        self._aligned = finish if finish is not None else threading.Event()
         return watch.run(self, stop, poll_s=self.config.poll_s, watch=True, finish=finish)
 
     def apply_retention(self) -> list[int]:

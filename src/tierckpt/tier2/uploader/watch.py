@@ -27,13 +27,22 @@ class Source(Protocol):
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult: ...
 
 
+_PAST_EPOCH_S = 0.01
+"""How long after an epoch's start an idle uploader looks (the markers of a commit at the
+boundary are on disk)."""
+
+
 def backoff_s(poll_s: float, failures: int) -> float:
-    """Wait before the next look: ``poll_s`` when idle; after ``failures`` consecutive
+    """Wait before the next look: when idle, until just past the next wall-clock multiple of
+    ``poll_s`` (at most ``poll_s``: every node's uploader then looks at one moment, the start
+    of an epoch, and chooses among the same commits); after ``failures`` consecutive
     failures a wait drawn uniformly from ``[d/2, d]``, ``d = poll_s · 2^failures`` (capped at
     :data:`MAX_BACKOFF_S`). The jitter keeps hundreds of uploaders that a throttling store
     refused together from all trying again in the same instant."""
+    if failures == 0:  # at the next wall-clock multiple of poll_s: see Uploader.next_step
+        return poll_s - time.time() % poll_s + _PAST_EPOCH_S
     d = min(poll_s * 2 ** min(failures, 10), MAX_BACKOFF_S)
-    return d if failures == 0 else d * (0.5 + 0.5 * random.random())
+    return d * (0.5 + 0.5 * random.random())
 
 
 def run(source: Source, stop: threading.Event, *, poll_s: float, watch: bool,
