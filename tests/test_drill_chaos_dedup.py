@@ -2,8 +2,8 @@
 objects on examples/train.py (2 simulated nodes, real torchrun, real SIGKILLs, a file://
 tier 2), each paired with a wiped node that can restore only from tier 2. Seed 16 draws: a
 deletion of the oldest tier-2 step SIGKILLed mid-way; a shard object of the newest tier-2
-step removed (the node whose shard it is must restore an older step: the library skips the
-step whose fetch finds it missing); one flipped. The report must show no violation, every
+step removed, then one flipped, each a shard of the wiped node (it must restore an older
+step: the library skips the step whose fetch finds its shard missing or damaged). The report must show no violation, every
 tier-2 step verifying but the damaged ones, and the final step verified on tier 2."""
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def test_chaos_drill_with_object_faults_without_a_violation(tmp_path: Path) -> N
     assert any("SIGKILLed before deletion" in f["detail"] for f in fired
                if f["kind"] == "cut_deletion")
     assert {f["variant"] for f in fired if f["kind"] == "damage_object"} == {"flip", "missing"}
+    fell_back = [(c["resumed"][0]["step"], int(f["detail"].rsplit(" ", 1)[1].rstrip(")")))
+                 for c in doc["cycles"] for f in c["faults"] if f["kind"] == "damage_object"]
+    assert fell_back and all(got < damaged for got, damaged in fell_back), fell_back
     verdicts = [c["verdicts"]["tier2"] for c in (*doc["cycles"], doc["final"])]
     assert all(v["ok"] for v in verdicts)
     assert any("fail as they must" in v["detail"] for v in verdicts)  # damage found

@@ -251,7 +251,8 @@ class CycleRunner(HealRunner):
 
     def _object_fault(self, f: cv.Fault, pick: float) -> dict[str, Any]:
         """A tier-2 object fault at rest: ``damage_object`` on a shard only the newest
-        tier-2 step has (the fault's node's when there is one: only that node reads it),
+        tier-2 step has — of a node that holds no other copy of that step when there is one
+        (it must read tier 2's), else of the fault's node (only a shard's node reads it),
         ``cut_deletion`` of the oldest tier-2 step at a seeded deletion
         (:mod:`tierckpt.drill.chaos_objects`). Skipped when the step it breaks or deletes
         would leave a node nothing to restore from."""
@@ -265,19 +266,20 @@ class CycleRunner(HealRunner):
                   if layout.shard_rank(n) is not None]
         if f.kind == "damage_object" and not shards:
             return self._fact(f, fired=False, detail=f"no shard only step {step} has")
-        mine = [nk for nk in shards if self._node_of(nk[0]) == f.node] or shards
-        name, key = mine[int(pick * len(mine)) % len(mine)] \
-            if f.kind == "damage_object" else ("", "")
         complete = {i: cf.step_dirs(r)[0] for i, r in enumerate(self.roots)}
         own, held = self._ram_held()
+        ram = cv.ram_restorable(own, held, self.ram_damaged)
+        needy = {n for n in complete if step not in complete[n] and step not in ram[n]}
+        mine = [nk for nk in shards if self._node_of(nk[0]) in needy] or \
+            [nk for nk in shards if self._node_of(nk[0]) == f.node] or shards
+        name, key = mine[int(pick * len(mine)) % len(mine)] \
+            if f.kind == "damage_object" else ("", "")
         tier2 = set(self._tier2_steps(through_outage=True) or ())
         t2_broken = self._t2_broken({**self.t2_damaged, key: self._node_of(name)}) if name \
             else self._t2_broken()
         if f.kind == "cut_deletion":
             tier2.discard(step)
-        if cv.expected_restore(complete, self.broken, tier2,
-                               cv.ram_restorable(own, held, self.ram_damaged),
-                               t2_broken) == "refuse":
+        if cv.expected_restore(complete, self.broken, tier2, ram, t2_broken) == "refuse":
             return self._fact(f, fired=False, detail="skipped: it would leave a node nothing to "
                               "restore from")
         if f.kind == "cut_deletion":  # the marker, the map, the manifest; a sweep of the rest
