@@ -3,8 +3,9 @@ objects on examples/train.py (2 simulated nodes, real torchrun, real SIGKILLs, a
 tier 2), each paired with a wiped node that can restore only from tier 2. Seed 16 draws: a
 deletion of the oldest tier-2 step SIGKILLed mid-way; a shard object of the newest tier-2
 step removed, then one flipped, each a shard of the wiped node (it must restore an older
-step: the library skips the step whose fetch finds its shard missing or damaged). The report must show no violation, every
-tier-2 step verifying but the damaged ones, and the final step verified on tier 2."""
+step: the library skips the step whose fetch finds its shard missing or damaged). The
+report must show no violation, every tier-2 step verifying but the damaged ones, and the
+final step verified on tier 2."""
 
 from __future__ import annotations
 

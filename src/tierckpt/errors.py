@@ -136,6 +136,16 @@ class CorruptDataError(IntegrityError):
     and falls back to the next older step."""
 
 
+class Tier2CopyDamagedError(IntegrityError):
+    """A step chosen from tier 2 could not be fetched because its bytes there are damaged
+    or missing (a content object failed its CRC32C, or is gone while the step's marker is
+    there): restore skips that step, logged, and chooses again. ``step`` names it."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The key does not exist (a read of a missing object)."""
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -94,8 +94,7 @@ newest step logged when it was sent, saved it, exited 75, and the restart resume
 (:func:`tierckpt.drill.preempt_verdicts.lost_work_verdict`). ``heal``: a ``heal_kill`` ended
 as :data:`HEAL_OUTCOMES` says, and every rank then restored one step, committed, no older
 than the newest step committed before it chose (:func:`tierckpt.drill.chaos_heal.heal_verdict`).
-``tier2``: with the object faults, every complete tier-2 step verifies in full but those whose
-content object the drill damaged, which fail (:func:`tier2_verdict`)."""
+``tier2``: with the object faults (``--dedup``), :func:`tier2_verdict`."""
 
 
 def tier1_bound(keep_last: int, upload_backlog: int | None) -> int | None:
@@ -323,21 +322,19 @@ def tier2_verdict(checks: Iterable[tuple[int, bool, str | None]], damaged: Colle
                   *, orphans: int | None = None, leases: int | None = None) -> Verdict:
     """With the object faults (``--dedup``): every complete tier-2 step verifies in full
     (each object against the manifest's CRC32C and its SHA-256 name), except the steps
-    whose content object the drill flipped or removed (``damaged``): their check must fail —
-    verification finds the damage, never vouches for it. ``checks`` are ``(step, ok,
-    error)``. ``orphans`` and ``leases``: content objects no map or part names, and sweep
-    leases, left on tier 2 (facts: what a deletion cut short leaves for the next sweep)."""
+    whose content object the drill flipped or removed (``damaged``): their check must fail.
+    ``checks`` are ``(step, ok, error)``. ``orphans`` and ``leases``: content objects no map
+    or part names, and sweep leases, on tier 2 (facts: what a cut deletion left to sweep)."""
     checks = list(checks)
     bad = [(s, e) for s, ok, e in checks if not ok and s not in damaged]
     missed = [s for s, ok, _ in checks if ok and s in damaged]
-    facts: dict[str, Any] = {"checked": [s for s, _, _ in checks], "damaged": sorted(damaged),
-                             "failed": [list(b) for b in bad[:10]], "missed": missed,
-                             "orphans": orphans, "leases": leases}
+    facts = {"checked": [s for s, _, _ in checks], "damaged": sorted(damaged), "failed":
+             [list(b) for b in bad[:10]], "missed": missed, "orphans": orphans, "leases": leases}
     if bad or missed:
-        what = [f"tier 2's step {s} does not verify: {e}" for s, e in bad[:3]]
-        what += [f"tier 2's step {s} verifies though the drill damaged an object it needs"
-                 for s in missed[:3]]
-        return Verdict("tier2", False, "; ".join(what), facts)
+        return Verdict("tier2", False, "; ".join(
+            [f"tier 2's step {s} does not verify: {e}" for s, e in bad[:3]] +
+            [f"tier 2's step {s} verifies though the drill damaged an object it needs"
+             for s in missed[:3]]), facts)
     found = sum(1 for s, ok, _ in checks if not ok)
     return Verdict("tier2", True, f"{len(checks) - found} tier-2 step(s) verify in full"
                    + (f"; {found} damaged one(s) fail as they must" if found else "")

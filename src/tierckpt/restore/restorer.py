@@ -19,6 +19,7 @@ from tierckpt.errors import (
     CorruptDataError,
     IntegrityError,
     StorageError,
+    Tier2CopyDamagedError,
     Tier2OutageError,
 )
 from tierckpt.format import layout
@@ -75,7 +76,7 @@ class Restorer:
             try:
                 chosen = self._choose_through_outage(
                     exclude=frozenset(tried.failed) | frozenset(tried.unreadable))
-            except _DamagedOnTier2 as e:
+            except Tier2CopyDamagedError as e:
                 self._skip_damaged(e.step, str(e), tried)
                 continue
             if chosen is None:
@@ -258,20 +259,11 @@ class Restorer:
             if failed:  # every rank raises alike: the next choice is collective too
                 message = "; ".join(str(e) for e, _ in failed)
                 if all(d for _, d in failed):
-                    raise _DamagedOnTier2(step, message)
+                    raise Tier2CopyDamagedError(step, message)
                 raise CheckpointError(message)
             saved_world = comm.broadcast(
                 chooser.manifests[step].world_size if comm.rank == 0 else None)
         return step, source, skipped, fetched, saved_world, mine
-
-
-class _DamagedOnTier2(CheckpointError):
-    """Internal: every fetch of ``step`` that failed found its bytes on tier 2 bad
-    (:meth:`~tierckpt.restore.choose.Chooser.damaged_on_tier2`)."""
-
-    def __init__(self, step: int, message: str) -> None:
-        super().__init__(message)
-        self.step = step
 
 
 @dataclasses.dataclass
