@@ -365,7 +365,8 @@ def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
     assert flags("drill") == {"--nproc", "--nnodes", "--steps", "--seed", "--tier2", "--out",
                               "--rtol", "--json", "--chaos", "--tier0", "--preempt",
-                              "--preempt-rank", "--kinds", "--heal", "--etcd", "command"}
+                              "--preempt-rank", "--kinds", "--heal", "--dedup", "--etcd",
+                              "command"}
 
 
 def test_drill_without_a_command_is_a_usage_error() -> None:
