@@ -24,6 +24,7 @@ from typing import Any
 
 from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
+from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
 from tierckpt.tier1 import fs, pins
 from tierckpt.tier1.lock import FileLock
@@ -148,9 +149,26 @@ class UploadLedger:
         return out
 
     def uploaded_steps(self) -> set[int]:
-        """Steps whose upload is done (:data:`UPLOAD_DONE`): as far as the uploader is
-        concerned, tier-1 retention may delete them."""
-        return {s for s, r in self.upload_records().items() if r.get("status") in UPLOAD_DONE}
+        """Steps whose upload is done (:data:`UPLOAD_DONE`) for the checkpoint now under the
+        step: as far as the uploader is concerned, tier-1 retention may delete them. A record
+        of an earlier save of the step (rolled back by a heal or a restart, then saved again)
+        names another save id than the step's marker, and does not count: the new save is
+        not on tier 2 yet."""
+        return {s for s, r in self.upload_records().items()
+                if r.get("status") in UPLOAD_DONE and self._same_save(s, r)}
+
+    def _same_save(self, step: int, record: dict[str, Any]) -> bool:
+        """Whether ``record`` is of the checkpoint now under ``step`` (one small read: the
+        marker names the save). Without a save id on either side, or without a readable
+        marker (the checkpoint's own state decides), the record stands."""
+        if record.get("save_id") is None:
+            return True
+        try:
+            now = mf.marker_body(read_small(self.root / layout.step_dirname(step) /
+                                            layout.COMPLETE)).get("save_id")
+        except (IntegrityError, OSError):
+            return True
+        return now in (None, record["save_id"])
 
     def uploader_lock(self) -> FileLock:
         """The uploader lock (``upload-state/.lock``): one uploader per root."""

@@ -50,7 +50,7 @@ from tierckpt.format import layout, objmap
 from tierckpt.format import manifest as mf
 from tierckpt.tier1.manifests import MANIFEST_LIMIT
 from tierckpt.tier2.storage import Storage
-from tierckpt.tier2.storage.runs import RUNS
+from tierckpt.tier2.storage.runs import RUNS, RunStorage
 
 SWEEP_WINDOW_S = 30.0
 """A sweep issues deletions only this long after its lease; an uploader treats a lease it
@@ -96,8 +96,8 @@ def sibling_references(storage: Storage) -> set[str]:
     """Content keys referenced by the other runs sharing ``storage``'s prefix: the
     prefix's own steps and every ``runs/<name>/`` but the one ``storage`` is (when it is a
     :class:`~tierckpt.tier2.storage.runs.RunStorage`)."""
-    base: Storage = getattr(storage, "shared", storage)
-    own = f"{RUNS}{storage.run}/" if base is not storage else ""  # type: ignore[attr-defined]
+    base, own = (storage.shared, f"{RUNS}{storage.run}/") if isinstance(storage, RunStorage) \
+        else (storage, "")
     by_run: dict[str, dict[int, dict[str, int]]] = {}
     for info in (*base.list("step-"), *base.list(RUNS)):
         parts = info.key.split("/", 3)

@@ -9,13 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tierckpt.errors import IntegrityError
 from tierckpt.format import layout
-from tierckpt.format import manifest as mf
 from tierckpt.policy import retention
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
-from tierckpt.tier1.manifests import read_small
 from tierckpt.tier1.uploads import UPLOAD_DUE, UPLOAD_HOLDER, UPLOAD_REQUEST
 from tierckpt.tier2 import probe
 from tierckpt.tier2.catalog import Tier2Catalog
@@ -90,7 +87,7 @@ class Uploader:
         if self._aligned is not None and not self._aligned.is_set():
             complete = self._committed_by_epoch(complete, requested)
         return retention.next_upload(complete, upload_every=self.config.upload_every,
-                                     done=self._done(complete), requested=requested,
+                                     done=self.local.uploads.uploaded_steps(), requested=requested,
                                      marked=self.local.uploads.upload_marks())
 
     def _committed_by_epoch(self, complete: list[int], requested: set[int]) -> list[int]:
@@ -112,22 +109,6 @@ class Uploader:
             if t < epoch or step in requested:
                 out.append(step)
         return out
-
-    def _done(self, complete: list[int]) -> set[int]:
-        """Steps whose upload is done for the checkpoint now under that step: a record of
-        an earlier save of the step (rolled back by a heal or restart, then saved again)
-        names another save id and is not this checkpoint's."""
-        done = self.local.uploads.uploaded_steps()
-        for step in done & set(complete):
-            record = self.local.uploads.upload_record(step) or {}
-            try:  # the marker names the save: one small read, not the manifest
-                now = mf.marker_body(read_small(self.local.step_dir(step) /
-                                                layout.COMPLETE)).get("save_id")
-            except (IntegrityError, OSError):
-                continue  # the checkpoint's own state decides; the record stands
-            if record.get("save_id") not in (None, now):
-                done.discard(step)
-        return done
 
     def upload_step(self, step: int, *, stop: threading.Event | None = None) -> UploadResult:
         """Copy ``step`` to tier 2 (:func:`tierckpt.tier2.uploader.transfer.upload_step`);
