@@ -74,6 +74,19 @@ def test_each_damage_is_caught_by_a_full_check(tmp_path: Path, variant: str) -> 
         assert not (root / layout.step_dirname(6)).exists()
 
 
+def test_a_missing_manifest_beside_its_parts_is_found_yet_rebuildable(tmp_path: Path) -> None:
+    """``missing_file`` on the manifest of a sealed checkpoint (parts beside it, as every
+    save writes): a full check reports it, but the parts rebuild it, so a restore may read
+    the copy (the drill does not count it as a bad source); unsealed, nothing rebuilds it."""
+    for sealed in (True, False):
+        root = tmp_path / f"sealed{sealed}"
+        make_checkpoint(root, 6, NODE, domains=((0,), (1,)), world_size=2, only_ranks={1},
+                        sealed=sealed)
+        (root / layout.step_dirname(6) / layout.MANIFEST).unlink()
+        assert cf.rebuilt_from_parts(root, 6) is sealed
+        assert not check_tier1(root, 6).ok
+
+
 def test_missing_marker_wipe_and_step_dirs(tmp_path: Path) -> None:
     root = tmp_path / "node0"
     for step in (3, 6):

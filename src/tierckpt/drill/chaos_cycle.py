@@ -325,6 +325,10 @@ class CycleRunner(HealRunner):
         self.broken[n].add(newest)
         self.excused[n].add(newest)
         self._mark_damaged(n, "tier1", newest)
+        if cf.rebuilt_from_parts(root, newest):  # the scrub finds it; a restore may read it
+            self.readable[n].add(newest)
+            return detail + " (its parts rebuild the manifest: a restore may read the copy)"
+        self.readable[n].discard(newest)
         return detail
 
     def _settle(self, rec: CycleRecord) -> None:

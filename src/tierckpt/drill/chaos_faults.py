@@ -27,7 +27,8 @@ from tierckpt.tier0.root import PEER_DIR
 
 __all__ = ["FILL_NAME", "EventTail", "Tier2Outage", "children", "damage", "fill", "find_uploader",
            "flip_file", "flip_shard", "kill", "mount_tmpfs", "processes", "ram_steps",
-           "remove_step", "send", "step_dirs", "unmount", "unmount_under", "wipe", "wipe_ram"]
+           "rebuilt_from_parts", "remove_step", "send", "step_dirs", "unmount", "unmount_under",
+           "wipe", "wipe_ram"]
 
 FILL_NAME = ".chaos-fill"
 """The file that fills a node's tier 1 (ignored by every tier-1 reader: not a step name)."""
@@ -260,6 +261,16 @@ def wipe_ram(ram: Path) -> str:
     n = sum(1 for p in ram.rglob("*") if p.is_file())
     shutil.rmtree(ram)
     return f"wiped the node's RAM {ram} ({n} files)"
+
+
+def rebuilt_from_parts(root: Path, step: int) -> bool:
+    """Whether ``root``'s checkpoint of ``step`` lacks ``manifest.json`` but holds its
+    marker and a manifest part: the marker vouches for the parts, which rebuild the
+    manifest, so a restore reads the copy safely and loses nothing, though a full check
+    reports the file missing (docs/format.md)."""
+    d = root / layout.step_dirname(step)
+    return (d / layout.COMPLETE).exists() and not (d / layout.MANIFEST).exists() and \
+        any(layout.is_part(p.name) for p in d.iterdir())
 
 
 def remove_step(root: Path, step: int) -> str:

@@ -98,6 +98,9 @@ class ChaosState:
         self.seen: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
         self.excused: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
         self.broken: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
+        # damaged on disk (the scrub finds them) yet safe to restore: a manifest.json gone
+        # from beside its parts (chaos_faults.rebuilt_from_parts)
+        self.readable: dict[int, set[int]] = {n: set() for n in range(cfg.nnodes)}
         self.rams = [ram_root(cfg, r) for r in self.roots]  # None entries without tier 0
         self.ram_damaged: dict[int, set[tuple[str, int]]] = {n: set() for n in
                                                              range(cfg.nnodes)}
@@ -134,7 +137,7 @@ class ChaosState:
         start = StartRecord(index=g, cycle=rec.index, job=Job(spec), losses=spec.losses,
                        t_launch=time.time(), marks=[len(t.events) for t in self.tails],
                        complete={n: cf.step_dirs(r)[0] for n, r in enumerate(self.roots)},
-                       broken={n: set(s) for n, s in self.broken.items()},
+                       broken={n: s - self.readable[n] for n, s in self.broken.items()},
                        views=[self._tier2_steps()], ram=self._ram(),
                        ram_damaged={n: set(s) for n, s in self.ram_damaged.items()},
                        t2_broken=self._t2_broken())
