@@ -212,14 +212,18 @@ class FaultProxy:
                 for m in calls]
 
     def throttle(self, rate_per_s: float, *, burst: int = 1, status: int = 503,
-                 code: str = "SlowDown", retry_after_s: int | None = 1) -> None:
+                 code: str = "SlowDown", retry_after_s: int | None = 1,
+                 warmup: tuple[float, float] | None = None) -> None:
         """Above ``rate_per_s`` requests a second (``burst`` at once), answer ``status``
         with ``code`` and ``Retry-After`` instead of forwarding (action ``throttle``);
-        ``rate_per_s=0`` stops throttling. Applies before the rules."""
+        ``rate_per_s=0`` stops throttling. Applies before the rules. ``warmup=(rate, s)``
+        serves only ``rate`` a second for the first ``s`` seconds, as S3 serves a new prefix
+        before it scales out: the refusals then do not depend on how fast a loaded client
+        machine can ask."""
         with self._lock:
             self._bucket = None if rate_per_s <= 0 else _TokenBucket(
                 rate_per_s, burst, Rule(action="status", status=status, code=code,
-                                        retry_after_s=retry_after_s, times=None))
+                                        retry_after_s=retry_after_s, times=None), warmup)
 
     def clear(self) -> None:
         with self._lock:
@@ -362,13 +366,17 @@ class _TokenBucket:
     """``rate`` tokens a second, at most ``burst`` saved; not thread-safe (the proxy's lock
     guards it)."""
 
-    def __init__(self, rate: float, burst: int, answer: Rule) -> None:
+    def __init__(self, rate: float, burst: int, answer: Rule,
+                 warmup: tuple[float, float] | None = None) -> None:
         self.rate, self.burst, self.answer = rate, float(burst), answer
         self.tokens, self.at = float(burst), time.monotonic()
+        self.warm_rate, warm_s = warmup or (rate, 0.0)
+        self.warm_until = self.at + warm_s
 
     def take(self) -> bool:
         now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        rate = self.warm_rate if now < self.warm_until else self.rate
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * rate)
         self.at = now
         if self.tokens < 1.0:
             return False

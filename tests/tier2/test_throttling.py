@@ -37,6 +37,9 @@ OPTIONS = {"integrity": "crc32c", "marker": "create-only", "max_attempts": 3,
            "read_timeout_s": 20.0, "connect_timeout_s": 5.0}
 RATE = 200.0
 """Requests a second the endpoint serves; the rest get 503 SlowDown (Retry-After: 1)."""
+WARMUP = (20.0, 10.0)
+"""The first 10 s the endpoint serves 20 requests a second (a new prefix before S3 scales
+it out): 256 clients then get refused more than once each however loaded this machine is."""
 
 
 def run_threads(n: int, body: Callable[[int], Any], timeout_s: float) -> list[Any]:
@@ -82,7 +85,7 @@ def test_256_uploaders_behind_a_throttled_endpoint_lose_no_save(
     uploaders = [Uploader(UploaderConfig(tier1=tmp_path / f"node{i}", tier2=f"{s3_env.url}/job{i}",
                                          storage_options=OPTIONS, poll_s=0.05))
                  for i in range(CLIENTS)]  # opened first: their requests then arrive together
-    fault_proxy.throttle(RATE, burst=10, retry_after_s=1)
+    fault_proxy.throttle(RATE, burst=10, retry_after_s=1, warmup=WARMUP)
     try:
         results = run_threads(CLIENTS, lambda i: upload_until_done(uploaders[i], 7),
                               timeout_s=240)
