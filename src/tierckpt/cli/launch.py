@@ -17,7 +17,7 @@ import typer
 
 from tierckpt.cli._app import app
 from tierckpt.cli._render import config_errors
-from tierckpt.launch import k8s, outcome, slurm, timing
+from tierckpt.launch import cluster, k8s, k8s_etcd, outcome, slurm, timing
 from tierckpt.launch.command import split
 from tierckpt.policy.units import parse_duration
 from tierckpt.tier2.storage.url import FORMS
@@ -168,6 +168,11 @@ def launch_k8s(
              "file).")] = None,
     trainjob: Annotated[bool, typer.Option(
         "--trainjob", help="Also write a Kubeflow TrainJob.")] = False,
+    etcd_members: Annotated[int, typer.Option(
+        help="Start the job's own etcd of this many members (1, 3, 5 or 7; 3 survives a "
+             "lost node): a StatefulSet beside the JobSet, instead of --etcd.")] = 0,
+    etcd_image: Annotated[str | None, typer.Option(
+        help="The etcd image (3.4 or later) for --etcd-members.")] = None,
     out: Out = None,
 ) -> None:
     """Write a JobSet (and with --trainjob a Kubeflow TrainJob): grace from the measured
@@ -184,9 +189,28 @@ def launch_k8s(
             cpus_per_node=cpus_per_node, memory=memory, max_restarts=max_restarts,
             max_failures=max_failures, port=port, etcd=etcd, tier0_size=tier0_size,
             tier1_host_path=tier1_host_path or (str(tier1) if tier1 else None),
-            tier1_claim=tier1_claim, tier2=tier2, tier2_secret=tier2_secret)
-        docs = [k8s.jobset(job)] + ([k8s.trainjob(job)] if trainjob else [])
+            tier1_claim=tier1_claim, tier2=tier2, tier2_secret=tier2_secret,
+            etcd_members=etcd_members, etcd_image=etcd_image)
+        docs = [*k8s_etcd.manifests(job), k8s.jobset(job),
+                *([k8s.trainjob(job)] if trainjob else [])]
         _write(k8s.to_yaml(docs), out)
+
+
+@launch_app.command("wait-etcd")
+def launch_wait_etcd(
+    etcd: Annotated[str, typer.Option(help="The job's etcd, etcd://host:port[,host:port].")],
+    within: Annotated[float, typer.Option(help="Seconds to wait at most.")] = 300.0,
+) -> None:
+    """Wait until a majority of the job's etcd members answer healthy (the generated k8s
+    launcher runs it before the training starts); exit 1 with what they answered if they
+    do not within --within seconds, 2 on a bad endpoint."""
+    with config_errors():
+        ok, line = cluster.wait_etcd(etcd, within_s=within, say=lambda s: print(
+            f"tierckpt launch wait-etcd: {s}", file=sys.stderr, flush=True))
+    if not ok:
+        print(f"tierckpt launch wait-etcd: not answering after {within:g} s: {line}",
+              file=sys.stderr)
+        raise typer.Exit(1)
 
 
 @launch_app.command("outcome")

@@ -33,7 +33,8 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from tierckpt.errors import ConfigError
@@ -150,6 +151,24 @@ def probe_etcd(endpoint: str) -> tuple[bool, str]:
         return False, f"{line}; " + "; ".join(_ALARMS.get(a, f"etcd raised {a}")
                                              for a in alarms)
     return up > len(urls) // 2, line
+
+
+def wait_etcd(endpoint: str, *, within_s: float, every_s: float = 2.0,
+              say: Callable[[str], None] = lambda _: None) -> tuple[bool, str]:
+    """:func:`probe_etcd` until it answers True or ``within_s`` seconds passed: the last
+    answer; ``say`` hears what the members answer every 30 s. ConfigError for a bad
+    ``endpoint``."""
+    parse_endpoint(endpoint, flag="--etcd")
+    deadline = time.monotonic() + within_s
+    next_say = time.monotonic() + 30.0
+    while True:
+        ok, line = probe_etcd(endpoint)
+        if ok or time.monotonic() >= deadline:
+            return ok, line
+        if time.monotonic() >= next_say:
+            say(f"waiting for the job's etcd: {line}")
+            next_say += 30.0
+        time.sleep(min(every_s, max(0.0, deadline - time.monotonic())))
 
 
 _ALARMS = {  # etcd's alarm -> what it means and what to do

@@ -44,6 +44,7 @@ import shlex
 from typing import Any
 
 from tierckpt.errors import ConfigError
+from tierckpt.launch import k8s_etcd
 from tierckpt.launch._yaml import dump_all
 from tierckpt.launch.outcome import EXIT_CONFIG
 from tierckpt.launch.resources import k8s_memory, k8s_resources, parse_memory
@@ -96,8 +97,16 @@ class K8sLaunch(TorchrunJob):
     tier2: str | None = None
     tier2_secret: str | None = None
     python: str = "python3"
+    etcd_members: int = 0
+    etcd_image: str | None = None
 
     def __post_init__(self) -> None:
+        k8s_etcd.check(self.etcd_members, self.etcd_image)
+        if self.etcd_members:
+            if self.etcd is not None:
+                raise ConfigError("--etcd and --etcd-members: give one (an etcd of your own, "
+                                  "or the members the manifest starts for this job)")
+            object.__setattr__(self, "etcd", k8s_etcd.endpoint(self.name, self.etcd_members))
         if not self.name or not all(c.isalnum() or c == "-" for c in self.name) \
                 or not self.name[0].isalpha() or self.name.lower() != self.name:
             raise ConfigError(f"--name {self.name!r}: use lower-case letters, digits and '-', "
@@ -139,7 +148,7 @@ def launcher(k: K8sLaunch, *, head: str) -> str:
         '[ -n "${TIERCKPT_TIER1:-}" ] || fail "TIERCKPT_TIER1 is not set"',
         'mkdir -p "$TIERCKPT_TIER1" || fail "cannot create $TIERCKPT_TIER1"',
         "export TIERCKPT_PYTHON=\"${TIERCKPT_PYTHON:-$(command -v " + shlex.quote(py) + ")}\"",
-        TIERCKPT_FN,
+        TIERCKPT_FN, *_wait_etcd(k),
         "start=$(date +%s); notices=''; step=''",
         "# SIGTERM reaches PID 1 only: pass it to torchrun, which passes it to the workers.",
         "trap 'notices=\"$notices term\"; [ -n \"$step\" ] && kill -TERM \"$step\"' TERM",
@@ -148,6 +157,20 @@ def launcher(k: K8sLaunch, *, head: str) -> str:
         '    --rc "$rc" --notices "$notices" >/dev/null',
         "",
     ])
+
+
+ETCD_WAIT_S = 300
+"""How long a pod waits for the job's etcd (its members start beside the training pods)."""
+
+
+def _wait_etcd(k: K8sLaunch) -> list[str]:
+    """With the job's etcd: wait until a majority of its members answer (exit 1 after
+    :data:`ETCD_WAIT_S`: a failure the JobSet restarts, not a configuration error). Before
+    the SIGTERM trap: a termination while waiting ends the pod at once."""
+    if k.etcd is None:
+        return []
+    return [f"tierckpt launch wait-etcd --etcd {shlex.quote(k.etcd)} --within {ETCD_WAIT_S} "
+            "|| exit 1"]
 
 
 def _env(k: K8sLaunch) -> list[dict[str, Any]]:
