@@ -12,7 +12,7 @@ from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
-from tierckpt.ops import check
+from tierckpt.ops import check, repair
 from tierckpt.policy.units import format_bytes
 from tierckpt.tier2.storage.url import FORMS
 
@@ -27,6 +27,9 @@ def verify(
         "--tier2", help=f"Tier 2 as {FORMS} (needed for --tier 2).")
     ] = None,
     parallel: Annotated[int, typer.Option(help="Tier 2: objects downloaded at once.")] = 4,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="Tier 2: send each damaged or missing object again from --tier1 "
+                         "(a copy whose bytes verify); nothing is deleted.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
@@ -34,6 +37,9 @@ def verify(
 
     Marker, manifest, sizes and the CRC32C of every file (tier 2: downloaded to a temporary
     directory and removed). Exit 1 naming the first bad file."""
+    if repair:
+        _repair(step, tier, tier1, tier2_url, as_json)
+        return
     with failures():
         if tier not in (1, 2):
             raise ConfigError(f"--tier must be 1 or 2, got {tier}")
@@ -61,3 +67,31 @@ def verify(
     if report.elsewhere:
         out.print(f"{len(report.elsewhere)} files are held by other nodes' tier 1 "
                   "(not checked here)")
+
+
+def _repair(step: int, tier: int, tier1: Path | None, tier2_url: str | None,
+            as_json: bool) -> None:
+    """``verify --repair``: tier 2's step checked, its bad objects sent again from tier 1."""
+    with failures():
+        if tier != 2 or tier2_url is None or tier1 is None:
+            raise ConfigError("--repair mends tier 2 from tier 1: give --tier 2, --tier2 URL "
+                              "and --tier1 DIR (the tier-1 root holding this node's copy)")
+        with tier2(tier2_url) as storage:
+            assert storage is not None
+            report = repair.repair_tier2(storage, step, tier1_dir(tier1))
+    if as_json:
+        emit_json(report.to_json())
+        if not report.ok:
+            raise typer.Exit(EXIT_FAILED)
+        return
+    out = console()
+    for name, source in report.repaired:
+        out.print(f"repaired: {escape(name)} sent again from {escape(source)}")
+    for _name, why in report.left:
+        out.print(f"[red]still bad[/]: {escape(why)}")
+    if not report.ok:
+        raise fail(f"step {step} on tier 2 ({report.location}): "
+                   f"{report.error or f'{len(report.left)} file(s) still bad'}")
+    out.print(f"[green]ok[/]: step {step} on tier 2 ({escape(report.location)}): "
+              f"{report.files} files verify, {len(report.repaired)} repaired "
+              f"({report.seconds:.2f} s)")

@@ -32,7 +32,7 @@ from tierckpt.format import layout
 from tierckpt.format import manifest as mf
 from tierckpt.restore.verify import verify_checkpoint
 from tierckpt.tier1.manifests import read_committed, read_small, rebuild_manifest
-from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.catalog import Resolved, Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
 
 
@@ -107,9 +107,32 @@ def check_tier1(root: Path, step: int) -> CheckReport:
                        seconds=time.monotonic() - t0, elsewhere=elsewhere)
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """The SHA-256 hex digest of the file at ``path``."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_object(storage: Storage, where: Resolved, f: mf.FileEntry,
+                 scratch: Path) -> str | None:
+    """Download member ``f`` of the resolved tier-2 step ``where`` into ``scratch`` (removed
+    after) and check its CRC32C, size and, content-addressed, its SHA-256 against its
+    object's name: None when it verifies, else why not (naming the file)."""
+    dest = scratch / f.name
+    key = where.key(f.name)
+    try:
+        info = storage.get_file(key, dest, crc32c=f.crc32c)
+        if where.objmap is not None and sha256_of(dest) != key.rsplit("/", 1)[-1]:
+            return f"{f.name}: its bytes do not hash to their object's name {key}"
+    except ObjectNotFoundError:
+        return f"{f.name} is missing on tier 2 ({key})"
+    except (IntegrityError, StorageError) as e:
+        return f"{f.name}: {e}"
+    finally:
+        dest.unlink(missing_ok=True)
+    if info.size != f.size:
+        return f"{f.name} has {info.size} bytes on tier 2, manifest says {f.size}"
+    return None
 
 
 def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
@@ -132,26 +155,10 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
     except (IntegrityError, StorageError) as e:
         return report(ok=False, error=str(e))
 
-    def one(f: mf.FileEntry, tmp: str) -> str | None:
-        dest = Path(tmp) / f.name
-        key = where.key(f.name)
-        try:
-            info = storage.get_file(key, dest, crc32c=f.crc32c)
-            if where.objmap is not None and _sha256(dest) != key.rsplit("/", 1)[-1]:
-                return f"{f.name}: its bytes do not hash to their object's name {key}"
-        except ObjectNotFoundError:
-            return f"{f.name} is missing on tier 2 ({key})"
-        except (IntegrityError, StorageError) as e:
-            return f"{f.name}: {e}"
-        finally:
-            dest.unlink(missing_ok=True)
-        if info.size != f.size:
-            return f"{f.name} has {info.size} bytes on tier 2, manifest says {f.size}"
-        return None
-
     with tempfile.TemporaryDirectory(prefix="tierckpt-verify-", dir=scratch) as tmp, \
             ThreadPoolExecutor(parallel, thread_name_prefix="tierckpt-verify") as pool:
-        errors = [e for e in pool.map(lambda f: one(f, tmp), m.files) if e is not None]
+        errors = [e for e in pool.map(lambda f: check_object(storage, where, f, Path(tmp)),
+                                      m.files) if e is not None]
     seconds = time.monotonic() - t0
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
