@@ -12,14 +12,15 @@ from tierckpt.cli._app import command
 from tierckpt.cli._render import console, emit_json
 from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
-from tierckpt.ops import check, repair
+from tierckpt.ops import check, repair, scrub
 from tierckpt.policy.units import format_bytes
 from tierckpt.tier2.storage.url import FORMS
 
 
 @command()
 def verify(
-    step: Annotated[int, typer.Argument(help="Step of the checkpoint to verify.")],
+    step: Annotated[int | None, typer.Argument(
+        help="Step of the checkpoint to verify (or --all).", show_default=False)] = None,
     tier: Annotated[int, typer.Option(help="Which tier to read: 1 or 2.")] = 1,
     tier1: Annotated[Path | None, typer.Option(
         help="Tier-1 root (needed for --tier 1).")] = None,
@@ -30,6 +31,9 @@ def verify(
     repair: Annotated[bool, typer.Option(
         "--repair", help="Tier 2: send each damaged or missing object again from --tier1 "
                          "(a copy whose bytes verify); nothing is deleted.")] = False,
+    every: Annotated[bool, typer.Option(
+        "--all", help="Tier 2: every complete step, each object read once (a scrub).")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (schema in "
                                           "docs/cli.md).")] = False,
 ) -> None:
@@ -37,6 +41,12 @@ def verify(
 
     Marker, manifest, sizes and the CRC32C of every file (tier 2: downloaded to a temporary
     directory and removed). Exit 1 naming the first bad file."""
+    if every:
+        _scrub(step, tier, tier1 if repair else None, tier2_url, parallel, repair, as_json)
+        return
+    if step is None:
+        with failures():
+            raise ConfigError("give the STEP to verify, or --all (tier 2)")
     if repair:
         _repair(step, tier, tier1, tier2_url, as_json)
         return
@@ -95,3 +105,34 @@ def _repair(step: int, tier: int, tier1: Path | None, tier2_url: str | None,
     out.print(f"[green]ok[/]: step {step} on tier 2 ({escape(report.location)}): "
               f"{report.files} files verify, {len(report.repaired)} repaired "
               f"({report.seconds:.2f} s)")
+
+
+def _scrub(step: int | None, tier: int, tier1: Path | None, tier2_url: str | None,
+           parallel: int, repair: bool, as_json: bool) -> None:
+    """``verify --all``: every complete step of tier 2, each object once; ``--repair``
+    sends the bad ones again from ``tier1``."""
+    with failures():
+        if step is not None or tier != 2 or tier2_url is None:
+            raise ConfigError("--all scrubs tier 2: give --tier 2 and --tier2 URL, and no STEP")
+        if repair and tier1 is None:
+            raise ConfigError("--all --repair mends tier 2 from tier 1: give --tier1 DIR")
+        with tier2(tier2_url) as storage:
+            assert storage is not None
+            report = scrub.scrub_tier2(storage, parallel=parallel,
+                                       tier1=tier1_dir(tier1) if tier1 else None)
+    if as_json:
+        emit_json(report.to_json())
+        if not report.ok:
+            raise typer.Exit(EXIT_FAILED)
+        return
+    out = console()
+    for key, source in report.repaired:
+        out.print(f"repaired: {escape(key)} sent again from {escape(source)}")
+    for s, why in report.bad:
+        out.print(f"[red]bad[/]: step {s}: {escape(why)}")
+    if not report.ok:
+        raise fail(f"{len(report.bad)} of {len(report.steps)} complete steps on tier 2 "
+                   f"({report.location}) do not verify")
+    out.print(f"[green]ok[/]: {len(report.steps)} steps on tier 2 ({escape(report.location)})"
+              f": {report.objects} objects, {format_bytes(report.bytes)} match their CRC32C, "
+              f"{len(report.repaired)} repaired ({report.seconds:.2f} s)")

@@ -88,8 +88,8 @@ def _good_copy(root: Path, step: int, f: mf.FileEntry, key: str,
     return None
 
 
-def _repair_one(storage: Storage, where: Resolved, f: mf.FileEntry, root: Path,
-                scratch: Path) -> tuple[str | None, str]:
+def repair_object(storage: Storage, where: Resolved, f: mf.FileEntry, root: Path,
+                  scratch: Path) -> tuple[str | None, str]:
     """Send ``f`` again from a good tier-1 copy: (the copy sent, "") when it verifies on
     tier 2 after, else (None, why)."""
     key = where.key(f.name)
@@ -134,7 +134,7 @@ def repair_tier2(storage: Storage, step: int, tier1: Path) -> RepairReport:
             bad = check_object(storage, where, f, Path(tmp))
             if bad is None:
                 continue
-            source, why = _repair_one(storage, where, f, tier1, Path(tmp))
+            source, why = repair_object(storage, where, f, tier1, Path(tmp))
             if source is not None:
                 repaired.append((f.name, source))
             else:
