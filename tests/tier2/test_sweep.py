@@ -6,6 +6,8 @@ stale lease expires."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from tierckpt.ops.check import check_tier2
 from tierckpt.runtime import events
 from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier2 import probe
+from tierckpt.tier2 import sweep as sw
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.fetch import fetch_into_tier1
 from tierckpt.tier2.storage import LocalStorage, MemoryStorage, Storage, open_storage
@@ -278,3 +281,39 @@ def test_sibling_runs_on_the_s3_servers_resume_from_tier2_after_deletions(
         for p in (tb / "step-00000005").iterdir():
             assert (fresh / "step-00000005" / p.name).read_bytes() == p.read_bytes(), p.name
         assert any(k.startswith("runs/b/step-00000005/") for k in any_s3_env.keys())  # noqa: SIM118
+
+
+def _lease_of_a_process_that_exits(tmp: Path, window_s: float, *, wait: bool) -> \
+        subprocess.Popen[bytes]:
+    """A real process that writes a sweep's lease into the file tier 2 at ``tmp``, as
+    :func:`tierckpt.tier2.sweep.sweep` writes it; with ``wait`` it keeps running."""
+    code = ("import sys, time; from tierckpt import _holder; "
+            "from tierckpt.format import manifest as mf; "
+            "from tierckpt.tier2.storage import LocalStorage; "
+            f"LocalStorage(sys.argv[1]).put_bytes('{objmap.SWEEPS}x.json', mf.canonical("
+            f"{{'window_s': {window_s}, 'holder': _holder.me()}})); print('leased', flush=True)"
+            + ("; time.sleep(60)" if wait else ""))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"leased\n"
+    return proc
+
+
+def test_the_lease_of_a_sweep_killed_on_this_machine_holds_nothing_back(
+        tmp_path: Path) -> None:
+    """A job's own sweep killed mid-deletion (its process gone): the next uploader removes
+    its 30-s lease at once instead of waiting a minute; a lease whose holder still runs is
+    waited for."""
+    killed = _lease_of_a_process_that_exits(tmp_path, 30.0, wait=True)
+    killed.kill()
+    killed.wait()
+    slept: list[float] = []
+    sw.await_sweeps(LocalStorage(tmp_path), window_s=30.0, sleep=slept.append)
+    assert slept == [] and LocalStorage(tmp_path).list(objmap.SWEEPS) == []
+    running = _lease_of_a_process_that_exits(tmp_path, 0.2, wait=True)
+    try:
+        t0 = time.monotonic()
+        sw.await_sweeps(LocalStorage(tmp_path), window_s=30.0)
+        assert time.monotonic() - t0 >= 0.4  # twice its declared window, as before
+    finally:
+        running.kill()
+        running.wait()

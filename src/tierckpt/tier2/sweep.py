@@ -22,7 +22,9 @@ intent and may delete X. So:
    its own clock from before the lease; it removes the lease when done;
 2. an uploader writes its part before any skip decision; before its manifest it waits
    until no lease is listed (:func:`await_sweeps`; a lease it has seen for more than twice
-   the window is expired — that sweep stopped deleting long ago — and is removed), then
+   the window is expired — that sweep stopped deleting long ago — and is removed, as is at
+   once a lease whose holder, a process of this machine's boot and PID namespace, is no
+   longer running: the lease names it, :mod:`tierckpt._holder`), then
    HEADs every object it skipped again and uploads the ones that went missing.
 
 A sweep that could miss the part leased before the part was written, so its deletions end
@@ -45,6 +47,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
+from tierckpt import _holder
 from tierckpt.errors import IntegrityError, SignatureError, StorageError
 from tierckpt.format import layout, objmap
 from tierckpt.format import manifest as mf
@@ -116,7 +119,8 @@ def sweep(storage: Storage, list_steps: Callable[[], Mapping[int, Mapping[str, i
     one listing of the step prefixes."""
     t0 = time.monotonic()
     lease = f"{objmap.SWEEPS}{uuid.uuid4().hex}.json"
-    storage.put_bytes(lease, mf.canonical({"window_s": window_s}), if_none_match=True)
+    storage.put_bytes(lease, mf.canonical({"window_s": window_s, "holder": _holder.me()}),
+                      if_none_match=True)
     content = {i.key: i.size for i in storage.list(objmap.OBJECTS)}
     try:
         refs = references(storage, list_steps()) | sibling_references(storage) \
@@ -141,7 +145,9 @@ def await_sweeps(storage: Storage, *, window_s: float = SWEEP_WINDOW_S,
     still deleting: no lease listed, or every listed lease seen here for more than twice
     its window (then expired: removed). A lease's window is the one it declares when that is
     shorter than ``window_s`` (its sweep deletes only that long: a sweep killed after a short
-    lease holds uploads back that much less), else ``window_s``."""
+    lease holds uploads back that much less), else ``window_s``. A lease whose holder was a
+    process on this machine that no longer runs (:func:`tierckpt._holder.gone`: a sweep
+    killed, e.g. with its job) is expired at once."""
     first_seen: dict[str, float] = {}
     windows: dict[str, float] = {}
     while True:
@@ -150,7 +156,8 @@ def await_sweeps(storage: Storage, *, window_s: float = SWEEP_WINDOW_S,
         live = []
         for key in leases:
             if key not in windows:
-                windows[key] = min(window_s, _declared_window(storage, key, window_s))
+                declared, dead = _read_lease(storage, key, window_s)
+                windows[key] = -1.0 if dead else min(window_s, declared)  # dead: expired
             if now - first_seen.setdefault(key, now) > 2 * windows[key]:
                 storage.delete(key)
             else:
@@ -160,12 +167,15 @@ def await_sweeps(storage: Storage, *, window_s: float = SWEEP_WINDOW_S,
         sleep(min(0.5, min(windows[k] for k in live) / 10))
 
 
-def _declared_window(storage: Storage, key: str, default: float) -> float:
-    """The ``window_s`` a lease declares; ``default`` when it cannot be read or is no
-    positive number (gone meanwhile, damaged, written by hand)."""
+def _read_lease(storage: Storage, key: str, default: float) -> tuple[float, bool]:
+    """The ``window_s`` a lease declares (``default`` when it cannot be read or is no
+    positive number: gone meanwhile, damaged, written by hand), and whether its holder is
+    known to be dead (:func:`tierckpt._holder.gone`: a sweep killed on this machine)."""
     try:
-        window = json.loads(storage.get_bytes(key)).get("window_s")
+        lease = json.loads(storage.get_bytes(key))
+        window, holder = lease.get("window_s"), lease.get("holder")
     except (StorageError, ValueError, AttributeError):
-        return default
+        return default, False
     ok = isinstance(window, (int, float)) and not isinstance(window, bool) and window > 0
-    return float(window) if ok else default
+    dead = isinstance(holder, dict) and _holder.gone(holder)
+    return (float(window) if ok else default), dead
