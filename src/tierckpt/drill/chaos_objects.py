@@ -8,8 +8,8 @@ file's bytes stored once"); these faults hit what that sharing could make worse:
 - :func:`cut_deletion` deletes a tier-2 step as retention and ``tierckpt gc`` do (marker
   first, the step's own objects, then a sweep of what nothing references) in a child
   process that SIGKILLs itself just before its Nth deletion: a deletion cut short at a
-  seeded point (a sweep lease it leaves holds uploads back twice its window:
-  :data:`CUT_WINDOW_S`).
+  seeded point (the sweep lease it leaves names a process that is gone: the next upload
+  removes it at once).
 
 :func:`tier2_maps` and :func:`leftovers` read what the drill needs to judge them. Run as
 ``python -m tierckpt.drill.chaos_objects TIER2_DIR STEP N`` the module is that child.
@@ -34,9 +34,9 @@ __all__ = ["cut_deletion", "damage_object", "leftovers", "tier2_maps", "unique_o
 _CUT_TIMEOUT_S = 120.0
 CUT_WINDOW_S = 2.0
 """The sweep window the cut deletion declares in its lease (the job's is
-:data:`~tierckpt.tier2.sweep.SWEEP_WINDOW_S`): an uploader that meets the lease a killed
-sweep left waits twice that (4 s here, 60 s after a job's own retention was killed
-mid-sweep), so the drill's steps are not spent waiting on it."""
+:data:`~tierckpt.tier2.sweep.SWEEP_WINDOW_S`): an uploader on another machine that meets
+the lease a killed sweep left waits twice that (4 s here); on this machine the lease names
+a process that is gone and goes at once."""
 
 
 def tier2_maps(root: Path) -> dict[int, dict[str, str]]:
