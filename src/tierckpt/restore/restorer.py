@@ -169,8 +169,10 @@ class Restorer:
         tried.unreadable[step] = reason
         self.log.emit(events.CHECKPOINT_SKIPPED, step=step, reason=reason, moved_to=None)
         if self.comm.rank == 0:
-            _log.warning("step %d cannot be read from tier 2 and is skipped: %s", step,
-                         reason)
+            _log.warning("step %d cannot be read from tier 2 and is skipped: %s. Later steps "
+                         "that share a damaged object are damaged too until it is sent "
+                         "again: tierckpt verify --all --tier 2 --tier2 URL --repair --tier1 "
+                         "DIR, on a node whose tier 1 holds it", step, reason)
 
     def _set_aside(self, step: int, reason: str) -> None:
         """A step that failed to load leaves every root (quarantined with the reason)."""
