@@ -86,7 +86,9 @@ class K8sLaunch(TorchrunJob):
     (:data:`SECRET_KEYS`: ``AWS_ACCESS_KEY_ID``, ``AZURE_STORAGE_CONNECTION_STRING``...)
     and files under :data:`TIER2_SECRET_MOUNT`. ``gpus_per_node``, ``cpus_per_node`` and ``memory``
     (what the training needs per pod, e.g. ``512Gi``): the container's resources. Sizes as
-    :func:`~tierckpt.launch.resources.parse_memory` reads them."""
+    :func:`~tierckpt.launch.resources.parse_memory` reads them. ``etcd_members`` (0: none)
+    and ``etcd_image``: the job's own etcd in the manifest
+    (:mod:`~tierckpt.launch.k8s_etcd`), which then is the job's ``etcd`` (not given with it)."""
 
     name: str
     image: str
