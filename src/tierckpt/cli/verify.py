@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 
 from tierckpt.cli._app import command
@@ -15,6 +17,31 @@ from tierckpt.errors import ConfigError
 from tierckpt.ops import check, repair, scrub
 from tierckpt.policy.units import format_bytes
 from tierckpt.tier2.storage.url import FORMS
+
+
+class _Report(Protocol):
+    """What every verify report offers the renderers."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def _emitted(report: _Report, as_json: bool) -> bool:
+    """With ``--json``: print ``report`` and exit 1 unless it is ok; True when printed."""
+    if not as_json:
+        return False
+    emit_json(report.to_json())
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+    return True
+
+
+def _print_repaired(out: Console, repaired: Iterable[tuple[str, str]]) -> None:
+    """One line per object sent again: its name and the tier-1 copy it came from."""
+    for name, source in repaired:
+        out.print(f"repaired: {escape(name)} sent again from {escape(source)}")
 
 
 @command()
@@ -63,10 +90,7 @@ def verify(
             with tier2(tier2_url) as storage:
                 assert storage is not None
                 report = check.check_tier2(storage, step, parallel=parallel)
-    if as_json:
-        emit_json(report.to_json())
-        if not report.ok:
-            raise typer.Exit(EXIT_FAILED)
+    if _emitted(report, as_json):
         return
     if not report.ok:
         raise fail(f"step {step} on tier {tier} ({report.location}): {report.error}")
@@ -89,14 +113,10 @@ def _repair(step: int, tier: int, tier1: Path | None, tier2_url: str | None,
         with tier2(tier2_url) as storage:
             assert storage is not None
             report = repair.repair_tier2(storage, step, tier1_dir(tier1))
-    if as_json:
-        emit_json(report.to_json())
-        if not report.ok:
-            raise typer.Exit(EXIT_FAILED)
+    if _emitted(report, as_json):
         return
     out = console()
-    for name, source in report.repaired:
-        out.print(f"repaired: {escape(name)} sent again from {escape(source)}")
+    _print_repaired(out, report.repaired)
     for _name, why in report.left:
         out.print(f"[red]still bad[/]: {escape(why)}")
     if not report.ok:
@@ -120,14 +140,10 @@ def _scrub(step: int | None, tier: int, tier1: Path | None, tier2_url: str | Non
             assert storage is not None
             report = scrub.scrub_tier2(storage, parallel=parallel,
                                        tier1=tier1_dir(tier1) if tier1 else None)
-    if as_json:
-        emit_json(report.to_json())
-        if not report.ok:
-            raise typer.Exit(EXIT_FAILED)
+    if _emitted(report, as_json):
         return
     out = console()
-    for key, source in report.repaired:
-        out.print(f"repaired: {escape(key)} sent again from {escape(source)}")
+    _print_repaired(out, report.repaired)
     for s, why in report.bad:
         out.print(f"[red]bad[/]: step {s}: {escape(why)}")
     if not report.ok:
