@@ -50,7 +50,8 @@ LAYERS = (
      "tier0/", "tier2/", "tier1/"),                                            # parts
     ("runtime/",),                                                            # job runtime
     ("policy/", "format/"),                                                   # pure
-    ("errors.py", "_version.py", "_runs.py", "_ports.py", "_holder.py", "_torch/"),  # base
+    ("errors.py", "_version.py", "_runs.py", "_ports.py", "_holder.py", "_proc.py",
+     "_torch/"),  # base
 )
 
 # part -> what it may import from tierckpt besides itself: ``pkg/`` is the whole package,
@@ -61,7 +62,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
              "runtime/", "policy/", "format/", "errors.py", "_version.py",
              "preempt/config.py"),
     "drill/": ("config.py", "ops/", "tier0/", "tier2/", "tier1/", "runtime/", "format/",
-               "errors.py", "_ports.py", "_version.py", "preempt/config.py"),
+               "errors.py", "_ports.py", "_proc.py", "_version.py", "preempt/config.py"),
     "uploader.py": ("tier2/",),
     "__main__.py": ("cli/",),
     "integrations/": ("manager.py", "config.py", "share/", "restore/", "save/", "state.py",
@@ -87,7 +88,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "preempt/": ("tier0/", "tier2/", "tier1/", "runtime/", "policy/", "format/", "errors.py"),
     "launch/": ("preempt/config.py", "runtime/events.py", "runtime/rates.py",
                 "runtime/scheduler.py", "runtime/nodespec.py", "policy/", "format/",
-                "errors.py", "_version.py",
+                "errors.py", "_version.py", "_proc.py",
                 "tier2/storage/url.py"),  # url.py: --tier2 checked as the library checks
     # it, and each store's credential variables (pure: no I/O, no client library)
     "heal/": ("preempt/config.py", "restore/loader.py", "state.py", "runtime/", "format/",
@@ -101,14 +102,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "tier2/": ("tier1/", "runtime/events.py", "runtime/deadline.py", "policy/", "format/",
                "errors.py", "_holder.py"),  # _holder: a sweep lease names its process
     "tier1/": ("policy/", "format/", "errors.py"),
-    "runtime/": ("policy/", "errors.py", "_torch/core.py"),
+    "runtime/": ("policy/", "errors.py", "_proc.py", "_torch/core.py"),
     "policy/": ("errors.py",),
     "format/": ("errors.py",),
     "errors.py": (),
     "_version.py": (),
     "_runs.py": (),
     "_ports.py": (),
-    "_holder.py": (),
+    "_holder.py": ("_proc.py",),
+    "_proc.py": (),
     "_torch/": ("errors.py",),
 }
 

@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from tierckpt._proc import start_ticks
+
 
 def _read(path: str) -> str | None:
     try:
@@ -28,21 +30,10 @@ def _pid_ns() -> int | None:
         return None
 
 
-def _start(pid: int) -> int | None:
-    """The process's start time (clock ticks after boot: /proc/PID/stat field 22), or None
-    when no such process runs."""
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def me() -> dict[str, object]:
     """This process as a lease's holder (empty where /proc cannot say)."""
-    boot, ns, start = _read("/proc/sys/kernel/random/boot_id"), _pid_ns(), _start(os.getpid())
+    boot, ns = _read("/proc/sys/kernel/random/boot_id"), _pid_ns()
+    start = start_ticks(os.getpid())
     if boot is None or ns is None or start is None:
         return {}
     return {"boot": boot, "pid_ns": ns, "pid": os.getpid(), "start": start}
@@ -57,4 +48,4 @@ def gone(holder: Mapping[str, object]) -> bool:
     pid, start = holder.get("pid"), holder.get("start")
     if not isinstance(pid, int) or not isinstance(start, int) or isinstance(pid, bool):
         return False
-    return _start(pid) != start
+    return start_ticks(pid) != start

@@ -5,6 +5,8 @@ partition's GraceTime)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,6 +119,24 @@ def test_nothing_to_check_is_unknown_not_ok(tmp_path: Path) -> None:
     code, out = doctor("--json")
     doc = json.loads(out)
     assert code == 0 and [c["ok"] for c in doc["checks"]] == [None]
+
+
+def test_a_parent_torchrun_is_found_by_walking_up(tmp_path: Path) -> None:
+    """Run under a process whose command line is a torchrun's (two levels up): its flags
+    are the ones checked, and the check names that process."""
+    out, inner = tmp_path / "doctor.json", tmp_path / "doctor.sh"
+    inner.write_text(f"{sys.executable} -c 'import sys; from tierckpt.cli import main; "
+                     f"sys.argv[0] = \"tierckpt\"; main()' doctor --cluster --json > {out}\n")
+    outer = ("true torchrun --signals-to-handle SIGTERM,SIGUSR1 --shutdown-timeout 60 x.py; "
+             f"sh {inner}; true")
+    proc = subprocess.run(["sh", "-c", outer], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items()
+                               if k != "TORCHELASTIC_SIGNALS_TO_HANDLE"})
+    assert proc.returncode in (0, 1), proc.stderr
+    checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
+    notice = checks["torchrun forwards the notice"]
+    assert notice["ok"] is True, notice
+    assert "the parent torchrun (pid " in notice["detail"], notice
 
 
 @pytest.mark.slow

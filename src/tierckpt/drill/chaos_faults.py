@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tierckpt import _proc
 from tierckpt.format import layout
 from tierckpt.tier0.root import PEER_DIR
 
@@ -102,13 +103,10 @@ def processes(marker: str) -> list[tuple[int, str]]:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
-        try:
-            raw = Path(f"/proc/{name}/cmdline").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        cmd, fields = _proc.cmdline(name), _proc.stat_fields(name)
+        if cmd is None or fields is None:
             continue
-        cmd = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-        if marker in cmd and state != "Z":
+        if marker in cmd and fields[0] != "Z":
             out.append((int(name), cmd))
     return out
 
@@ -117,11 +115,7 @@ def children(ppid: int, marker: str) -> list[int]:
     """Pids of the live children of ``ppid`` whose command line contains ``marker``."""
     out = []
     for pid, _ in processes(marker):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
+        if _proc.parent(pid) == ppid:
             out.append(pid)
     return sorted(out)
 

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from tierckpt import _proc
 from tierckpt.errors import ConfigError
 from tierckpt.launch.timing import SaveTime
 from tierckpt.runtime.nodespec import (
@@ -204,12 +205,11 @@ def _ancestor_torchrun(pid: int) -> tuple[str, str] | None:
     """(where, command line) of the nearest ancestor running torchrun or ``tierckpt
     run``."""
     for _ in range(16):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
+        up = _proc.parent(pid)
+        cmd = _proc.cmdline(up) if up is not None else None
+        if up is None or cmd is None:
             return None
+        pid = up
         if _TORCHRUN.search(cmd) or _HEAL.search(cmd):
             what = "torchrun" if _TORCHRUN.search(cmd) else "tierckpt run"
             return f"the parent {what} (pid {pid})", cmd

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tierckpt import _proc
 from tierckpt.errors import ConfigError
 from tierckpt.runtime import healenv
 from tierckpt.runtime.distenv import choose_backend, choose_device, positive_seconds, read_env
@@ -265,16 +266,15 @@ def process_started_at() -> float | None:
 
     Read from ``/proc`` (10 ms resolution), so R includes interpreter and import time.
     """
+    ticks = _proc.start_ticks("self")
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read().decode()
         with open("/proc/uptime", "rb") as f:
             uptime = float(f.read().split()[0])
-        # Field 22 (starttime, clock ticks after boot) counted after the ")" closing comm.
-        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+    if ticks is None:
+        return None
+    age = uptime - ticks / os.sysconf("SC_CLK_TCK")
     return time.time() - max(age, 0.0)
 
 
