@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import typer.main
@@ -34,3 +35,12 @@ def flags(command: str) -> set[str]:
     """Every option string of ``command`` (for the tests that freeze the flag set)."""
     cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
     return {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+
+
+def assert_full_bar(stderr: str, label: str) -> None:
+    """``stderr`` holds the final frame of a ``label`` progress bar, finished: the same
+    amount on both sides of its "done/total" (e.g. ``74.8/74.8 kB``)."""
+    line = next((x for x in stderr.splitlines() if x.startswith(label)), None)
+    assert line is not None, f"no {label} progress bar on stderr: {stderr!r}"
+    m = re.search(r"(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) (?:bytes|[kMGT]?B)\b", line)
+    assert m is not None and m.group(1) == m.group(2) and float(m.group(2)) > 0, line

@@ -11,7 +11,7 @@ from tierckpt.format import layout
 from tierckpt.restore.verify import verify_checkpoint
 
 from ._checkpoints import clone, flip_byte, manifest, shard, train_state, upload
-from ._helpers import flags, invoke, invoke_json
+from ._helpers import assert_full_bar, flags, invoke, invoke_json
 
 
 def test_fetch_into_an_empty_root_then_restore(template: Path, tmp_path: Path) -> None:
@@ -44,6 +44,7 @@ def test_refetch_reuses_intact_files_and_replaces_a_corrupt_one(template: Path,
     result = invoke("fetch", "3", "--tier1", str(t1), "--tier2", t2.as_uri())  # --full default
     assert result.exit_code == 0, result.output
     assert "fetched" in result.stdout
+    assert_full_bar(result.stderr, "fetch")  # the bar on stderr, at its end: all in place
     assert verify_checkpoint(t1 / "step-00000003", step=3, full=True) == m
     # the damaged directory was moved aside, not deleted
     assert any(p.name.startswith("step-00000003.replaced-by-fetch")
@@ -78,3 +79,12 @@ def test_flag_set_is_frozen() -> None:
     """Scripts depend on these flags: adding one is fine (update this list), renaming is not."""
     assert flags("fetch") == {"step", "--tier1", "--tier2", "--full", "--sizes", "--parallel",
                               "--json"}
+
+
+def test_json_prints_no_progress_bar(template: Path, tmp_path: Path) -> None:
+    t1, t2 = clone(template, tmp_path / "t1"), tmp_path / "t2"
+    t2.mkdir()
+    upload(t1, t2.as_uri())
+    result = invoke("fetch", "3", "--tier1", str(tmp_path / "n"), "--tier2", t2.as_uri(),
+                    "--json")
+    assert result.exit_code == 0 and result.stderr == "", result.stderr

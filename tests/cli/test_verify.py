@@ -24,7 +24,7 @@ from ._checkpoints import (
     shard,
     upload,
 )
-from ._helpers import flags, invoke, invoke_json
+from ._helpers import assert_full_bar, flags, invoke, invoke_json
 
 
 def _flat(text: str) -> str:
@@ -100,6 +100,9 @@ def test_tier2_file_url_ok_then_corrupt_object(template: Path, tmp_path: Path) -
     doc = invoke_json("verify", "3", "--tier", "2", "--tier2", t2.as_uri())
     assert doc["ok"] is True and doc["files"] == len(m.files)
     assert doc["bytes"] == m.total_bytes
+    ok = invoke("verify", "3", "--tier", "2", "--tier2", t2.as_uri())
+    assert ok.exit_code == 0 and "ok" in ok.stdout
+    assert_full_bar(ok.stderr, "verify")  # every byte checked, told on stderr
     name = shard(t1, 3).name
     flip_byte(t2 / Tier2Catalog(LocalStorage(t2)).resolve(3).key(name))  # its content object
     result = invoke("verify", "3", "--tier", "2", "--tier2", t2.as_uri())

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests.cli._helpers import assert_full_bar
 from tests.ops.test_repair import CLI, FROZEN, _three_steps
 from tests.tier2.test_content import BASE
 from tierckpt.format import layout
@@ -38,12 +39,17 @@ def test_each_shared_object_is_read_once_and_names_every_step_it_breaks(
     t2.mkdir()
     key = _three_steps(t1, Tier2Catalog(LocalStorage(t2)), flip_after=3)
     st = CountingGets(LocalStorage(t2))
-    r = scrub_tier2(st)  # type: ignore[arg-type]
+    heard: list[tuple[int, int]] = []
+    r = scrub_tier2(st,  # type: ignore[arg-type]
+                    progress=lambda done, total: heard.append((done, total)))
     assert r.steps == (1, 2, 3) and not r.ok and r.repaired == ()
     assert r.objects == len(BASE) + 2  # the base, and steps 2 and 3's new adapters
     assert set(st.gets.values()) == {1} and len(st.gets) == r.objects
     assert [s for s, _ in r.bad] == [1, 2, 3] and all(FROZEN in why for _, why in r.bad)
     assert st.gets[key] == 1
+    # the progress heard: 0 first, then once per object, never going back, ending at all
+    assert heard[0] == (0, r.bytes) and heard[-1] == (r.bytes, r.bytes)
+    assert len(heard) == r.objects + 1 and [d for d, _ in heard] == sorted(d for d, _ in heard)
 
 
 def test_repair_mends_every_step_and_a_damaged_marker_is_reported(tmp_path: Path) -> None:
@@ -80,6 +86,7 @@ def test_the_cli_scrubs_and_repairs(tmp_path: Path) -> None:
     clean = subprocess.run([*CLI, "verify", "--all", "--tier", "2", "--tier2", url],
                            capture_output=True, text=True)
     assert clean.returncode == 0 and "3 steps on tier 2" in " ".join(clean.stdout.split())
+    assert_full_bar(clean.stderr, "scrub")
     for argv, says in ((["verify", "--tier", "2", "--tier2", url], "give the STEP"),
                        (["verify", "2", "--all", "--tier", "2", "--tier2", url], "no STEP"),
                        (["verify", "--all", "--tier", "2", "--tier2", url, "--repair"],

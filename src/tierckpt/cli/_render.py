@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +14,14 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from tierckpt.errors import ConfigError
 
@@ -115,3 +123,17 @@ def plot_waste(path: str | Path, curves: Sequence[Curve], points: Sequence[Point
         return out
     finally:
         plt.close(fig)
+
+
+@contextmanager
+def transfer_bar(label: str, *, disable: bool) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar for long work over bytes (``export``, ``fetch``, ``verify --tier 2``)
+    on stderr, so stdout stays the result's; yields the ``progress(done, total)`` callback
+    the library's long functions take. ``disable`` (``--json``): no bar at all. Where
+    stderr is not a terminal, only its final state is printed, once."""
+    bar = Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn(), console=Console(stderr=True), disable=disable,
+                   redirect_stdout=False, redirect_stderr=False)
+    task = bar.add_task(label, total=None)
+    with bar:
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -6,20 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from tierckpt.cli._app import command
 from tierckpt.cli._extras import needs_torch
-from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._render import console, emit_json, transfer_bar
 from tierckpt.cli._source import Tier1Option, Tier2Option, TierOption, parse_step, source_of
 from tierckpt.cli._tiers import failures
 from tierckpt.errors import ConfigError
@@ -69,27 +60,17 @@ def export(
             raise ConfigError(f"--format must be safetensors or torch, got {fmt!r}")
         source = source_of(tier, tier1, tier2_url)
         shard = parse_size(max_shard_size, "--max-shard-size")
-        bar = _progress_bar(disable=as_json)
-        task = bar.add_task("export", total=None)
-        with bar:
+        with transfer_bar("export", disable=as_json) as progress:
             summary = run_export(
                 source, to, step=parse_step(step), keys=tuple(key or ("model",)),
                 format=fmt,  # type: ignore[arg-type]
                 dtype=parse_dtype(dtype), max_shard_bytes=shard, strip_prefix=strip_prefix,
                 add_prefix=add_prefix, hf_config=hf_config, force=force,
-                progress=lambda done, total: bar.update(task, completed=done, total=total))
+                progress=progress)
     if as_json:
         emit_json(_summary_json(summary, fmt))
     else:
         _print_summary(summary)
-
-
-def _progress_bar(*, disable: bool) -> Progress:
-    """The export's progress bar, on stderr (stdout stays the result's)."""
-    return Progress(TextColumn("export"), BarColumn(), DownloadColumn(),
-                    TransferSpeedColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), disable=disable,
-                    redirect_stdout=False, redirect_stderr=False)
 
 
 def _summary_json(summary: ExportSummary, fmt: str) -> dict[str, Any]:

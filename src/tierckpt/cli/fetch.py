@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tierckpt.cli._app import command
-from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._render import console, emit_json, transfer_bar
 from tierckpt.cli._tiers import failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError, NoCheckpointError
 from tierckpt.format import layout
@@ -36,8 +36,8 @@ def fetch(
     """Download checkpoint STEP from --tier2 into --tier1, verified and committed.
 
     Each object is checked against the manifest's CRC32C and committed with COMPLETE last;
-    intact local files are reused. Takes the root's lock: refuses while a job writes to the
-    tier-1 root."""
+    intact local files are reused; a progress bar on stderr (not with --json). Takes the
+    root's lock: refuses while a job writes to the tier-1 root."""
     root = tier1_dir(tier1)
     with failures():
         if step < 0:
@@ -56,8 +56,10 @@ def fetch(
             local = Tier1Catalog(root)
             lock = local.lock()
             try:
-                downloaded, reused = fetch_into_tier1(catalog, local, step, names=None,
-                                                      full=full, parallel=parallel)
+                with transfer_bar("fetch", disable=as_json) as progress:
+                    downloaded, reused = fetch_into_tier1(catalog, local, step, names=None,
+                                                          full=full, parallel=parallel,
+                                                          progress=progress)
             finally:
                 lock.release()
     path = root / layout.step_dirname(step)

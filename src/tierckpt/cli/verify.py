@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from tierckpt.cli._app import command
-from tierckpt.cli._render import console, emit_json
+from tierckpt.cli._render import console, emit_json, transfer_bar
 from tierckpt.cli._tiers import EXIT_FAILED, fail, failures, tier1_dir, tier2
 from tierckpt.errors import ConfigError
 from tierckpt.ops import check, repair, scrub
@@ -67,7 +67,8 @@ def verify(
     """Check every byte of one checkpoint on one tier against its CRC32C.
 
     Marker, manifest, sizes and the CRC32C of every file (tier 2: downloaded to a temporary
-    directory and removed). Exit 1 naming the first bad file."""
+    directory and removed, with a progress bar on stderr unless --json). Exit 1 naming the
+    first bad file."""
     if every:
         _scrub(step, tier, tier1 if repair else None, tier2_url, parallel, repair, as_json)
         return
@@ -87,9 +88,11 @@ def verify(
         else:
             if tier2_url is None:
                 raise ConfigError(f"--tier 2 needs --tier2 URL ({FORMS})")
-            with tier2(tier2_url) as storage:
+            with tier2(tier2_url) as storage, \
+                    transfer_bar("verify", disable=as_json) as progress:
                 assert storage is not None
-                report = check.check_tier2(storage, step, parallel=parallel)
+                report = check.check_tier2(storage, step, parallel=parallel,
+                                           progress=progress)
     if _emitted(report, as_json):
         return
     if not report.ok:
@@ -136,10 +139,11 @@ def _scrub(step: int | None, tier: int, tier1: Path | None, tier2_url: str | Non
             raise ConfigError("--all scrubs tier 2: give --tier 2 and --tier2 URL, and no STEP")
         if repair and tier1 is None:
             raise ConfigError("--all --repair mends tier 2 from tier 1: give --tier1 DIR")
-        with tier2(tier2_url) as storage:
+        with tier2(tier2_url) as storage, transfer_bar("scrub", disable=as_json) as progress:
             assert storage is not None
             report = scrub.scrub_tier2(storage, parallel=parallel,
-                                       tier1=tier1_dir(tier1) if tier1 else None)
+                                       tier1=tier1_dir(tier1) if tier1 else None,
+                                       progress=progress)
     if _emitted(report, as_json):
         return
     out = console()

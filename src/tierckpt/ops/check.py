@@ -34,6 +34,7 @@ from tierckpt.restore.verify import verify_checkpoint
 from tierckpt.tier1.manifests import read_committed, read_small, rebuild_manifest
 from tierckpt.tier2.catalog import Resolved, Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
+from tierckpt.tier2.storage.base import Progress, ProgressTally
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,10 +137,11 @@ def check_object(storage: Storage, where: Resolved, f: mf.FileEntry,
 
 
 def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
-                scratch: Path | None = None) -> CheckReport:
+                scratch: Path | None = None, progress: Progress | None = None) -> CheckReport:
     """Verify tier 2's checkpoint of ``step``: marker against manifest, then download every
     object and check its size and CRC32C. ``scratch`` (default: the system temp directory)
-    must hold the largest ``parallel`` objects at once; nothing is left there."""
+    must hold the largest ``parallel`` objects at once; nothing is left there. ``progress``
+    hears the bytes checked after each object."""
     _check_step(step)
     if parallel < 1:
         raise ConfigError(f"parallel must be >= 1, got {parallel}")
@@ -157,8 +159,13 @@ def check_tier2(storage: Storage, step: int, *, parallel: int = 4,
 
     with tempfile.TemporaryDirectory(prefix="tierckpt-verify-", dir=scratch) as tmp, \
             ThreadPoolExecutor(parallel, thread_name_prefix="tierckpt-verify") as pool:
-        errors = [e for e in pool.map(lambda f: check_object(storage, where, f, Path(tmp)),
-                                      m.files) if e is not None]
+        tally = ProgressTally(m.total_bytes, progress)
+
+        def check(f: mf.FileEntry) -> str | None:
+            why = check_object(storage, where, f, Path(tmp))
+            tally.add(f.size)
+            return why
+        errors = [e for e in pool.map(check, m.files) if e is not None]
     seconds = time.monotonic() - t0
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

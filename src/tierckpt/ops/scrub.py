@@ -23,6 +23,7 @@ from tierckpt.ops.check import check_object
 from tierckpt.ops.repair import repair_object
 from tierckpt.tier2.catalog import Resolved, Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
+from tierckpt.tier2.storage.base import Progress, ProgressTally
 
 Naming = tuple[int, Resolved, mf.FileEntry]
 """A step, its resolved map and the member whose bytes an object holds."""
@@ -73,10 +74,11 @@ def _named(catalog: Tier2Catalog, steps: list[int]
     return by_key, broken
 
 
-def scrub_tier2(storage: Storage, *, tier1: Path | None = None,
-                parallel: int = 4) -> ScrubReport:
+def scrub_tier2(storage: Storage, *, tier1: Path | None = None, parallel: int = 4,
+                progress: Progress | None = None) -> ScrubReport:
     """Check every complete step of tier 2, each object once (``parallel`` at a time); with
-    ``tier1``, send each bad object again from there (the module docstring)."""
+    ``tier1``, send each bad object again from there (the module docstring). ``progress``
+    hears the bytes checked after each object."""
     if parallel < 1:
         raise ConfigError(f"parallel must be >= 1, got {parallel}")
     if tier1 is not None and not Path(tier1).is_dir():
@@ -87,11 +89,14 @@ def scrub_tier2(storage: Storage, *, tier1: Path | None = None,
     steps = catalog.complete_steps()
     by_key, broken = _named(catalog, steps)
     repaired: list[tuple[str, str]] = []
+    tally = ProgressTally(sum(n[0][2].size for n in by_key.values()), progress)
     with tempfile.TemporaryDirectory(prefix="tierckpt-scrub-") as tmp, \
             ThreadPoolExecutor(parallel, thread_name_prefix="tierckpt-scrub") as pool:
         def check(key: str) -> tuple[str, str | None]:
             _, where, f = by_key[key][0]
-            return key, check_object(storage, where, f, Path(tmp) / _slot(key))
+            why = check_object(storage, where, f, Path(tmp) / _slot(key))
+            tally.add(f.size)
+            return key, why
         failed = {k: why for k, why in pool.map(check, sorted(by_key)) if why is not None}
         for key in sorted(failed) if tier1 is not None else ():
             assert tier1 is not None
@@ -103,7 +108,7 @@ def scrub_tier2(storage: Storage, *, tier1: Path | None = None,
         for step, _, _ in by_key[key]:
             broken.setdefault(step, why)
     return ScrubReport(location=storage.url, steps=tuple(steps), objects=len(by_key),
-                       bytes=sum(n[0][2].size for n in by_key.values()),
+                       bytes=tally.total,
                        bad=tuple(sorted(broken.items())), repaired=tuple(repaired),
                        seconds=time.monotonic() - t0)
 

@@ -27,6 +27,7 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.commit import commit_domain
 from tierckpt.tier1.fs import remove_tree
 from tierckpt.tier2.catalog import Tier2Catalog
+from tierckpt.tier2.storage.base import Progress, ProgressTally
 
 
 def _local_ok(p: Path, f: mf.FileEntry, full: bool) -> bool:
@@ -42,9 +43,11 @@ def _local_ok(p: Path, f: mf.FileEntry, full: bool) -> bool:
 def fetch_into_tier1(remote: Tier2Catalog, local: Tier1Catalog, step: int, *,
                      names: Iterable[str] | None,
                      full: bool = False, parallel: int = 4, file_mode: int = 0o640,
-                     dir_mode: int = 0o750) -> tuple[int, int]:
+                     dir_mode: int = 0o750,
+                     progress: Progress | None = None) -> tuple[int, int]:
     """Make ``local``'s ``step-XXXXXXXX`` a committed checkpoint holding ``names`` (None:
-    every file of the manifest). Returns ``(bytes_downloaded, bytes_reused_locally)``.
+    every file of the manifest). Returns ``(bytes_downloaded, bytes_reused_locally)``;
+    ``progress`` hears the bytes in place (reused, then downloaded) after each file.
 
     An existing local directory for the step (complete or not) lends the files it has
     intact; it is replaced (moved to quarantine) only after the new directory is fully
@@ -67,9 +70,13 @@ def fetch_into_tier1(remote: Tier2Catalog, local: Tier1Catalog, step: int, *,
         else:
             to_get.append(f)
 
+    tally = ProgressTally(sum(f.size for f in wanted), progress)
+    tally.add(reused)
+
     def get(f: mf.FileEntry) -> int:
         remote.storage.get_file(where.key(f.name), tmp / f.name, crc32c=f.crc32c)
         os.chmod(tmp / f.name, file_mode)
+        tally.add(f.size)
         return f.size
 
     try:

@@ -22,6 +22,7 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from tierckpt.errors import (  # re-exported: the storage errors callers catch
@@ -76,6 +77,30 @@ class ByteCounter:
     def value(self) -> int:
         with self._lock:
             return self._n
+
+
+Progress = Callable[[int, int], None]
+"""``progress(bytes_done, bytes_total)``: how far long work over many objects is (a CLI's
+progress bar)."""
+
+
+class ProgressTally:
+    """Bytes done of ``total``, each :meth:`add` reported to ``progress`` in order: the
+    report is made under the lock, so the bar never goes back. Thread-safe; with no
+    ``progress`` it does nothing."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self._lock = threading.Lock()
+        self._done, self.total, self._progress = 0, total, progress
+        if progress is not None:
+            progress(0, total)
+
+    def add(self, n: int) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            self._done += n
+            self._progress(self._done, self.total)
 
 
 class ThrottleCounter:

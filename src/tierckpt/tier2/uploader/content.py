@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from tierckpt.errors import IntegrityError, UploadStopped
 from tierckpt.format import manifest as mf
 from tierckpt.format import objmap
 from tierckpt.tier2.storage import ObjectInfo, Storage
+from tierckpt.tier2.storage.base import Progress
 
 CHUNK = 8 << 20
-Progress = Callable[[int, int], None]
 _HASHED: dict[tuple[int, ...], str] = {}
 """(device, inode, size, mtime, manifest CRC32C) → SHA-256 of files this process hashed."""
 _HASHED_MAX = 4096

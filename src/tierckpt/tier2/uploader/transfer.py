@@ -45,12 +45,9 @@ from tierckpt.tier1.catalog import Tier1Catalog
 from tierckpt.tier1.uploads import UPLOAD_HOLDER
 from tierckpt.tier2.catalog import Tier2Catalog
 from tierckpt.tier2.storage import ObjectExistsError, Storage
-from tierckpt.tier2.storage.base import ThrottleCounter
+from tierckpt.tier2.storage.base import Progress, ThrottleCounter
 from tierckpt.tier2.uploader import content
 from tierckpt.tier2.uploader.config import UploadResult
-
-Progress = Callable[[int, int], None]
-"""``progress(bytes_done, bytes_total)`` after each file."""
 
 
 def upload_step(local: Tier1Catalog, remote: Tier2Catalog, step: int, *,
