@@ -20,8 +20,11 @@ from tierckpt.errors import (
     NoCheckpointError,
     SaveError,
     SignatureError,
+    StagingRaceError,
+    StateMismatchError,
     StorageError,
     Tier2OutageError,
+    UnsafeCheckpointError,
 )
 
 _LAZY = {
@@ -111,12 +114,15 @@ __all__ = [
     "SaveResult",
     "SignatureError",
     "Staging",
+    "StagingRaceError",
+    "StateMismatchError",
     "StepWatchdog",
     "StorageError",
     "Tier0",
     "Tier2",
     "Tier2OutageError",
     "TrainState",
+    "UnsafeCheckpointError",
     "Verify",
     "Writes",
     "__version__",
