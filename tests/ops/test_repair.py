@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from s3server import S3Env
 
 from tests._synthetic import make_checkpoint
+from tests.cli._helpers import assert_full_bar
 from tests.tier2.test_content import BASE, _restores_from_tier2_alone, _upload, derive
+from tierckpt.errors import ConfigError
 from tierckpt.format import layout
 from tierckpt.ops.check import check_tier2
 from tierckpt.ops.repair import repair_tier2
@@ -100,6 +103,8 @@ def test_without_a_good_copy_the_file_is_reported_and_nothing_changes(
     ((name, why),) = repair_tier2(st, 3, t1).left
     assert "does not hold it: run this where the tier 1" in why
     assert (t2 / key).read_bytes() == damaged  # nothing deleted, nothing replaced
+    with pytest.raises(ConfigError, match="--parallel must be >= 1, got 0"):
+        repair_tier2(st, 3, t1, parallel=0)
     assert [p.name for p in (t2 / layout.step_dirname(3)).iterdir()]  # the step stands
 
 
@@ -120,6 +125,8 @@ def test_the_cli_repairs_and_says_what_it_sent(tmp_path: Path) -> None:
     text = subprocess.run([*CLI, "verify", "3", "--tier", "2", "--tier2", url, "--repair",
                            "--tier1", str(t1)], capture_output=True, text=True)
     assert text.returncode == 0 and "0 repaired" in " ".join(text.stdout.split())
+    assert_full_bar(text.stderr, "repair")  # every object checked; none with --json:
+    assert fixed.stderr == ""
     bad = subprocess.run([*CLI, "verify", "2", "--tier", "2", "--tier2", url, "--repair"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "give --tier 2, --tier2 URL and --tier1 DIR" in " ".join(

@@ -54,7 +54,7 @@ def verify(
     tier2_url: Annotated[str | None, typer.Option(
         "--tier2", help=f"Tier 2 as {FORMS} (needed for --tier 2).")
     ] = None,
-    parallel: Annotated[int, typer.Option(help="Tier 2: objects downloaded at once.")] = 4,
+    parallel: Annotated[int, typer.Option(help="Tier 2: objects checked at once.")] = 4,
     repair: Annotated[bool, typer.Option(
         "--repair", help="Tier 2: send each damaged or missing object again from --tier1 "
                          "(a copy whose bytes verify); nothing is deleted.")] = False,
@@ -76,7 +76,7 @@ def verify(
         with failures():
             raise ConfigError("give the STEP to verify, or --all (tier 2)")
     if repair:
-        _repair(step, tier, tier1, tier2_url, as_json)
+        _repair(step, tier, tier1, tier2_url, parallel, as_json)
         return
     with failures():
         if tier not in (1, 2):
@@ -107,15 +107,16 @@ def verify(
 
 
 def _repair(step: int, tier: int, tier1: Path | None, tier2_url: str | None,
-            as_json: bool) -> None:
+            parallel: int, as_json: bool) -> None:
     """``verify --repair``: tier 2's step checked, its bad objects sent again from tier 1."""
     with failures():
         if tier != 2 or tier2_url is None or tier1 is None:
             raise ConfigError("--repair mends tier 2 from tier 1: give --tier 2, --tier2 URL "
                               "and --tier1 DIR (the tier-1 root holding this node's copy)")
-        with tier2(tier2_url) as storage:
+        with tier2(tier2_url) as storage, transfer_bar("repair", disable=as_json) as progress:
             assert storage is not None
-            report = repair.repair_tier2(storage, step, tier1_dir(tier1))
+            report = repair.repair_tier2(storage, step, tier1_dir(tier1), parallel=parallel,
+                                         progress=progress)
     if _emitted(report, as_json):
         return
     out = console()

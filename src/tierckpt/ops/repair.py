@@ -25,6 +25,7 @@ import dataclasses
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tierckpt.format import manifest as mf
 from tierckpt.ops.check import check_object, sha256_of
 from tierckpt.tier2.catalog import Resolved, Tier2Catalog
 from tierckpt.tier2.storage import ObjectNotFoundError, Storage
+from tierckpt.tier2.storage.base import Progress, ProgressTally
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,13 +111,17 @@ def repair_object(storage: Storage, where: Resolved, f: mf.FileEntry, root: Path
                                                           f"{source} again: {still}")
 
 
-def repair_tier2(storage: Storage, step: int, tier1: Path) -> RepairReport:
-    """Check every object of tier 2's ``step`` and send the bad ones again from ``tier1``
-    (the module docstring). ConfigError for a ``tier1`` that is not a directory."""
+def repair_tier2(storage: Storage, step: int, tier1: Path, *, parallel: int = 4,
+                 progress: Progress | None = None) -> RepairReport:
+    """Check every object of tier 2's ``step`` (``parallel`` at a time; ``progress`` hears
+    the bytes checked after each) and send the bad ones again from ``tier1`` (the module
+    docstring). ConfigError for a ``tier1`` that is not a directory or ``parallel`` < 1."""
     tier1 = Path(tier1)
     if not tier1.is_dir():
         raise ConfigError(f"--tier1 {str(tier1)!r} is not a directory: give the tier-1 root "
                           "that holds this node's copy of the step")
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1, got {parallel}")
     location = f"{storage.url}/{layout.step_dirname(step)}"
     t0 = time.monotonic()
     try:
@@ -126,12 +132,17 @@ def repair_tier2(storage: Storage, step: int, tier1: Path) -> RepairReport:
                                   "nothing to repair (upload it again: tierckpt upload)")
     except (IntegrityError, StorageError) as e:
         return RepairReport(step=step, location=location, error=str(e))
-    files = where.committed.manifest.files
+    m = where.committed.manifest
+    tally = ProgressTally(m.total_bytes, progress)
     repaired: list[tuple[str, str]] = []
     left: list[tuple[str, str]] = []
-    with tempfile.TemporaryDirectory(prefix="tierckpt-repair-") as tmp:
-        for f in files:
-            bad = check_object(storage, where, f, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="tierckpt-repair-") as tmp, \
+            ThreadPoolExecutor(parallel, thread_name_prefix="tierckpt-repair") as pool:
+        def check(f: mf.FileEntry) -> tuple[mf.FileEntry, str | None]:
+            bad = check_object(storage, where, f, Path(tmp))  # names are unique in a step
+            tally.add(f.size)
+            return f, bad
+        for f, bad in list(pool.map(check, m.files)):
             if bad is None:
                 continue
             source, why = repair_object(storage, where, f, tier1, Path(tmp))
@@ -139,6 +150,6 @@ def repair_tier2(storage: Storage, step: int, tier1: Path) -> RepairReport:
                 repaired.append((f.name, source))
             else:
                 left.append((f.name, f"{bad}; {why}"))
-    return RepairReport(step=step, location=location, files=len(files),
+    return RepairReport(step=step, location=location, files=len(m.files),
                         repaired=tuple(repaired), left=tuple(left),
                         seconds=time.monotonic() - t0)
