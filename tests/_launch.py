@@ -35,18 +35,35 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, max_restarts: int =
     return proc
 
 
+#: What the fork server imports once, so that each worker forked from it starts without
+#: importing torch again (~3 CPU-seconds a process here: most of a short test's cost).
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint",
+           "torch.distributed.fsdp", "tierckpt", "tierckpt.manager"]
+
+
 def spawn(fn: Callable[..., None], *args: Any, nprocs: int = 2) -> None:
-    """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes and wait; raises when one
-    fails. Each process collects garbage once ``fn`` returns, while the interpreter is still
+    """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes and wait; raises when one
+    fails. They are forked from multiprocessing's fork server, which imported
+    :data:`PRELOAD` once for the whole session (no threads run there: nothing has used
+    torch yet) — a real process per rank with its own gloo group and the caller's current
+    environment, as a spawn gives, without paying for torch's import in each.
+
+    Each process collects garbage once ``fn`` returns, while the interpreter is still
     whole: FSDP2 modules sit in reference cycles that hold the gloo process group, and a
     group freed during interpreter finalisation sometimes aborts the process (torch 2.13,
     CPU: "terminate called without an active exception", SIGABRT; 4 of 70 runs of a
     10-line ``fully_shard`` script, 0 of 70 with the collection)."""
-    mp.start_processes(functools.partial(_then_collect, fn), args=args, nprocs=nprocs,
-                       join=True, start_method="spawn")
+    mp.set_forkserver_preload(PRELOAD)
+    mp.start_processes(functools.partial(_then_collect, fn, dict(os.environ)), args=args,
+                       nprocs=nprocs, join=True, start_method="forkserver")
 
 
-def _then_collect(fn: Callable[..., None], rank: int, *args: Any) -> None:
+def _then_collect(fn: Callable[..., None], env: dict[str, str], rank: int,
+                  *args: Any) -> None:
+    # the environment of the test that spawned this, as a spawn would give it (the fork
+    # server's is the one of the first test that used it)
+    os.environ.clear()
+    os.environ.update(env)
     try:
         fn(rank, *args)
     finally:
