@@ -6,13 +6,17 @@ import functools
 import gc
 import json
 import os
+import runpy
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
+
+from tierckpt._ports import free_port
 
 WORKLOADS = Path(__file__).parent / "workloads"
 
@@ -68,6 +72,33 @@ def _then_collect(fn: Callable[..., None], env: dict[str, str], rank: int,
         fn(rank, *args)
     finally:
         gc.collect()
+
+
+def run_ranks(script: str | Path, *args: str, nproc: int = 2,
+              env: dict[str, str] | None = None) -> None:
+    """Run ``script ARGS`` as ``nproc`` ranks of one job on loopback, each with the
+    environment torchrun gives a worker (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``; one thread each, as ``OMP_NUM_THREADS=1``), forked by
+    :func:`spawn`. For an uninterrupted reference run only, whose losses a test compares
+    with a launched job's: it trains as under torchrun, without torchrun's agent and the
+    import of torch in every rank. A test of launching, killing or restarting runs the
+    launcher itself."""
+    spawn(_run_script, str(script), list(args), nproc, free_port(),
+          {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}, nprocs=nproc)
+
+
+def _run_script(rank: int, script: str, args: list[str], world: int, port: int,
+                env: dict[str, str]) -> None:
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # torch read it at import
+    sys.argv = [script, *args]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise RuntimeError(f"{script} rank {rank} exited {e.code}") from None
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

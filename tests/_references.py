@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests._launch import WORKLOADS, read_jsonl, torchrun
+from tests._launch import WORKLOADS, read_jsonl, run_ranks, torchrun
 
 FSDP_TRAIN = WORKLOADS / "fsdp_train.py"
 FSDP_STEPS = 12
@@ -47,9 +47,10 @@ after steps 4, 9, 14, 19 and 23. The reference's rows hold only for these settin
 
 
 def run_example_reference(tmp: Path) -> dict[int, dict[str, Any]]:
-    """examples/train.py with :data:`EXAMPLE_SMALL` on 2 ranks under ``torchrun
-    --standalone``, uninterrupted: step → rank 0's row (``loss_hex``, ``lr``, ...)."""
+    """examples/train.py with :data:`EXAMPLE_SMALL` on 2 ranks, uninterrupted
+    (:func:`tests._launch.run_ranks`: the rows torchrun's run logs, to the bit): step →
+    rank 0's row (``loss_hex``, ``lr``, ...)."""
     losses = tmp / "losses.jsonl"
-    torchrun(EXAMPLE, "--tier1", str(tmp / "tier1"), "--losses", str(losses), *EXAMPLE_SMALL,
-             nproc=2)
+    run_ranks(EXAMPLE, "--tier1", str(tmp / "tier1"), "--losses", str(losses),
+              *EXAMPLE_SMALL, nproc=2)
     return {r["step"]: r for r in read_jsonl(losses)}

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests._launch import run_ranks
 from tierckpt.policy import goodput
 from tierckpt.runtime import events as ev
 
@@ -49,14 +50,12 @@ def _events(root: Path, kind: str | None = None) -> list[dict[str, Any]]:
 
 
 def reference(tmp: Path, nproc: int, *extra: str) -> dict[int, str]:
-    """An uninterrupted run under torchrun: step → loss bits."""
+    """An uninterrupted run (:func:`tests._launch.run_ranks`: as under torchrun, the same
+    losses to the bit): step → loss bits."""
     tmp.mkdir(parents=True, exist_ok=True)
     losses = tmp / "ref.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), str(EXAMPLE), "--tier1", str(tmp / "ref"), "--losses", str(losses),
-         *SMALL, *extra], env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    run_ranks(EXAMPLE, "--tier1", str(tmp / "ref"), "--losses", str(losses), *SMALL, *extra,
+              nproc=nproc, env={"TIERCKPT_PROGRESS_EVERY_S": "0"})
     return {r["step"]: r["loss_hex"] for r in _losses(losses)}
 
 
