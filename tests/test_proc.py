@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tierckpt import _proc
@@ -26,8 +27,10 @@ def test_a_child_is_read_and_an_exited_one_is_none() -> None:
                               "marker (with) spaces"])
     try:
         assert _proc.parent(child.pid) == os.getpid()
-        cmd = _proc.cmdline(child.pid)
-        assert cmd is not None and cmd.endswith("marker (with) spaces")
+        deadline = time.monotonic() + 30  # right after exec the kernel may show it empty
+        while not (cmd := _proc.cmdline(child.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cmd is not None and cmd.endswith("marker (with) spaces"), cmd
         start = _proc.start_ticks(child.pid)
         mine = _proc.start_ticks(os.getpid())
         assert start is not None and mine is not None and start >= mine
