@@ -21,22 +21,22 @@ def stat_fields(pid: int | str) -> list[str] | None:
     return fields if len(fields) > 19 else None
 
 
-def start_ticks(pid: int | str) -> int | None:
-    """The process's start time (clock ticks after boot), or None."""
+def _int_field(pid: int | str, i: int) -> int | None:
     fields = stat_fields(pid)
     try:
-        return int(fields[19]) if fields else None
+        return int(fields[i]) if fields else None
     except ValueError:
         return None
+
+
+def start_ticks(pid: int | str) -> int | None:
+    """The process's start time (clock ticks after boot), or None."""
+    return _int_field(pid, 19)
 
 
 def parent(pid: int | str) -> int | None:
     """The parent's pid, or None."""
-    fields = stat_fields(pid)
-    try:
-        return int(fields[1]) if fields else None
-    except ValueError:
-        return None
+    return _int_field(pid, 1)
 
 
 def cmdline(pid: int | str) -> str | None:
